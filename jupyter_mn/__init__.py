@@ -1,0 +1,45 @@
+"""jupyter_mn: run a notebook cell on a gang of torch.distributed ranks across nodes.
+
+``%load_ext jupyter_mn`` (or the "Python 3 (jupyter_mn)" kernel) adds ``%%cluster``; the same
+machinery is the Python API ``jupyter_mn.Cluster``. Importing this package is cheap: dask and
+torch load only when a gang starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Cluster": ("cluster", "Cluster"),
+    "ClusterSpec": ("spec", "ClusterSpec"),
+    "CellResult": ("result", "CellResult"),
+    "cluster_info": ("rank.runtime", "cluster_info"),
+    "ClusterInfo": ("rank.runtime", "ClusterInfo"),
+}
+
+__all__ = [
+    "CellResult",
+    "Cluster",
+    "ClusterInfo",
+    "ClusterSpec",
+    "cluster_info",
+    "load_ipython_extension",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    raise AttributeError(f"module 'jupyter_mn' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_mn``: register ``%%cluster`` and ``%cluster``."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

@@ -1,0 +1,251 @@
+"""Turn a notebook cell into a ``CellPayload`` the ranks can run, or say exactly why not.
+
+Everything here runs in the kernel before anything is launched: the cell is compiled (IPython
+syntax included) so a ``SyntaxError`` shows the cell's own line numbers, the notebook names it reads
+are found with ``symtable`` (an ``ast`` walk gets scopes wrong), and each one is cloudpickled on
+its own so one error can list every variable that cannot be sent.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import re
+import symtable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import cloudpickle
+from IPython.core.inputtransformer2 import TransformerManager
+
+from .errors import CaptureError, SpecError
+
+#: Names every rank defines itself; never shipped from the notebook.
+RANK_NAMES = frozenset({"torch", "dist", "cluster_info"})
+_IPYTHON_NAMES = frozenset({"get_ipython", "In", "Out", "exit", "quit", "display"})
+_IPYTHON_HIDDEN = re.compile(r"^_(i{1,3}|ii|iii|oh|ih|dh|\d+|i\d+)?$|^__{1,2}$")
+#: Values under these names look like credentials and are only sent when named with --push.
+_SECRET_NAME = re.compile(r"(?i)(passw(or)?d|secret|token|api_?key|credential|private_?key)")
+_SECRET_VALUE = re.compile(
+    r"^(AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}|"
+    r"hf_[A-Za-z0-9]{30,}|xox[abpr]-[A-Za-z0-9-]{10,})$"
+)
+#: Payloads at least this large are sent once and referenced by digest afterwards.
+CACHE_MIN_BYTES = 1 << 20
+_MAGIC_CALLS = ("run_line_magic", "run_cell_magic")
+_transformer = TransformerManager()
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One notebook variable on its way to the ranks: pickled bytes, or a digest the ranks hold."""
+
+    name: str
+    digest: str
+    data: bytes | None
+
+
+@dataclass(frozen=True)
+class CellPayload:
+    """What every rank receives for one cell."""
+
+    source: str
+    cell_id: int
+    names: tuple[Captured, ...] = ()
+    return_all: bool = False
+    pull: tuple[str, ...] = ()
+    seed: int | None = None
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+
+def compile_cell(source: str, cell_id: int = 0) -> str:
+    """IPython-transform and compile the cell; return the Python source the ranks will run."""
+    if not source.strip():
+        raise SpecError("the cell is empty: there is nothing to run on the ranks")
+    try:
+        python = _transformer.transform_cell(source)
+        compile(python, f"Cell In[{cell_id}]", "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        line = exc.lineno or 0
+        text = (exc.text or "").rstrip("\n")
+        caret = " " * max((exc.offset or 1) - 1, 0) + "^"
+        detail = f"\n    {text}\n    {caret}" if text else ""
+        raise SpecError(f"SyntaxError in the cell, line {line}: {exc.msg}{detail}") from None
+    return python
+
+
+def free_names(python: str) -> set[str]:
+    """Names the cell reads but never binds, including reads in nested scopes."""
+    top, nested = _tables(python)
+    bound = _bound(top, nested)
+    names = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    names |= {
+        s.get_name() for t in nested for s in t.get_symbols() if s.is_global() and s.is_referenced()
+    }
+    names -= bound
+    for snippet in _magic_arguments(python):
+        try:
+            names |= free_names(_transformer.transform_cell(snippet))
+        except SyntaxError:
+            continue
+    return names
+
+
+def bound_names(python: str) -> set[str]:
+    """Names the cell binds in its namespace: after it runs they are rank-local state."""
+    return _bound(*_tables(python))
+
+
+def _tables(python: str) -> tuple[symtable.SymbolTable, list[symtable.SymbolTable]]:
+    top = symtable.symtable(python, "<cell>", "exec")
+    nested, stack = [], list(top.get_children())
+    while stack:
+        table = stack.pop()
+        nested.append(table)
+        stack.extend(table.get_children())
+    return top, nested
+
+
+def _bound(top: symtable.SymbolTable, nested: list[symtable.SymbolTable]) -> set[str]:
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    return bound | {
+        s.get_name()
+        for t in nested
+        for s in t.get_symbols()
+        if s.is_declared_global() and s.is_assigned()
+    }
+
+
+def _magic_arguments(python: str) -> Iterable[str]:
+    """Code given to ``%time``-style magics, which the transformer turns into string arguments."""
+    for node in ast.walk(ast.parse(python)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MAGIC_CALLS
+            and len(node.args) >= 2
+        ):
+            arg = node.args[-1]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                yield arg.value
+
+
+class Shipper:
+    """Pickles the notebook names a cell reads; remembers large ones the ranks already hold."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}
+
+    def forget(self) -> None:
+        """The ranks were (re)started and hold nothing."""
+        self._held.clear()
+
+    def capture(
+        self,
+        python: str,
+        namespace: Mapping[str, Any],
+        *,
+        rank_defined: Iterable[str] = (),
+        push: Iterable[str] = (),
+    ) -> tuple[tuple[Captured, ...], tuple[str, ...]]:
+        """Pickle each name the cell reads from ``namespace``; raise one error for all failures.
+
+        Names the gang's own cells defined stay rank-local (they win over a notebook variable of
+        the same name), unless named in ``push``. Returns the captured names and notes to show.
+        """
+        push = set(push)
+        missing = sorted(n for n in push if n not in namespace)
+        if missing:
+            raise SpecError(f"--push names not defined in the notebook: {', '.join(missing)}")
+        wanted = (free_names(python) - set(rank_defined)) | push
+        notes: list[str] = []
+        picked: dict[str, Any] = {}
+        for name in sorted(wanted):
+            if name not in namespace or _never_shipped(name, namespace[name], push):
+                continue
+            value = namespace[name]
+            if name not in push and _looks_secret(name, value):
+                notes.append(
+                    f"not sending {name!r}: it looks like a credential "
+                    f"(use --push {name} to send it)"
+                )
+                continue
+            picked[name] = value
+        captured, problems = [], []
+        for name, value in picked.items():
+            try:
+                data = cloudpickle.dumps(value)
+            except Exception as exc:
+                problems.append(_describe_failure(name, value, exc))
+                continue
+            captured.append(self._reference(name, data))
+        if problems:
+            raise CaptureError(
+                "%%cluster cannot send these notebook variables to the ranks:\n"
+                + "\n".join(f"  - {p}" for p in problems)
+                + "\nDefine them inside the cell, or make them picklable."
+            )
+        return tuple(captured), tuple(notes)
+
+    def _reference(self, name: str, data: bytes) -> Captured:
+        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+        if len(data) < CACHE_MIN_BYTES:
+            return Captured(name, digest, data)
+        if self._held.get(name) == digest:
+            return Captured(name, digest, None)
+        self._held[name] = digest
+        return Captured(name, digest, data)
+
+
+def _never_shipped(name: str, value: Any, push: set[str]) -> bool:
+    if name in push:
+        return False
+    if name in RANK_NAMES or name in _IPYTHON_NAMES or _IPYTHON_HIDDEN.match(name):
+        return True
+    if hasattr(builtins, name) and value is getattr(builtins, name):
+        return True
+    return isinstance(value, ModuleType) and value.__name__ == "__main__"
+
+
+def _looks_secret(name: str, value: Any) -> bool:
+    if _SECRET_NAME.search(name) and isinstance(value, (str, bytes)):
+        return True
+    return isinstance(value, str) and bool(_SECRET_VALUE.match(value.strip()))
+
+
+def _describe_failure(name: str, value: Any, exc: Exception) -> str:
+    text = f"{name!r} of type {type(value).__name__}: {type(exc).__name__}: {exc}"
+    part = _offending_part(name, value)
+    if part and part[0] != name:
+        text += f" (offending part: {part[0]} of type {part[1]})"
+    return text
+
+
+def _offending_part(path: str, value: Any, depth: int = 0) -> tuple[str, str] | None:
+    """Descend into containers and attributes to the innermost piece that will not pickle."""
+    if depth > 4:
+        return None
+    for child_path, child in _children(path, value):
+        try:
+            cloudpickle.dumps(child)
+        except Exception:
+            return _offending_part(child_path, child, depth + 1) or (
+                child_path,
+                type(child).__name__,
+            )
+    return None
+
+
+def _children(path: str, value: Any) -> Iterable[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, item in list(value.items())[:200]:
+            yield f"{path}[{key!r}]", item
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for i, item in enumerate(list(value)[:200]):
+            yield f"{path}[{i}]", item
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        for key, item in list(vars(value).items())[:200]:
+            yield f"{path}.{key}", item

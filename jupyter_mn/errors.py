@@ -1,0 +1,68 @@
+"""One exception hierarchy, rendered short in notebooks.
+
+IPython calls ``_render_traceback_`` instead of printing library frames, so a user sees what went
+wrong (and on which rank) rather than jupyter_mn's internals. ``ename`` stays the class name, so
+papermill and nbclient still report e.g. ``CellError``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .result import CellResult
+
+
+class JupyterMNError(Exception):
+    """Root of every error jupyter_mn raises on purpose."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+class SpecError(JupyterMNError, ValueError):
+    """Bad input: raised before anything is launched."""
+
+
+class CaptureError(SpecError):
+    """A notebook variable the cell reads cannot be sent to the ranks."""
+
+
+class SchedulingError(JupyterMNError):
+    """The backend could not provide all nodes of the gang (all or nothing)."""
+
+
+class RendezvousError(JupyterMNError):
+    """Ranks started but did not form a process group."""
+
+
+class TransportError(JupyterMNError):
+    """The interconnect is not what was required (e.g. ``--require-rdma`` on a socket fallback)."""
+
+
+class CellError(JupyterMNError):
+    """The cell failed on at least one rank; carries the root-cause rank and its traceback."""
+
+    def __init__(
+        self,
+        message: str,
+        result: CellResult | None = None,
+        traceback: list[str] | None = None,
+        notes: list[str] | None = None,
+    ):
+        super().__init__(message)
+        self.result = result
+        self.traceback = traceback or []
+        self.notes = notes or []
+
+    def _render_traceback_(self) -> list[str]:
+        head = [f"{type(self).__name__}: {self}"]
+        return head + self.traceback + self.notes
+
+
+class RankLost(CellError):
+    """A rank process died (signal, exit, OOM) while the gang was up."""
+
+
+class CellInterrupted(CellError):
+    """The cell was interrupted (Ctrl-C / stop button) or hit ``--timeout``."""

@@ -1,0 +1,19 @@
+"""Gangs: all ranks of a cluster, up together or not at all, on a chosen backend."""
+
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..spec import ClusterSpec
+from .base import Gang, Provisioner
+from .state import GangStatus
+
+__all__ = ["Gang", "GangStatus", "Provisioner", "make_gang"]
+
+
+def make_gang(spec: ClusterSpec) -> Gang:
+    """A gang for ``spec`` on its backend (not started yet)."""
+    if spec.backend == "local":
+        from .local import LocalProvisioner
+
+        return Gang(spec, LocalProvisioner())
+    raise SpecError(f"the {spec.backend!r} backend is not available in this build")

@@ -1,0 +1,286 @@
+"""``Gang``: one node agent per node on a dask cluster, all ranks up or none.
+
+Backends differ only in how they provide the dask cluster (a ``Provisioner``); bringing the agents
+up, running cells, failing fast and tearing down are the same for all of them and live here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import JupyterMNError, RendezvousError, SchedulingError
+from ..events import GangState, LogLines, RankState, from_msg
+from ..spec import ClusterSpec
+from .state import GangStatus, allowed
+
+log = logging.getLogger(__name__)
+_STOP_TIMEOUT_S = 15.0
+_LOG_DRAIN_S = 5.0
+_BACKLOG = 5000
+
+
+class Provisioner(Protocol):
+    """Provides a dask cluster with one worker per node (all of them, or raises)."""
+
+    backend: str
+
+    def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
+        """Return a connected ``distributed.Client`` and worker addresses in node order."""
+
+    def launch_options(self) -> dict[str, Any]:
+        """Extra launch settings for the agents (e.g. the working directory of local ranks)."""
+
+    def release(self) -> None:
+        """Give everything back; safe to call twice and after a failed ``provision``."""
+
+
+@dataclass(frozen=True)
+class _Reply:
+    node: int
+    value: Any = None
+    error: BaseException | None = None
+
+
+class Inbox:
+    """Everything that reaches the kernel's main thread: agent replies and (bounded) events."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._events = 0
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def put_event(self, event: Any) -> None:
+        with self._lock:
+            if self._events >= _BACKLOG:  # nobody is reading (no cell runs): keep the newest
+                self.dropped += 1
+                with contextlib.suppress(queue.Empty):
+                    old = self._queue.get_nowait()
+                    if isinstance(old, _Reply):
+                        self._queue.put(old)
+                    else:
+                        self._events -= 1
+            self._events += 1
+            self._queue.put(event)
+
+    def put_reply(self, reply: _Reply) -> None:
+        self._queue.put(reply)
+
+    def get(self, timeout: float) -> Any:
+        item = self._queue.get(timeout=timeout)
+        if not isinstance(item, _Reply):
+            with self._lock:
+                self._events -= 1
+        return item
+
+
+class Gang:
+    """A running group of node agents and their ranks, driven from the kernel."""
+
+    def __init__(self, spec: ClusterSpec, provisioner: Provisioner) -> None:
+        self.spec = spec
+        self.provisioner = provisioner
+        self.id = spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
+        self.topic = f"jupyter-mn-{self.id}"
+        self.status = GangStatus.PENDING
+        self.detail = ""
+        self.ranks: list[dict[str, Any]] = []
+        self.inbox = Inbox()
+        self.started_at = time.time()
+        self._listeners: list[Callable[[Any], None]] = []
+        self._client: Any = None
+        self._agents: list[Any] = []
+        self._agent_futures: list[Any] = []
+        self._generation = 0
+        self._seen: dict[int, int] = {}
+        self._on_event: Callable[[Any], None] | None = None
+        self._lock = threading.RLock()
+
+    # ---- state and events
+    def _transition(self, status: GangStatus, detail: str = "") -> None:
+        with self._lock:
+            if status == self.status:
+                return
+            if not allowed(self.status, status):
+                raise JupyterMNError(f"gang {self.id}: cannot go from {self.status} to {status}")
+            self.status, self.detail = status, detail
+        self._dispatch(GangState(status.value, detail))
+
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` (from a dask thread) for every event; returns unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _dispatch(self, event: Any) -> None:
+        self.inbox.put_event(event)
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("jupyter_mn event listener failed")
+
+    def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
+        self._dispatch(from_msg(event[1]))
+
+    @property
+    def device(self) -> str:
+        """``"cuda (nccl)"`` or ``"cpu (gloo)"``, from what the ranks reported."""
+        if not self.ranks:
+            return "unknown"
+        kinds = {
+            ("cuda" if r["device"].startswith("cuda") else "cpu", r["backend"]) for r in self.ranks
+        }
+        return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
+
+    # ---- lifecycle
+    def start(self, on_event: Callable[[Any], None] | None = None) -> None:
+        """Provision all nodes and ranks, or raise and leave nothing behind.
+
+        ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread.
+        """
+        self._on_event = on_event
+        try:
+            self._transition(GangStatus.SCHEDULING, f"{self.spec.shape} {self.provisioner.backend}")
+            client, addresses = self.provisioner.provision(self.spec, self.id)
+            if len(addresses) != self.spec.nodes:
+                raise SchedulingError(
+                    f"got {len(addresses)} node(s) from the {self.provisioner.backend} backend, "
+                    f"need {self.spec.nodes}"
+                )
+            self._client = client
+            client.subscribe_topic(self.topic, self._on_dask_event)
+            self._transition(GangStatus.RENDEZVOUS)
+            self.ranks = self._launch(addresses)
+            self._transition(GangStatus.READY, self.device)
+        except BaseException as exc:
+            self.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
+            raise
+        finally:
+            self._on_event = None
+
+    def _launch(self, addresses: list[str]) -> list[dict[str, Any]]:
+        from ..rank.agent import NodeAgent
+
+        client = self._client
+        with client.as_current():
+            self._agent_futures = [
+                client.submit(
+                    NodeAgent,
+                    self.id,
+                    self.topic,
+                    node,
+                    actor=True,
+                    workers=[addr],
+                    allow_other_workers=False,
+                    pure=False,
+                    key=f"jupyter-mn-agent-{self.id}-{node}",
+                )
+                for node, addr in enumerate(addresses)
+            ]
+            self._agents = client.gather(self._agent_futures)
+        hosts = [client.scheduler_info(n_workers=-1)["workers"][a]["host"] for a in addresses]
+        master_addr, master_port = self._agents[0].endpoint().result()
+        launch = {
+            "gpus": self.spec.gpus,
+            "nnodes": self.spec.nodes,
+            "master_addr": master_addr,
+            "master_port": master_port,
+            "backend": self.provisioner.backend,
+            "nodes": hosts,
+            "pg_timeout": self.spec.pg_timeout,
+            "start_timeout": self.spec.start_timeout,
+            "env": dict(self.spec.env),
+            **self.provisioner.launch_options(),
+        }
+        replies = self._call_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
+        failures = [r.error for r in replies if r.error is not None]
+        if failures:
+            primary = next((e for e in failures if "did not join" not in str(e)), failures[0])
+            if isinstance(primary, JupyterMNError):
+                raise primary
+            raise RendezvousError(f"{type(primary).__name__}: {primary}")
+        return [info for r in sorted(replies, key=lambda r: r.node) for info in r.value]
+
+    def _call_all(
+        self, call: Callable[[Any], Any], timeout: float, until_first_error: bool = True
+    ) -> list[_Reply]:
+        """Call an actor method on every agent at once; collect replies via the inbox."""
+        for node, agent in enumerate(self._agents):
+            self._submit(node, call(agent))
+        replies: dict[int, _Reply] = {}
+        deadline = time.monotonic() + timeout
+        while len(replies) < len(self._agents):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RendezvousError(f"no answer from node agents within {timeout:.0f} s")
+            try:
+                item = self.inbox.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if isinstance(item, _Reply):
+                replies[item.node] = item
+                if item.error is not None and until_first_error:
+                    break
+            else:
+                self.consume(item, self._on_event)
+        return list(replies.values())
+
+    def consume(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
+        """Handle one event on the main thread: note log progress, then show it."""
+        if isinstance(event, LogLines):
+            self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
+        if on_event is not None:
+            on_event(event)
+
+    def _submit(self, node: int, actor_future: Any) -> None:
+        """Wait for an actor call on the client's loop; post its outcome to the inbox."""
+        inbox = self.inbox
+
+        async def wait() -> None:
+            try:
+                inbox.put_reply(_Reply(node, value=await actor_future))
+            except BaseException as exc:
+                inbox.put_reply(_Reply(node, error=exc))
+
+        self._client.loop.add_callback(wait)
+
+    def close(self, broken: str | None = None) -> None:
+        """Stop ranks, agents and the dask cluster. Idempotent."""
+        with self._lock:
+            if self.status == GangStatus.CLOSED:
+                return
+            if broken and self.status != GangStatus.BROKEN:
+                self._transition(GangStatus.BROKEN, broken)
+        if self._agents:
+            with contextlib.suppress(Exception):
+                self._call_all(lambda agent: agent.stop(), _STOP_TIMEOUT_S, until_first_error=False)
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.unsubscribe_topic(self.topic)
+        self._agents, self._agent_futures = [], []
+        self.provisioner.release()
+        self._client = None
+        self._transition(GangStatus.CLOSED, broken or "")
+
+    # ---- used by cell runs (gang/run.py)
+    def seen(self, node: int) -> int:
+        return self._seen.get(node, 0)
+
+    def next_generation(self) -> int:
+        self._generation += 1
+        return self._generation
+
+    @property
+    def agents(self) -> list[Any]:
+        return self._agents
+
+    def is_primary_failure(self, event: Any) -> bool:
+        return isinstance(event, RankState) and event.detail == "primary"

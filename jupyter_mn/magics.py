@@ -1,0 +1,198 @@
+"""``%%cluster`` (run a cell on the gang) and ``%cluster VERB`` — a thin shell over ``Cluster``.
+
+Flags are parsed with IPython's argparse wrapper (a bad flag is a short ``UsageError``); values
+are checked by ``ClusterSpec``; everything else is the Python API in ``cluster.py``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
+from IPython.display import publish_display_data
+from traitlets import Dict, Float, Integer, Unicode
+
+from .spec import ClusterSpec, parse_env_pairs, spec_fields
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
+
+
+def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
+    """Flags that shape the gang or set its cells' defaults (shared by the cell and ``up``)."""
+    parser.add_argument("--nodes", type=int, help="number of nodes (one agent each)")
+    parser.add_argument("--gpus", type=int, help="ranks per node (one per GPU; CPU ranks without)")
+    parser.add_argument("--backend", help="local (default), dask or kubernetes")
+    parser.add_argument("--scheduler", help="dask scheduler address for --backend dask")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="environment variable for every rank (repeatable)",
+    )
+    parser.add_argument("--name", help="job name (lowercase, digits, '-')")
+    parser.add_argument("--timeout", type=float, help="seconds before the cell is interrupted")
+    parser.add_argument("--retries", type=int, help="re-run the cell this often if a rank is lost")
+    parser.add_argument("--seed", type=int, help="seed every rank with SEED + rank")
+    parser.add_argument("--idle-timeout", type=float, help="release the gang after S idle seconds")
+    parser.add_argument("--start-timeout", type=float, help="seconds allowed to bring the gang up")
+    return parser
+
+
+def _cell_parser() -> MagicArgumentParser:
+    parser = _spec_flags(MagicArgumentParser(prog="%%cluster", add_help=False))
+    parser.add_argument("--all", action="store_true", help="return every rank's value (a list)")
+    parser.add_argument("--pull", help="copy these names (a,b) from rank 0 into the notebook")
+    parser.add_argument("--push", help="send these notebook names (a,b) even if skipped")
+    return parser
+
+
+def _verb_parser(verb: str, *args: tuple[tuple[str, ...], dict[str, Any]]) -> MagicArgumentParser:
+    parser = MagicArgumentParser(prog=f"%cluster {verb}", add_help=False)
+    for flags, kwargs in args:
+        parser.add_argument(*flags, **kwargs)
+    return parser
+
+
+@magics_class
+class ClusterMagics(Magics):
+    """Defaults come from config (``c.ClusterMagics.default_nodes = 2``) or ``JUPYTER_MN_*``."""
+
+    default_nodes = Integer(None, allow_none=True, config=True, help="nodes when not given")
+    default_gpus = Integer(None, allow_none=True, config=True, help="ranks per node")
+    default_backend = Unicode(None, allow_none=True, config=True, help="local | dask | kubernetes")
+    default_scheduler = Unicode(None, allow_none=True, config=True, help="dask scheduler address")
+    default_timeout = Float(None, allow_none=True, config=True, help="per-cell timeout (s)")
+    default_idle_timeout = Float(None, allow_none=True, config=True, help="idle release (s)")
+    default_env = Dict(None, allow_none=True, config=True, help="env for every rank")
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self._parser = _cell_parser()
+        self._verbs: dict[str, tuple[MagicArgumentParser, Callable[[Any], Any]]] = {
+            "status": (_verb_parser("status"), self._status),
+            "up": (_spec_flags(_verb_parser("up")), self._up),
+            "down": (_verb_parser("down"), self._down),
+            "auto": (_verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
+            "config": (_verb_parser("config"), self._config),
+        }
+        self._auto_on = False
+
+    # ---- spec from config + flags
+    def _config_layer(self) -> dict[str, Any]:
+        return {name: getattr(self, f"default_{name}", None) for name in spec_fields()}
+
+    def spec_from(self, args: Any) -> ClusterSpec:
+        """Flags given on this cell, over the running gang's shape, over configured defaults."""
+        from . import cluster
+
+        flags = {
+            name: getattr(args, name, None)
+            for name in spec_fields()
+            if getattr(args, name, None) is not None
+        }
+        if "env" in flags:
+            flags["env"] = parse_env_pairs(flags["env"])
+        base = ClusterSpec.build(self._config_layer())
+        running = cluster.current()
+        if running is not None:
+            base = base.replace(**{k: getattr(running.spec, k) for k in _gang_fields()})
+        return base.replace(**flags)
+
+    # ---- the magic
+    @line_cell_magic
+    def cluster(self, line: str, cell: str | None = None) -> Any:
+        """%%cluster [--nodes N] [--gpus G] …: run this cell on every rank; %cluster VERB …"""
+        if cell is not None:
+            return self._run(self._parser.parse_argstring(line), cell)
+        words = shlex.split(line)
+        if not words or words[0] not in self._verbs:
+            raise UsageError(
+                f"%cluster needs a verb: {' | '.join(self._verbs)} (use %%cluster to run a cell)"
+            )
+        parser, handler = self._verbs[words[0]]
+        return handler(parser.parse_argstring(shlex.join(words[1:])))
+
+    def _run(self, args: Any, cell: str) -> Any:
+        from . import cluster
+        from .views import TextView
+
+        spec = self.spec_from(args)
+        target = cluster.session(spec)
+        result = target.run(
+            cell,
+            namespace=self.shell.user_ns,
+            cell_id=self.shell.execution_count,
+            return_all=args.all,
+            pull=_names(args.pull),
+            push=_names(args.push),
+            on_event=TextView(),
+        )
+        for note in result.notes:
+            print(f"jupyter_mn: {note}")
+        for bundle in result.displays:
+            publish_display_data(bundle["data"], bundle["metadata"])
+        if result.ok and result.pulled:
+            self.shell.user_ns.update(result.pulled)
+        return result.unwrap()
+
+    # ---- verbs
+    def _status(self, args: Any) -> dict[str, Any] | None:
+        from . import cluster
+
+        running = cluster.current()
+        if running is None:
+            print("jupyter_mn: no cluster (the next %%cluster cell starts one)")
+            return None
+        return running.status()
+
+    def _up(self, args: Any) -> dict[str, Any]:
+        from . import cluster
+        from .views import TextView
+
+        target = cluster.session(self.spec_from(args))
+        target.up(TextView())
+        return target.status()
+
+    def _down(self, args: Any) -> None:
+        from . import cluster
+
+        cluster.shutdown()
+        print("jupyter_mn: cluster released")
+
+    def _config(self, args: Any) -> ClusterSpec:
+        return self.spec_from(self._parser.parse_argstring(""))
+
+    def _auto(self, args: Any) -> None:
+        transformers = self.shell.input_transformers_cleanup
+        if args.mode == "on" and not self._auto_on:
+            transformers.append(_auto_cluster)
+        elif args.mode == "off" and self._auto_on:
+            transformers.remove(_auto_cluster)
+        self._auto_on = args.mode == "on"
+        print(
+            f"jupyter_mn: auto mode {args.mode}"
+            + (": every cell runs on the cluster" if self._auto_on else "")
+        )
+
+
+def _gang_fields() -> list[str]:
+    return [name for name, f in spec_fields().items() if f.metadata.get("gang")]
+
+
+def _auto_cluster(lines: list[str]) -> list[str]:
+    """Input transformer for ``%cluster auto on``: every cell becomes a ``%%cluster`` cell."""
+    first = next((line.strip() for line in lines if line.strip()), "")
+    if not first or first.startswith(("%cluster", "%%cluster")):
+        return lines
+    return ["%%cluster\n", *lines]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(ClusterMagics)

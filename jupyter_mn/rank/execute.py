@@ -1,0 +1,207 @@
+"""Run a cell in this rank's persistent namespace with IPython semantics.
+
+An ``InteractiveShell`` gives the notebook's rules for free: the last expression is the value,
+``%``-magics and ``!`` work, ``display()`` is captured (rank 0's displays are shown in the
+notebook), and tracebacks read ``Cell In[N], line L`` with the notebook's own cell number.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import random
+import sys
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import CapturingDisplayPublisher
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+if TYPE_CHECKING:
+    from ..cell import CellPayload
+    from .runtime import ClusterInfo, ProcessGroup, _CellSignals
+
+#: Messages of errors that only say a peer went away: a consequence, not the root cause.
+_SECONDARY = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "has been destroyed",
+    "Application timeout caused pair closure",
+    "process group has been aborted",
+    "NCCL communicator was aborted",
+    "Socket Timeout",
+    "SIGABRT",
+    "Connection refused",
+)
+
+
+class _ValueHook(DisplayHook):
+    """Keep the last expression's value instead of printing ``Out[N]``."""
+
+    def __call__(self, result: Any = None) -> None:
+        if result is not None and not self.quiet():
+            self.exec_result.result = result
+
+
+class RankShell(InteractiveShell):
+    displayhook_class = _ValueHook
+    display_pub_class = CapturingDisplayPublisher
+    last_traceback: list[str]
+
+    @classmethod
+    def for_rank(cls) -> RankShell:
+        config = Config()
+        config.HistoryManager.enabled = False  # ranks must not share one sqlite history file
+        shell = cls.instance(config=config, colors="nocolor")
+        import torch
+        import torch.distributed as dist
+
+        from .runtime import cluster_info
+
+        shell.user_ns.update({"torch": torch, "dist": dist, "cluster_info": cluster_info})
+        shell.last_traceback = []
+        return shell
+
+    def showtraceback(self, *args: Any, **kwargs: Any) -> None:
+        etype, value, tb = sys.exc_info()
+        self.last_traceback = self.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=1)
+
+    def showsyntaxerror(self, *args: Any, **kwargs: Any) -> None:
+        etype, value, tb = sys.exc_info()
+        self.last_traceback = self.SyntaxTB.structured_traceback(etype, value, tb)
+
+
+class _CpuPickler(cloudpickle.Pickler):
+    """Send accelerator tensors as CPU tensors: the kernel may have no GPU."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+            return obj.detach().cpu().__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _CpuPickler(buf, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+_held: dict[str, tuple[str, Any]] = {}
+
+
+def _bind_names(shell: RankShell, payload: CellPayload) -> None:
+    """Bind the notebook names the cell reads; large ones arrive once and are re-read from cache."""
+    for captured in payload.names:
+        if captured.data is not None:
+            _held[captured.name] = (captured.digest, captured.data)
+        _digest, data = _held[captured.name]
+        shell.user_ns[captured.name] = cloudpickle.loads(data)
+
+
+def _seed(seed: int, rank: int) -> None:
+    import numpy
+    import torch
+
+    random.seed(seed + rank)
+    numpy.random.seed(seed + rank)
+    torch.manual_seed(seed + rank)
+
+
+def run(
+    shell: RankShell,
+    payload: CellPayload,
+    info: ClusterInfo,
+    group: ProcessGroup,
+    signals: _CellSignals,
+) -> dict[str, Any]:
+    """Run one cell; return the reply the agent relays (value only from rank 0, or all ranks)."""
+    shell.display_pub.outputs.clear()
+    shell.last_traceback = []
+    started = time.perf_counter()
+    error: dict[str, Any] | None = None
+    status = "ok"
+    result = None
+    try:
+        _bind_names(shell, payload)
+        if payload.seed is not None:
+            _seed(payload.seed, info.rank)
+        shell.execution_count = payload.cell_id
+        signals.active = True
+        try:
+            result = shell.run_cell(payload.source, store_history=True)
+        finally:
+            signals.active = False
+        exc = result.error_before_exec or result.error_in_exec
+    except KeyboardInterrupt as interrupt:
+        exc = interrupt
+    except Exception as failure:  # unpickling a captured name, seeding
+        exc = failure
+        shell.last_traceback = [f"{type(failure).__name__}: {failure}"]
+    duration = time.perf_counter() - started
+    reply: dict[str, Any] = {"op": "done", "rank": info.rank, "duration": duration}
+    if exc is not None:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+        error = {
+            "ename": type(exc).__name__,
+            "evalue": str(exc),
+            "traceback": list(shell.last_traceback),
+            "secondary": any(s in str(exc) for s in _SECONDARY),
+        }
+        _forget(shell, exc)
+        exc = result = None
+        group.destroy()
+    elif info.rank == 0 or payload.return_all:
+        reply.update(_outputs(shell, result.result if result else None, payload, info))
+    reply.update(status=status, error=error, finished_at=time.time())
+    return reply
+
+
+def _forget(shell: RankShell, exc: BaseException) -> None:
+    """Drop every reference to the failed frames: they hold the process group and its sockets,
+    and peers blocked on us only fail once those sockets close."""
+    shell.last_execution_result = None
+    for tb in (shell.InteractiveTB, shell.SyntaxTB):
+        tb.tb = None
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    traceback.clear_frames(exc.__traceback__)
+    exc.__traceback__ = None
+
+
+def _outputs(
+    shell: RankShell, value: Any, payload: CellPayload, info: ClusterInfo
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"value": None, "value_repr": None, "notes": []}
+    if value is not None:
+        try:
+            out["value"] = dumps(value)
+        except Exception as exc:
+            out["value_repr"] = repr(value)[:10000]
+            out["notes"].append(
+                f"rank {info.rank}'s value of type {type(value).__name__} could not be sent "
+                f"({type(exc).__name__}: {exc}); showing its repr"
+            )
+    if info.rank == 0:
+        out["displays"] = [
+            {"data": o["data"], "metadata": o.get("metadata") or {}}
+            for o in shell.display_pub.outputs
+        ]
+        pulled = {}
+        for name in payload.pull:
+            if name not in shell.user_ns:
+                out["notes"].append(f"--pull {name}: not defined on rank 0")
+                continue
+            try:
+                pulled[name] = dumps(shell.user_ns[name])
+            except Exception as exc:
+                out["notes"].append(f"--pull {name}: cannot be sent ({type(exc).__name__}: {exc})")
+        out["pulled"] = pulled
+    return out

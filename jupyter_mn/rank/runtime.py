@@ -1,0 +1,259 @@
+"""One rank process: the env contract, its process group, and the loop that runs cells.
+
+Started by the node agent as ``python -m jupyter_mn.rank.runtime`` in its own session, with stdout
+and stderr on pipes to the agent and a control socket (fd ``JUPYTER_MN_CONTROL_FD``) for cells.
+The environment follows torchrun's contract, so existing training code runs unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: Written by a rank to stdout and stderr after each reply, so the agent knows both pipes are
+#: drained up to that point before it reports the cell as done.
+SYNC_MARKER = "\x1e\x1fjupyter-mn-sync\x1f\x1e"
+_PARENT_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """Where this rank sits in the gang; ``jupyter_mn.cluster_info()`` inside a cell."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    nodes: tuple[str, ...] = field(default=())
+    backend: str = "local"
+    job: str = ""
+    device: str = "cpu"
+
+
+def contract_env(
+    *,
+    rank: int,
+    local_rank: int,
+    gpus: int,
+    node_rank: int,
+    nnodes: int,
+    master_addr: str,
+    master_port: int,
+    job: str,
+    backend: str,
+    nodes: list[str],
+    pg_timeout: float,
+) -> dict[str, str]:
+    """The variables every rank gets (torchrun-compatible, plus ``JUPYTER_MN_*``)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(nnodes * gpus),
+        "LOCAL_WORLD_SIZE": str(gpus),
+        "NODE_RANK": str(node_rank),
+        "GROUP_RANK": str(node_rank),
+        "NNODES": str(nnodes),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "JUPYTER_MN_JOB": job,
+        "JUPYTER_MN_BACKEND": backend,
+        "JUPYTER_MN_NODES": json.dumps(nodes),
+        "JUPYTER_MN_PG_TIMEOUT": str(pg_timeout),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def cluster_info() -> ClusterInfo:
+    """This rank's place in the gang. Raises outside a ``%%cluster`` rank."""
+    env = os.environ
+    if "JUPYTER_MN_JOB" not in env or "RANK" not in env:
+        from ..errors import JupyterMNError
+
+        raise JupyterMNError("cluster_info() describes a rank: call it inside a %%cluster cell")
+    return ClusterInfo(
+        rank=int(env["RANK"]),
+        local_rank=int(env["LOCAL_RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_world_size=int(env["LOCAL_WORLD_SIZE"]),
+        node_rank=int(env["NODE_RANK"]),
+        nnodes=int(env["NNODES"]),
+        master_addr=env["MASTER_ADDR"],
+        master_port=int(env["MASTER_PORT"]),
+        nodes=tuple(json.loads(env.get("JUPYTER_MN_NODES", "[]"))),
+        backend=env.get("JUPYTER_MN_BACKEND", "local"),
+        job=env["JUPYTER_MN_JOB"],
+        device=_device_label(int(env["LOCAL_RANK"])),
+    )
+
+
+def _device_label(local_rank: int) -> str:
+    import torch
+
+    return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+
+
+class ProcessGroup:
+    """The rank's membership in torch.distributed, re-formed in place after a failure.
+
+    Rank 0 hosts the TCPStore for the process lifetime; each generation uses its own key prefix,
+    so a re-init never sees a stale key from the group it replaces.
+    """
+
+    def __init__(self, info: ClusterInfo, pg_timeout: float) -> None:
+        import torch
+
+        self.info = info
+        self.pg_timeout = pg_timeout
+        self.cuda = torch.cuda.is_available()
+        self.backend = "nccl" if self.cuda else "gloo"
+        self._store: Any = None
+        if self.cuda:
+            count = torch.cuda.device_count()
+            if info.local_rank >= count:
+                raise RuntimeError(
+                    f"node {info.node_rank} has {count} GPU(s); "
+                    f"local rank {info.local_rank} needs at least {info.local_rank + 1}"
+                )
+            torch.cuda.set_device(info.local_rank)
+
+    def init(self, generation: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self._store is None:
+            self._store = dist.TCPStore(
+                self.info.master_addr,
+                self.info.master_port,
+                world_size=None,
+                is_master=self.info.rank == 0,
+                timeout=timedelta(seconds=self.pg_timeout),
+                wait_for_workers=False,
+            )
+        store = dist.PrefixStore(f"jupyter_mn/{generation}/", self._store)
+        kwargs: dict[str, Any] = {}
+        if self.cuda:
+            kwargs["device_id"] = torch.device("cuda", self.info.local_rank)
+        dist.init_process_group(
+            self.backend,
+            store=store,
+            rank=self.info.rank,
+            world_size=self.info.world_size,
+            timeout=timedelta(seconds=self.pg_timeout),
+            **kwargs,
+        )
+
+    def destroy(self) -> None:
+        """Tear the group down so peers blocked on us fail at once (the fail-fast cascade).
+
+        ``gc.collect()`` matters: exception tracebacks keep the group, and its sockets, alive.
+        """
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+
+    def reinit(self, generation: int) -> None:
+        self.destroy()
+        self.init(generation)
+
+
+class _CellSignals:
+    """SIGINT interrupts a running cell and is ignored between cells (the loop must survive)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.active:
+            raise KeyboardInterrupt
+
+
+def _exit_with_parent() -> None:
+    """Ranks must not outlive their node agent (a lost agent means a lost node)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(_PARENT_POLL_S)
+            if os.getppid() != parent:
+                os._exit(70)
+
+    threading.Thread(target=watch, name="jupyter-mn-parent-watch", daemon=True).start()
+
+
+def sync_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.write(fd, (SYNC_MARKER + "\n").encode())
+
+
+def main() -> None:
+    from . import execute
+
+    conn = Connection(int(os.environ["JUPYTER_MN_CONTROL_FD"]))
+    _exit_with_parent()
+    signals = _CellSignals()
+    info = cluster_info()
+    try:
+        group = ProcessGroup(info, float(os.environ.get("JUPYTER_MN_PG_TIMEOUT", "1800")))
+        group.init(0)
+        shell = execute.RankShell.for_rank()
+    except Exception as exc:
+        conn.send({"op": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        sync_streams()
+        os._exit(1)
+    conn.send(
+        {
+            "op": "ready",
+            "pid": os.getpid(),
+            "device": info.device,
+            "backend": group.backend,
+            "host": os.uname().nodename,
+        }
+    )
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        op = msg["op"]
+        if op == "run":
+            reply = execute.run(shell, msg["payload"], info, group, signals)
+            conn.send(reply)
+            sync_streams()
+        elif op == "destroy":
+            group.destroy()
+        elif op == "reinit":
+            try:
+                group.reinit(msg["generation"])
+                conn.send({"op": "reinit", "ok": True})
+            except Exception as exc:
+                conn.send({"op": "reinit", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        elif op == "stop":
+            break
+    group.destroy()
+    sync_streams()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

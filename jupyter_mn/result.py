@@ -1,0 +1,99 @@
+"""``CellResult``: a cell's outcome as a value (rank 0's result, per-rank status, root cause)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import CellError, CellInterrupted, RankLost
+
+OK, ERROR, LOST, INTERRUPTED = "ok", "error", "lost", "interrupted"
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception raised on a rank, already formatted there (the kernel may lack its types)."""
+
+    ename: str
+    evalue: str
+    traceback: tuple[str, ...] = ()
+    #: True when it only reports that a peer went away (the consequence, not the cause).
+    secondary: bool = False
+
+    def line(self) -> str:
+        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    rank: int
+    node: int
+    local_rank: int
+    status: str
+    duration: float | None = None
+    error: RemoteError | None = None
+    #: Wall-clock time the rank finished (``time.time()``), to order failures across ranks.
+    finished_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} (node {self.node})"
+
+
+@dataclass
+class CellResult:
+    """What a cell run produced. ``unwrap()`` gives rank 0's value or raises the root cause."""
+
+    ranks: list[RankOutcome]
+    value: Any = None
+    values: list[Any] | None = None
+    displays: list[dict[str, Any]] = field(default_factory=list)
+    pulled: dict[str, Any] = field(default_factory=dict)
+    elapsed: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == OK for r in self.ranks)
+
+    @property
+    def root_cause(self) -> RankOutcome | None:
+        """The failure that started it: a lost rank, else the earliest primary error."""
+        failed = [r for r in self.ranks if r.status != OK]
+        if not failed:
+            return None
+
+        def order(r: RankOutcome) -> tuple[int, float, int]:
+            primary = 0 if r.status == LOST or (r.error and not r.error.secondary) else 1
+            if r.status == INTERRUPTED:
+                primary = 2
+            return (primary, r.finished_at or float("inf"), r.rank)
+
+        return min(failed, key=order)
+
+    def unwrap(self) -> Any:
+        """Return rank 0's value (every rank's with ``--all``) or raise a ``CellError``."""
+        cause = self.root_cause
+        if cause is None:
+            return self.values if self.values is not None else self.value
+        raise self.error()
+
+    def error(self) -> CellError:
+        cause = self.root_cause
+        assert cause is not None and cause.error is not None
+        others = [r for r in self.ranks if r.status != OK and r is not cause]
+        notes = list(self.notes)
+        if others:
+            kinds = sorted({r.error.ename if r.error else r.status for r in others})
+            notes.append(
+                f"{len(others)} other rank(s) stopped as a consequence "
+                f"({', '.join(r.label for r in others[:6])}"
+                f"{', …' if len(others) > 6 else ''}: {', '.join(kinds)})"
+            )
+        cls = {LOST: RankLost, INTERRUPTED: CellInterrupted}.get(cause.status, CellError)
+        message = f"{cause.label} {_verb(cause.status)} {cause.error.line()}"
+        return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)
+
+
+def _verb(status: str) -> str:
+    return {LOST: "was lost:", INTERRUPTED: "was interrupted:"}.get(status, "raised")

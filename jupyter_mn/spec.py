@@ -1,0 +1,159 @@
+"""``ClusterSpec``: what a gang should look like and how its cells run, validated once.
+
+Values come from four layers, later ones winning: built-in defaults, ``JUPYTER_MN_*`` environment
+variables, traitlets config (``c.ClusterMagics.default_nodes = 2``), and the cell's own flags.
+Every check happens here, so a bad value raises ``SpecError`` before anything is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import SpecError
+
+BACKENDS = ("local", "dask", "kubernetes")
+ENV_PREFIX = "JUPYTER_MN_"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+MAX_WORLD_SIZE = 65536
+
+
+def _gang(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A field that shapes the gang: changing it means a different gang (no warm reuse)."""
+    return field(default=default, metadata={"gang": True}, **kw)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Immutable description of a gang and of the defaults its cells run with.
+
+    >>> ClusterSpec(nodes=2, gpus=2).world_size
+    4
+    """
+
+    nodes: int = _gang(1)
+    gpus: int = _gang(1)
+    backend: str = _gang("local")
+    env: tuple[tuple[str, str], ...] = _gang(())
+    scheduler: str | None = _gang(None)
+    name: str | None = None
+    timeout: float | None = None
+    retries: int = 0
+    seed: int | None = None
+    idle_timeout: float = 1800.0
+    start_timeout: float = 180.0
+    pg_timeout: float = 1800.0
+
+    def __post_init__(self) -> None:
+        _check_int("nodes", self.nodes, minimum=1)
+        _check_int("gpus", self.gpus, minimum=1)
+        _check_int("retries", self.retries, minimum=0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=0)
+        if self.nodes * self.gpus > MAX_WORLD_SIZE:
+            raise SpecError(f"nodes × gpus = {self.nodes * self.gpus} exceeds {MAX_WORLD_SIZE}")
+        if self.backend not in BACKENDS:
+            raise SpecError(
+                f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
+            )
+        if self.backend == "dask" and not self.scheduler:
+            raise SpecError("backend 'dask' needs --scheduler ADDRESS (e.g. tls://host:8786)")
+        for name in ("timeout", "idle_timeout", "start_timeout", "pg_timeout"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.name is not None and not _JOB_NAME.match(self.name):
+            raise SpecError(
+                f"name {self.name!r} must be lowercase letters, digits and '-', at most 40 chars"
+            )
+        for key, value in self.env:
+            if not _ENV_NAME.match(key):
+                raise SpecError(f"--env {key!r}: not a valid environment variable name")
+            if not isinstance(value, str):
+                raise SpecError(f"--env {key}: value must be a string, got {type(value).__name__}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus
+
+    @property
+    def shape(self) -> str:
+        return f"{self.nodes}×{self.gpus}"
+
+    def gang_key(self) -> tuple[Any, ...]:
+        """The fields that decide whether a running gang can serve this spec."""
+        return tuple(
+            getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("gang")
+        )
+
+    def replace(self, **changes: Any) -> ClusterSpec:
+        return dataclasses.replace(self, **_normalize(changes))
+
+    @classmethod
+    def build(cls, *layers: Mapping[str, Any]) -> ClusterSpec:
+        """Defaults ← environment ← each layer in order (``None`` values are skipped)."""
+        values: dict[str, Any] = from_environ(os.environ)
+        for layer in layers:
+            values.update({k: v for k, v in layer.items() if v is not None})
+        return cls(**_normalize(values))
+
+
+def spec_fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(ClusterSpec)}
+
+
+def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Read ``JUPYTER_MN_<FIELD>`` variables, e.g. ``JUPYTER_MN_NODES=2``."""
+    values: dict[str, Any] = {}
+    for name, f in spec_fields().items():
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None or raw == "":
+            continue
+        values[name] = _parse_env(ENV_PREFIX + name.upper(), raw, f)
+    return values
+
+
+def parse_env_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``["A=1", "B=x=y"]`` → ``(("A", "1"), ("B", "x=y"))``."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError(f"--env {item!r}: expected KEY=VALUE")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
+    kind = str(f.type)
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise SpecError(f"{var}={raw!r} is not a number") from None
+    if f.name == "env":
+        return parse_env_pairs([p for p in raw.split(",") if p])
+    return raw
+
+
+def _normalize(values: dict[str, Any]) -> dict[str, Any]:
+    env = values.get("env")
+    if isinstance(env, Mapping):
+        values = {**values, "env": tuple(sorted((str(k), v) for k, v in env.items()))}
+    elif isinstance(env, list):
+        values = {**values, "env": tuple(tuple(p) for p in env)}
+    return values
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise SpecError(f"{name} must be ≥ {minimum}, got {value}")

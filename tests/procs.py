@@ -1,0 +1,57 @@
+"""Find this test session's processes by the mark they inherit, even after re-parenting."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import psutil
+
+TOKEN = os.environ.setdefault("JUPYTER_MN_TEST_TOKEN", uuid.uuid4().hex)
+
+
+#: multiprocessing's per-interpreter helper: it belongs to (and exits with) its parent.
+_INTERPRETER_HELPERS = ("multiprocessing.resource_tracker",)
+
+
+def ours(since: float = 0.0) -> list[psutil.Process]:
+    """Live processes of this test session created after ``since`` (excluding pytest itself)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        if proc.pid == os.getpid() or proc.info["create_time"] < since:
+            continue
+        try:
+            if proc.environ().get("JUPYTER_MN_TEST_TOKEN") != TOKEN or proc.status() in (
+                psutil.STATUS_ZOMBIE,
+                psutil.STATUS_DEAD,
+            ):
+                continue
+            if not any(h in " ".join(proc.cmdline()) for h in _INTERPRETER_HELPERS):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float = 20.0) -> list[str]:
+    """Describe the processes still alive after ``timeout`` (psutil polls; no blind sleep)."""
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    left = []
+    for p in alive:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+def rank_processes(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if "jupyter_mn.rank.runtime" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out

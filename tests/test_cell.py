@@ -1,0 +1,112 @@
+import threading
+
+import pytest
+
+from jupyter_mn.cell import CACHE_MIN_BYTES, Shipper, bound_names, compile_cell, free_names
+from jupyter_mn.errors import CaptureError, SpecError
+
+
+def test_free_names_follow_scopes_not_an_ast_walk():
+    code = compile_cell(
+        "def g(z):\n    return z * SCALE\n"
+        "y = [f(i) for i in range(3)]\n"
+        "class K:\n    attr = BASE\n"
+        "print(g(2), undefined_here)\n"
+    )
+    assert free_names(code) == {"SCALE", "f", "BASE", "print", "range", "undefined_here"}
+
+
+def test_names_bound_by_the_cell_are_not_captured():
+    code = compile_cell(
+        "import os\nx = 1\nfor i in range(2):\n    x += i\ndef h():\n"
+        "    global w\n    w = 1\nh()\nprint(x, w)"
+    )
+    assert "x" not in free_names(code) and "os" not in free_names(code)
+    assert "w" not in free_names(code)
+    assert {"os", "x", "i", "h"} <= bound_names(code)
+
+
+def test_magic_arguments_are_analysed_too():
+    code = compile_cell("%time y = compute(DATA)\n!echo hi")
+    assert {"compute", "DATA"} <= free_names(code)
+
+
+def test_syntax_error_shows_the_cells_line_and_caret():
+    with pytest.raises(SpecError) as info:
+        compile_cell("x = 1\ny = (2 +\nz = 3\n")
+    assert "line 2" in str(info.value) or "line 3" in str(info.value)
+    assert "SyntaxError in the cell" in str(info.value)
+
+
+def test_empty_cell_is_refused():
+    with pytest.raises(SpecError, match="the cell is empty"):
+        compile_cell("  \n\n")
+
+
+def test_capture_lists_every_unpicklable_variable_with_its_offending_part(tmp_path):
+    class Holder:
+        def __init__(self):
+            self.cfg = {"log": open(tmp_path / "x.log", "w")}  # noqa: SIM115
+
+    ns = {"lock": threading.Lock(), "gen": (i for i in range(3)), "holder": Holder(), "ok": 3}
+    code = compile_cell("print(lock, gen, holder, ok)")
+    with pytest.raises(CaptureError) as info:
+        Shipper().capture(code, ns)
+    text = str(info.value)
+    assert "'lock' of type lock" in text
+    assert "'gen' of type generator" in text
+    assert "holder.cfg['log'] of type TextIOWrapper" in text
+    assert "'ok'" not in text
+    ns["holder"].cfg["log"].close()
+
+
+def test_capture_sends_functions_and_classes_by_value():
+    import cloudpickle
+
+    ns: dict = {}
+    exec("SCALE = 3\ndef f(x):\n    return x * SCALE\nclass C:\n    v = 2", ns)
+    names, notes = Shipper().capture(compile_cell("f(C.v)"), ns)
+    assert [c.name for c in names] == ["C", "f"] and notes == ()
+    assert cloudpickle.loads(names[1].data)(2) == 6  # f and its global SCALE go by value
+
+
+def test_rank_defined_names_stay_rank_local_unless_pushed():
+    ns = {"model": 1, "lr": 0.1}
+    code = compile_cell("model, lr")
+    names, _ = Shipper().capture(code, ns, rank_defined={"model"})
+    assert [c.name for c in names] == ["lr"]
+    names, _ = Shipper().capture(code, ns, rank_defined={"model"}, push=["model"])
+    assert sorted(c.name for c in names) == ["lr", "model"]
+    with pytest.raises(SpecError, match="--push names not defined in the notebook: nope"):
+        Shipper().capture(code, ns, push=["nope"])
+
+
+def test_credentials_are_not_sent_unless_pushed():
+    ns = {"api_token": "abc", "key": "ghp_" + "a" * 36, "data": [1]}
+    code = compile_cell("api_token, key, data")
+    names, notes = Shipper().capture(code, ns)
+    assert [c.name for c in names] == ["data"]
+    assert len(notes) == 2 and "--push api_token" in " ".join(notes)
+    names, _ = Shipper().capture(code, ns, push=["api_token"])
+    assert "api_token" in [c.name for c in names]
+
+
+def test_large_values_are_sent_once_then_referenced():
+    shipper = Shipper()
+    ns = {"blob": b"x" * CACHE_MIN_BYTES, "small": 1}
+    code = compile_cell("len(blob), small")
+    first, _ = shipper.capture(code, ns)
+    again, _ = shipper.capture(code, ns)
+    assert {c.name: c.data is not None for c in first} == {"blob": True, "small": True}
+    assert {c.name: c.data is not None for c in again} == {"blob": False, "small": True}
+    ns["blob"] = b"y" * CACHE_MIN_BYTES
+    changed, _ = shipper.capture(code, ns)
+    assert dict((c.name, c.data is not None) for c in changed)["blob"]
+    shipper.forget()
+    assert all(c.data is not None for c in shipper.capture(code, ns)[0])
+
+
+def test_ipython_and_rank_names_are_never_captured():
+    ns = {"get_ipython": object(), "torch": object(), "_": 1, "_i3": "x", "In": [], "print": print}
+    names, _ = Shipper().capture(compile_cell("get_ipython, torch, _, _i3, In, print"), ns)
+    assert names == ()

@@ -1,0 +1,137 @@
+"""The Python API on real local gangs: real dask workers, real rank processes, gloo."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from procs import ours, rank_processes, wait_gone
+
+from jupyter_mn import Cluster
+from jupyter_mn.errors import CellError, SpecError
+from jupyter_mn.views import TextView
+
+ENV_CHECK = """
+import json, os, torch.distributed as dist
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES",
+        "MASTER_ADDR", "MASTER_PORT"]
+env = {k: os.environ[k] for k in keys}
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+json.dumps({"env": env, "sum": t.item(), "rank": dist.get_rank(), "ws": dist.get_world_size(),
+            "info": cluster_info().__dict__, "backend": dist.get_backend()})
+"""
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(1, 1), (1, 3), (2, 2), (3, 1)])
+def test_env_contract_and_all_reduce_on_every_shape(nodes, gpus, no_leftovers):
+    with Cluster(nodes=nodes, gpus=gpus) as cluster:
+        result = cluster.run(ENV_CHECK, return_all=True)
+        assert result.ok, result.unwrap()
+        rows = [json.loads(v) for v in result.values]
+    world = nodes * gpus
+    ports = {r["env"]["MASTER_PORT"] for r in rows}
+    assert len(rows) == world and len(ports) == 1
+    for rank, row in enumerate(rows):
+        env = row["env"]
+        assert row["rank"] == rank == int(env["RANK"]) and row["ws"] == world
+        assert int(env["WORLD_SIZE"]) == world and int(env["NNODES"]) == nodes
+        assert int(env["LOCAL_WORLD_SIZE"]) == gpus
+        assert int(env["NODE_RANK"]) == rank // gpus and int(env["LOCAL_RANK"]) == rank % gpus
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert row["sum"] == world * (world - 1) / 2
+        assert row["backend"] == "gloo"
+        info = row["info"]
+        assert (info["rank"], info["node_rank"], info["nnodes"]) == (rank, rank // gpus, nodes)
+        assert info["device"] == "cpu" and len(info["nodes"]) == nodes
+
+
+def test_rank0_value_state_and_notebook_names(gang_2x2):
+    ns: dict = {}
+    exec("SCALE = 10\ndef f(x):\n    return x * SCALE\nclass Acc:\n    total = 0\n", ns)
+    first = gang_2x2.run("acc = Acc()\nacc.total = f(dist.get_rank())\nacc.total", namespace=ns)
+    assert first.value == 0 and first.ok
+    later = gang_2x2.run("acc.total + 1", namespace=ns, return_all=True)
+    assert later.values == [1, 11, 21, 31]
+    assert [r.status for r in later.ranks] == ["ok"] * 4
+
+
+def test_pull_copies_names_from_rank_zero(gang_2x2):
+    result = gang_2x2.run("w = {'rank': dist.get_rank(), 'x': torch.arange(3)}", pull=["w"])
+    assert result.value is None
+    assert result.pulled["w"]["rank"] == 0 and result.pulled["w"]["x"].tolist() == [0, 1, 2]
+
+
+def test_output_of_every_rank_is_labelled_and_ordered(gang_2x2):
+    out, err = io.StringIO(), io.StringIO()
+    code = (
+        "import sys, os\nfor i in range(50):\n    print('line', i)\n"
+        "print('to stderr', file=sys.stderr)\nos.system('echo from-libc')\n"
+    )
+    assert gang_2x2.run(code, on_event=TextView(out, err)).ok
+    lines = out.getvalue().splitlines()
+    for rank in range(4):
+        node = rank // 2
+        mine = [ln for ln in lines if ln.startswith(f"[node {node} rank {rank}] ")]
+        assert [ln.split("] ")[1] for ln in mine] == [f"line {i}" for i in range(50)] + [
+            "from-libc"
+        ]
+        assert f"[node {node} rank {rank}] to stderr" in err.getvalue()
+
+
+def test_display_and_magics_work_inside_the_cell(gang_2x2):
+    result = gang_2x2.run("from IPython.display import display\ndisplay({'k': 1})\n%time z = 2\nz")
+    assert result.value == 2
+    assert result.displays[0]["data"]["text/plain"] == "{'k': 1}"
+
+
+def test_name_error_names_the_rank_and_the_gang_survives(gang_2x2):
+    result = gang_2x2.run("x = 1\nnot_defined_anywhere + x")
+    assert not result.ok
+    cause = result.root_cause
+    assert cause.error.ename == "NameError" and cause.status == "error"
+    with pytest.raises(CellError) as info:
+        result.unwrap()
+    rendered = "\n".join(info.value._render_traceback_())
+    assert "rank " in rendered and "NameError" in rendered and "line 2" in rendered
+    assert gang_2x2.run("x").value == 1  # namespaces survived
+
+
+def test_one_rank_raising_ends_the_cell_with_its_traceback(gang_2x2):
+    result = gang_2x2.run(
+        "t = torch.ones(1)\nif dist.get_rank() == 2:\n    raise ValueError('boom on 2')\n"
+        "dist.all_reduce(t)\n"
+    )
+    cause = result.root_cause
+    assert (cause.rank, cause.node, cause.error.ename) == (2, 1, "ValueError")
+    assert any("line 3" in line for line in cause.error.traceback)
+    after = gang_2x2.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+    assert after.value == 4.0
+
+
+def test_unpicklable_value_comes_back_as_its_repr(gang_2x2):
+    result = gang_2x2.run("import threading\nthreading.Lock()")
+    assert "lock" in repr(result.value)
+    assert any("could not be sent" in n for n in result.notes)
+
+
+def test_bad_input_raises_before_anything_starts(no_leftovers):
+    cluster = Cluster(nodes=2, gpus=1)
+    with pytest.raises(SpecError, match="SyntaxError in the cell, line 1"):
+        cluster.run("def (:")
+    with pytest.raises(SpecError, match="empty"):
+        cluster.run("")
+    assert cluster.gang is None and not rank_processes(ours(no_leftovers))
+    with pytest.raises(SpecError, match="nodes must be ≥ 1"):
+        Cluster(nodes=0)
+
+
+def test_close_stops_every_process(no_leftovers):
+    cluster = Cluster(nodes=2, gpus=1)
+    cluster.run("1")
+    procs = ours(no_leftovers)
+    assert len(rank_processes(procs)) == 2
+    cluster.close()
+    assert not wait_gone(procs)
+    assert cluster.status()["state"] == "DOWN"
