@@ -58,6 +58,8 @@ class CellPayload:
     return_all: bool = False
     pull: tuple[str, ...] = ()
     seed: int | None = None
+    #: names the cell binds: rank-local state from now on
+    defines: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
 
 

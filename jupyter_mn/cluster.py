@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import threading
 import time
 import weakref
@@ -106,14 +107,16 @@ class Cluster:
             names, notes = self._shipper.capture(
                 python, namespace or {}, rank_defined=self._rank_defined, push=push
             )
+            defines = bound_names(python)
             payload = CellPayload(
                 code,
                 cell_id,
                 names,
-                return_all,
-                tuple(pull),
-                self.spec.seed if seed is None else seed,
-                notes,
+                return_all=return_all,
+                pull=tuple(pull),
+                seed=self.spec.seed if seed is None else seed,
+                defines=tuple(sorted(defines)),
+                notes=notes,
             )
             self._cancel_idle_timer()
             try:
@@ -131,7 +134,7 @@ class Cluster:
             finally:
                 self.last_used = time.time()
                 self._arm_idle_timer()
-            self._rank_defined |= bound_names(python)
+            self._rank_defined |= defines
             result.notes[:0] = list(notes)
             return result
 
@@ -144,15 +147,7 @@ class Cluster:
     ) -> CellPayload:
         """The gang was replaced: its ranks hold no cached names, so send them all again."""
         names, _ = self._shipper.capture(python, namespace or {}, rank_defined=(), push=push)
-        return CellPayload(
-            payload.source,
-            payload.cell_id,
-            names,
-            payload.return_all,
-            payload.pull,
-            payload.seed,
-            payload.notes,
-        )
+        return dataclasses.replace(payload, names=names)
 
     # ---- status and idle release
     def status(self) -> dict[str, Any]:

@@ -134,8 +134,9 @@ class ClusterMagics(Magics):
             push=_names(args.push),
             on_event=TextView(),
         )
-        for note in result.notes:
-            print(f"jupyter_mn: {note}")
+        if result.ok:  # on failure the notes are part of the error
+            for note in result.notes:
+                print(f"jupyter_mn: {note}")
         for bundle in result.displays:
             publish_display_data(bundle["data"], bundle["metadata"])
         if result.ok and result.pulled:

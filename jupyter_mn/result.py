@@ -95,5 +95,10 @@ class CellResult:
         return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)
 
 
+def _ranks(outcomes: list[RankOutcome]) -> str:
+    numbers = ", ".join(str(r.rank) for r in outcomes[:8]) + (", …" if len(outcomes) > 8 else "")
+    return f"{'rank' if len(outcomes) == 1 else 'ranks'} {numbers}"
+
+
 def _verb(status: str) -> str:
     return {LOST: "was lost:", INTERRUPTED: "was interrupted:"}.get(status, "raised")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import pytest
 from procs import ours, rank_processes, wait_gone
@@ -135,3 +136,16 @@ def test_close_stops_every_process(no_leftovers):
     cluster.close()
     assert not wait_gone(procs)
     assert cluster.status()["state"] == "DOWN"
+
+
+def test_idle_gang_is_released_and_comes_back(no_leftovers):
+    cluster = Cluster(nodes=1, gpus=1, idle_timeout=1)
+    assert cluster.run("1").value == 1
+    procs = ours(no_leftovers)
+    deadline = time.monotonic() + 30
+    while cluster.status()["state"] != "RELEASED":  # the idle timer fires on its own thread
+        assert time.monotonic() < deadline, cluster.status()
+        time.sleep(0.05)
+    assert not wait_gone(procs)
+    assert cluster.run("2").value == 2  # a later cell brings a fresh gang
+    cluster.close()

@@ -13,6 +13,7 @@ import random
 import sys
 import time
 import traceback
+import types
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -93,16 +94,49 @@ def dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-_held: dict[str, tuple[str, Any]] = {}
+_held: dict[str, bytes] = {}
+#: Names the notebook put in this namespace (rather than a cell on the ranks): updated freely.
+_from_notebook: set[str] = set()
 
 
 def _bind_names(shell: RankShell, payload: CellPayload) -> None:
     """Bind the notebook names the cell reads; large ones arrive once and are re-read from cache."""
+    ns = shell.user_ns
     for captured in payload.names:
         if captured.data is not None:
-            _held[captured.name] = (captured.digest, captured.data)
-        _digest, data = _held[captured.name]
-        shell.user_ns[captured.name] = cloudpickle.loads(data)
+            _held[captured.name] = captured.data
+        ns[captured.name] = _adopt(cloudpickle.loads(_held[captured.name]), ns)
+        _from_notebook.add(captured.name)
+
+
+def _adopt(value: Any, ns: dict[str, Any]) -> Any:
+    """Let notebook-defined functions and classes see the rank's namespace as their globals.
+
+    cloudpickle gives them a private globals dict holding only what the notebook had, so a
+    function using ``torch`` or ``model`` defined on the ranks would raise ``NameError``.
+    """
+    if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
+        return _rehome(value, ns)
+    if isinstance(value, type) and value.__module__ == "__main__":
+        for name, attr in list(vars(value).items()):
+            fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+            if isinstance(fn, types.FunctionType):
+                moved = _rehome(fn, ns)
+                setattr(value, name, moved if fn is attr else type(attr)(moved))
+    return value
+
+
+def _rehome(fn: types.FunctionType, ns: dict[str, Any]) -> types.FunctionType:
+    for key, val in fn.__globals__.items():
+        if key != "__builtins__" and (key not in ns or key in _from_notebook):
+            ns[key] = val
+            _from_notebook.add(key)
+    moved = types.FunctionType(fn.__code__, ns, fn.__name__, fn.__defaults__, fn.__closure__)
+    moved.__kwdefaults__ = fn.__kwdefaults__
+    moved.__qualname__ = fn.__qualname__
+    moved.__doc__ = fn.__doc__
+    moved.__dict__.update(fn.__dict__)
+    return moved
 
 
 def _seed(seed: int, rank: int) -> None:
@@ -145,6 +179,7 @@ def run(
         exc = failure
         shell.last_traceback = [f"{type(failure).__name__}: {failure}"]
     duration = time.perf_counter() - started
+    _from_notebook.difference_update(payload.defines)  # the cell rebound them: rank state now
     reply: dict[str, Any] = {"op": "done", "rank": info.rank, "duration": duration}
     if exc is not None:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"

@@ -1,0 +1,115 @@
+"""%%cluster in a real kernel: values, state, bad input, warm reuse, and nothing left behind."""
+
+from __future__ import annotations
+
+import ast
+import time
+from collections.abc import Iterator
+
+import pytest
+from procs import ours, rank_processes, wait_gone
+
+from kernels import Kernel
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    k = Kernel()
+    yield k
+    k.shutdown()
+
+
+def running_ranks(since: float = 0.0) -> list:
+    return rank_processes(ours(since))
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ("%%cluster --nodes 0\n1", "SpecError: nodes must be ≥ 1, got 0"),
+        ("%%cluster --gpus -1\n1", "SpecError: gpus must be ≥ 1, got -1"),
+        ("%%cluster --nodez 2\n1", "unrecognized arguments: --nodez 2"),
+        ("%%cluster --nodes two\n1", "argument --nodes: invalid int value: 'two'"),
+        ("%%cluster\n", "cell body is empty"),
+        ("%%cluster\n   \n\n", "the cell is empty"),
+        ("%%cluster\nx = 1\ny = (2 +\n", "SyntaxError in the cell, line 2"),
+        ("import threading\nlk = threading.Lock()\n%%cluster\nlk", None),
+        ("%cluster fly", "%cluster needs a verb"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(kernel, cell, expected):
+    since = time.time() - 0.5
+    if expected is None:  # an unpicklable notebook variable the cell reads
+        setup, cell = cell.split("%%cluster")
+        assert kernel.run(setup).status == "ok"
+        cell, expected = "%%cluster" + cell, "'lk' of type lock"
+    reply = kernel.run(cell)
+    assert reply.status == "error"
+    assert expected in reply.error_text
+    assert len(reply.error_text) < 600, reply.error_text  # short, no library frames
+    assert not running_ranks(since)
+
+
+def test_cell_values_state_pull_and_labelled_output(kernel):
+    kernel.run("def scale(x):\n    return 10 * x\nclass Box:\n    pass")
+    first = kernel.run(
+        "%%cluster --nodes 2 --gpus 2\nb = Box()\nb.v = scale(dist.get_rank())\n"
+        "t = torch.tensor([float(dist.get_rank())])\ndist.all_reduce(t)\n"
+        "print('rank', dist.get_rank(), 'sum', t.item())\nt.item()"
+    )
+    assert first.status == "ok", first.error_text
+    assert first.result == "6.0"
+    for rank in range(4):
+        assert f"[node {rank // 2} rank {rank}] rank {rank} sum 6.0" in first.stdout
+    assert "no CUDA GPU" in first.stdout and first.stdout.count("no CUDA GPU") == 1
+    assert kernel.run("%%cluster --all\nb.v").result == "[0, 10, 20, 30]"
+    assert kernel.run("%%cluster --pull b\nb.v += 1").status == "ok"
+    assert kernel.run("b.v").result == "1"
+    error = kernel.run("%%cluster\nmissing_name + 1")
+    assert error.ename == "CellError" and "NameError" in error.error_text
+    assert "rank 0 (node 0)" in error.error_text
+
+
+def status(kernel: Kernel) -> dict:
+    return ast.literal_eval(kernel.run("%cluster status").result)
+
+
+def test_warm_reuse_same_shape_replace_other_shape(kernel):
+    kernel.run("%%cluster --nodes 2 --gpus 2\n1")
+    first = status(kernel)
+    assert kernel.run("%%cluster\n2").result == "2"  # bare: uses the gang that is up
+    assert kernel.run("%%cluster --gpus 2\n2").result == "2"  # same shape: reused
+    assert status(kernel)["id"] == first["id"]
+    old = running_ranks()
+    assert len(old) == 4
+    kernel.run("%%cluster --nodes 1 --gpus 2\n3")
+    now = status(kernel)
+    assert now["shape"] == "1×2" and now["id"] != first["id"]
+    assert not wait_gone(old)  # the replaced gang is gone
+
+
+def test_auto_mode_runs_every_cell_on_the_gang(kernel):
+    kernel.run("%%cluster --nodes 1 --gpus 2\n0")
+    assert "auto mode on" in kernel.run("%cluster auto on").stdout
+    assert kernel.run("import os\nint(os.environ['LOCAL_WORLD_SIZE'])").result == "2"
+    kernel.run("%cluster auto off")
+    assert kernel.run("import os\n'LOCAL_WORLD_SIZE' in os.environ").result == "False"
+
+
+def test_down_shutdown_and_restart_leave_nothing(no_leftovers):
+    k = Kernel()
+    try:
+        assert k.run("%%cluster --nodes 2 --gpus 1\n1").result == "1"
+        ranks = running_ranks(no_leftovers)
+        assert len(ranks) == 2
+        k.run("%cluster down")
+        assert not wait_gone(ranks)
+        assert k.run("%%cluster --nodes 1 --gpus 2\n1").result == "1"
+        tree = k.descendants()
+        k.shutdown(restart=True)
+        assert not wait_gone(tree), "restart left processes of the old kernel"
+        assert k.run("%%cluster --nodes 1 --gpus 1\n5").result == "5"
+        tree = k.descendants()
+    finally:
+        k.shutdown()
+    assert not wait_gone(tree), "shutdown left processes behind"

@@ -1,0 +1,108 @@
+"""Notebooks under papermill with the "Python 3 (jupyter_mn)" kernel (no %load_ext needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONTRACT = [
+    ("parameters", "nodes = 1\ngpus = 1"),
+    (
+        None,
+        "%%cluster --nodes $nodes --gpus $gpus --all\nimport os\n"
+        "env = {k: os.environ[k] for k in ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
+        "'LOCAL_WORLD_SIZE', 'NODE_RANK', 'NNODES', 'MASTER_ADDR', 'MASTER_PORT']}\n"
+        "t = torch.tensor([1.0 + dist.get_rank()])\ndist.all_reduce(t)\n"
+        "print('hello from', env['RANK'])\n(env, t.item())",
+    ),
+    (
+        None,
+        "rows = _\nworld = nodes * gpus\nassert len(rows) == world\n"
+        "assert {r[0]['MASTER_PORT'] for r in rows} == {rows[0][0]['MASTER_PORT']}\n"
+        "for rank, (env, total) in enumerate(rows):\n"
+        "    assert int(env['RANK']) == rank and int(env['WORLD_SIZE']) == world\n"
+        "    assert int(env['NODE_RANK']) == rank // gpus == int(env['RANK']) // gpus\n"
+        "    assert int(env['LOCAL_RANK']) == rank % gpus\n"
+        "    assert int(env['LOCAL_WORLD_SIZE']) == gpus and int(env['NNODES']) == nodes\n"
+        "    assert env['MASTER_ADDR'] == '127.0.0.1'\n"
+        "    assert total == world * (world + 1) / 2\n"
+        "'contract ok'",
+    ),
+    (None, "%cluster down"),
+]
+
+
+def _notebook(cells: list[tuple[str | None, str]], path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["language_info"] = {"name": "python"}
+    for tag, source in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        if tag:
+            cell.metadata["tags"] = [tag]
+        nb.cells.append(cell)
+    nbformat.write(nb, path)
+    return path
+
+
+def _texts(nb: nbformat.NotebookNode) -> str:
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            out.append(o.get("text") or o.get("data", {}).get("text/plain", "") or "")
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(1, 1), (1, 3), (2, 2), (3, 1)])
+def test_env_contract_notebook_on_every_shape(tmp_path, nodes, gpus, no_leftovers):
+    src = _notebook(CONTRACT, tmp_path / "contract.ipynb")
+    nb = papermill.execute_notebook(
+        str(src),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="jupyter_mn",
+        parameters={"nodes": nodes, "gpus": gpus},
+        progress_bar=False,
+    )
+    text = _texts(nb)
+    assert "'contract ok'" in text
+    for rank in range(nodes * gpus):
+        assert f"[node {rank // gpus} rank {rank}] hello from {rank}" in text
+
+
+def test_quickstart_notebook(tmp_path, no_leftovers):
+    nb = papermill.execute_notebook(
+        str(ROOT / "notebooks" / "01-quickstart.ipynb"),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="jupyter_mn",
+        progress_bar=False,
+        cwd=str(ROOT / "notebooks"),
+    )
+    text = _texts(nb)
+    assert "6.0" in text and "final loss" in text and "cluster released" in text
+
+
+def test_failing_cell_fails_the_run_with_the_rank_and_its_traceback(tmp_path, no_leftovers):
+    src = _notebook(
+        [
+            (
+                None,
+                "%%cluster --nodes 1 --gpus 2\nif dist.get_rank() == 1:\n"
+                "    raise RuntimeError('bad shard')\n",
+            )
+        ],
+        tmp_path / "fail.ipynb",
+    )
+    with pytest.raises(papermill.PapermillExecutionError) as info:
+        papermill.execute_notebook(
+            str(src), str(tmp_path / "out.ipynb"), kernel_name="jupyter_mn", progress_bar=False
+        )
+    err = info.value
+    assert err.ename == "CellError"
+    assert "rank 1 (node 0) raised RuntimeError: bad shard" in err.evalue
+    assert any("line 2" in line for line in err.traceback)
+    out = nbformat.read(tmp_path / "out.ipynb", 4)
+    assert out.cells[-1].metadata.papermill.status == "failed"

@@ -1,0 +1,71 @@
+"""A real Jupyter kernel (the "Python 3 (jupyter_mn)" kernel spec) driven like a notebook."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class Reply:
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    result: str | None = None
+    ename: str | None = None
+    evalue: str | None = None
+    traceback: list[str] = field(default_factory=list)
+    displays: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def error_text(self) -> str:
+        return "\n".join([f"{self.ename}: {self.evalue}", *self.traceback, self.stderr])
+
+
+class Kernel:
+    """Start a kernel, run cells, collect their outputs; always shut down."""
+
+    def __init__(self, name: str = "jupyter_mn") -> None:
+        self.km = KernelManager(kernel_name=name)
+        self.km.start_kernel()
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.pid).children(recursive=True)
+
+    def run(self, code: str, timeout: float = 120) -> Reply:
+        reply = Reply(status="?")
+
+        def hook(msg: dict[str, Any]) -> None:
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                name = "stdout" if content["name"] == "stdout" else "stderr"
+                setattr(reply, name, getattr(reply, name) + content["text"])
+            elif kind == "execute_result":
+                reply.result = content["data"].get("text/plain")
+            elif kind == "display_data":
+                reply.displays.append(content["data"])
+            elif kind == "error":
+                reply.ename, reply.evalue = content["ename"], content["evalue"]
+                reply.traceback = content["traceback"]
+
+        msg = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        reply.status = msg["content"]["status"]
+        return reply
+
+    def shutdown(self, restart: bool = False) -> None:
+        if restart:
+            self.km.restart_kernel(now=False)
+            self.kc.wait_for_ready(timeout=60)
+            return
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
