@@ -5,14 +5,20 @@ import sys
 
 def test_config_prints_effective_defaults_from_the_environment(monkeypatch):
     env = {"JUPYTER_MN_NODES": "3", "PATH": ""}
-    out = subprocess.run([sys.executable, "-m", "jupyter_mn.cli", "config"], env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter_mn.cli", "config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert json.loads(out)["nodes"] == 3
 
 
 def test_bad_environment_gives_a_short_error_and_status_2():
     env = {"JUPYTER_MN_GPUS": "0", "PATH": ""}
-    proc = subprocess.run([sys.executable, "-m", "jupyter_mn.cli", "config"], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jupyter_mn.cli", "config"], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "jupyter mn config: gpus must be ≥ 1, got 0"
