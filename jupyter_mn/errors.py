@@ -28,6 +28,10 @@ class CaptureError(SpecError):
     """A notebook variable the cell reads cannot be sent to the ranks."""
 
 
+class ClusterBusy(JupyterMNError):
+    """A cell is already running on this gang (one at a time, e.g. a ``--bg`` cell)."""
+
+
 class SchedulingError(JupyterMNError):
     """The backend could not provide all nodes of the gang (all or nothing)."""
 

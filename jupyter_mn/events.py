@@ -38,6 +38,8 @@ class RankState:
     rank: int
     state: str
     detail: str = ""
+    #: the cell run the state belongs to (0: none); events can arrive after the run's replies
+    run: int = 0
 
 
 @_event
@@ -59,7 +61,28 @@ class CellDone:
     elapsed: float
 
 
-Event = LogLines | RankState | GangState | CellDone
+@_event
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should read: a retry, ranks restarted, a gang released."""
+
+    text: str
+
+
+@_event
+@dataclass(frozen=True)
+class Stacks:
+    """Where every rank's main thread was when a cell was interrupted or timed out.
+
+    ``ranks`` holds ``(node, rank, busy, lines, note)``; ``lines`` are in the cell's own line
+    numbers (``Cell In[5], line 3``), innermost last.
+    """
+
+    reason: str
+    ranks: tuple[tuple[int, int, bool, tuple[str, ...], str], ...]
+
+
+Event = LogLines | RankState | GangState | CellDone | Notice | Stacks
 
 
 def to_msg(event: Any) -> dict[str, Any]:
@@ -74,4 +97,6 @@ def from_msg(msg: dict[str, Any]) -> Any:
     msg = {k: v for k, v in msg.items() if k in names}  # dask adds e.g. "worker"
     if cls is LogLines:
         msg["items"] = tuple((r, s, tuple(lines)) for r, s, lines in msg["items"])
+    elif cls is Stacks:
+        msg["ranks"] = tuple((n, r, b, tuple(lines), note) for n, r, b, lines, note in msg["ranks"])
     return cls(**msg)

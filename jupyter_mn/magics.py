@@ -42,6 +42,12 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
     parser.add_argument("--seed", type=int, help="seed every rank with SEED + rank")
     parser.add_argument("--idle-timeout", type=float, help="release the gang after S idle seconds")
     parser.add_argument("--start-timeout", type=float, help="seconds allowed to bring the gang up")
+    parser.add_argument(
+        "--max-runtime", type=float, help="tear the gang down after S seconds (a cost cap)"
+    )
+    parser.add_argument(
+        "--memory-limit", help="kill a rank whose resident memory exceeds this (e.g. 8GB)"
+    )
     return parser
 
 
@@ -50,6 +56,9 @@ def _cell_parser() -> MagicArgumentParser:
     parser.add_argument("--all", action="store_true", help="return every rank's value (a list)")
     parser.add_argument("--pull", help="copy these names (a,b) from rank 0 into the notebook")
     parser.add_argument("--push", help="send these notebook names (a,b) even if skipped")
+    parser.add_argument(
+        "--bg", action="store_true", help="run in the background; returns a handle at once"
+    )
     return parser
 
 
@@ -81,6 +90,7 @@ class ClusterMagics(Magics):
             "down": (_verb_parser("down"), self._down),
             "auto": (_verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
             "config": (_verb_parser("config"), self._config),
+            "stacks": (_verb_parser("stacks"), self._stacks),
         }
         self._auto_on = False
 
@@ -125,15 +135,16 @@ class ClusterMagics(Magics):
 
         spec = self.spec_from(args)
         target = cluster.session(spec)
-        result = target.run(
-            cell,
-            namespace=self.shell.user_ns,
-            cell_id=self.shell.execution_count,
-            return_all=args.all,
-            pull=_names(args.pull),
-            push=_names(args.push),
-            on_event=TextView(),
-        )
+        options = {
+            "namespace": self.shell.user_ns,
+            "cell_id": self.shell.execution_count,
+            "return_all": args.all,
+            "pull": _names(args.pull),
+            "push": _names(args.push),
+        }
+        if args.bg:  # pulled names and displays stay on the handle's result
+            return target.submit(cell, **options)
+        result = target.run(cell, on_event=TextView(), **options)
         if result.ok:  # on failure the notes are part of the error
             for note in result.notes:
                 print(f"jupyter_mn: {note}")
@@ -160,6 +171,16 @@ class ClusterMagics(Magics):
         target = cluster.session(self.spec_from(args))
         target.up(TextView())
         return target.status()
+
+    def _stacks(self, args: Any) -> None:
+        from . import cluster
+        from .views.text import format_stacks
+
+        running = cluster.current()
+        if running is None or running.gang is None:
+            print("jupyter_mn: no gang is up")
+            return
+        print(format_stacks(running.stacks()))
 
     def _down(self, args: Any) -> None:
         from . import cluster

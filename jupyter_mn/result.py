@@ -51,6 +51,8 @@ class CellResult:
     pulled: dict[str, Any] = field(default_factory=dict)
     elapsed: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: why the cell was stopped (``--timeout``, Ctrl-C, ``--max-runtime``); empty otherwise
+    interrupted: str = ""
 
     @property
     def ok(self) -> bool:
@@ -92,6 +94,8 @@ class CellResult:
             )
         cls = {LOST: RankLost, INTERRUPTED: CellInterrupted}.get(cause.status, CellError)
         message = f"{cause.label} {_verb(cause.status)} {cause.error.line()}"
+        if self.interrupted:
+            cls, message = CellInterrupted, f"{self.interrupted}: {message}"
         return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)
 
 

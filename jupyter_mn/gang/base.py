@@ -6,6 +6,7 @@ up, running cells, failing fast and tearing down are the same for all of them an
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -19,6 +20,8 @@ from typing import Any, Protocol
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, LogLines, RankState, from_msg
 from ..spec import ClusterSpec
+from .heartbeat import Heartbeat
+from .recover import Recovery
 from .state import GangStatus, allowed
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,13 @@ class _Reply:
     error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class InterruptRequest:
+    """Posted to the inbox to stop the running cell from another thread (cancel, max runtime)."""
+
+    reason: str
+
+
 class Inbox:
     """Everything that reaches the kernel's main thread: agent replies and (bounded) events."""
 
@@ -64,19 +74,20 @@ class Inbox:
                 self.dropped += 1
                 with contextlib.suppress(queue.Empty):
                     old = self._queue.get_nowait()
-                    if isinstance(old, _Reply):
+                    if isinstance(old, (_Reply, InterruptRequest)):
                         self._queue.put(old)
                     else:
                         self._events -= 1
             self._events += 1
             self._queue.put(event)
 
-    def put_reply(self, reply: _Reply) -> None:
+    def put_reply(self, reply: _Reply | InterruptRequest) -> None:
+        """Never dropped, unlike events."""
         self._queue.put(reply)
 
     def get(self, timeout: float) -> Any:
         item = self._queue.get(timeout=timeout)
-        if not isinstance(item, _Reply):
+        if not isinstance(item, (_Reply, InterruptRequest)):
             with self._lock:
                 self._events -= 1
         return item
@@ -100,9 +111,14 @@ class Gang:
         self._agents: list[Any] = []
         self._agent_futures: list[Any] = []
         self._generation = 0
+        self._runs = 0
+        #: bumped whenever rank processes were restarted (they hold no cached notebook names)
+        self.incarnation = 0
         self._seen: dict[int, int] = {}
         self._on_event: Callable[[Any], None] | None = None
         self._lock = threading.RLock()
+        self._heartbeat = Heartbeat(lambda: self._agents)
+        self._recovery: Recovery | None = None
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -128,7 +144,11 @@ class Gang:
                 log.exception("jupyter_mn event listener failed")
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
-        self._dispatch(from_msg(event[1]))
+        msg = from_msg(event[1])
+        self._dispatch(msg)
+        if isinstance(msg, RankState) and msg.state == "lost-idle" and self.status.idle:
+            note = f"{msg.detail}\n{restarted_note(self.spec, {msg.node}, done=True)}"
+            self.recover({msg.node}, [note], if_dead=True)
 
     @property
     def device(self) -> str:
@@ -159,6 +179,7 @@ class Gang:
             client.subscribe_topic(self.topic, self._on_dask_event)
             self._transition(GangStatus.RENDEZVOUS)
             self.ranks = self._launch(addresses)
+            self._heartbeat.start()
             self._transition(GangStatus.READY, self.device)
         except BaseException as exc:
             self.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
@@ -197,6 +218,8 @@ class Gang:
             "nodes": hosts,
             "pg_timeout": self.spec.pg_timeout,
             "start_timeout": self.spec.start_timeout,
+            "heartbeat_timeout": self.spec.heartbeat_timeout,
+            "memory_limit": self.spec.memory_limit,
             "env": dict(self.spec.env),
             **self.provisioner.launch_options(),
         }
@@ -253,15 +276,18 @@ class Gang:
         self._client.loop.add_callback(wait)
 
     def close(self, broken: str | None = None) -> None:
-        """Stop ranks, agents and the dask cluster. Idempotent."""
+        """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread."""
         with self._lock:
             if self.status == GangStatus.CLOSED:
                 return
             if broken and self.status != GangStatus.BROKEN:
                 self._transition(GangStatus.BROKEN, broken)
-        if self._agents:
-            with contextlib.suppress(Exception):
-                self._call_all(lambda agent: agent.stop(), _STOP_TIMEOUT_S, until_first_error=False)
+        self._heartbeat.stop()
+        stops = [self.call(node, lambda agent: agent.stop()) for node in range(self.nodes)]
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        for future in stops:
+            with contextlib.suppress(Exception):  # a lost agent: its worker goes with the cluster
+                future.result(timeout=max(deadline - time.monotonic(), 0.1))
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.unsubscribe_topic(self.topic)
@@ -270,7 +296,85 @@ class Gang:
         self._client = None
         self._transition(GangStatus.CLOSED, broken or "")
 
-    # ---- used by cell runs (gang/run.py)
+    # ---- used by cell runs (gang/run.py) and recovery (gang/recover.py)
+    @property
+    def nodes(self) -> int:
+        return len(self._agents)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def call(self, node: int, method: Callable[[Any], Any]) -> Any:
+        """``method(agent)`` for node ``node``: a future (failed at once if the agent is gone)."""
+        try:
+            return method(self._agents[node])
+        except Exception as exc:  # "Worker holding Actor was lost"
+            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            return failed
+
+    def post(self, node: int, method: Callable[[Any], Any]) -> None:
+        """Like ``call``, with the outcome posted to the inbox as a reply from ``node``."""
+        try:
+            self._submit(node, method(self._agents[node]))
+        except Exception as exc:
+            self.inbox.put_reply(_Reply(node, error=exc))
+
+    def request_interrupt(self, reason: str) -> None:
+        """Stop the running cell (from any thread); the cell's own loop escalates."""
+        self.inbox.put_reply(InterruptRequest(reason))
+
+    def begin_run(self) -> int:
+        """Wait for a re-forming in progress, mark the gang RUNNING, return a new run id."""
+        self.settle()
+        with self._lock:
+            if self.status != GangStatus.READY:
+                raise JupyterMNError(f"gang {self.id} is {self.status.value}: {self.detail}")
+            self._transition(GangStatus.RUNNING)
+            self._runs += 1
+            return self._runs
+
+    def stacks(self, timeout: float = 3.0) -> list[dict[str, Any]]:
+        """Every rank's main-thread stack, in the cell's line numbers (direct calls, no inbox)."""
+        futures = [self.call(node, lambda agent: agent.stacks()) for node in range(self.nodes)]
+        deadline = time.monotonic() + timeout
+        out: list[dict[str, Any]] = []
+        for node, future in enumerate(futures):
+            try:
+                out += future.result(timeout=max(deadline - time.monotonic(), 0.1))
+            except Exception as exc:
+                out.append({"node": node, "rank": -1, "busy": False, "stack": [], "note": str(exc)})
+        return out
+
+    def recover(
+        self, restart: set[int], notes: list[str] | None = None, if_dead: bool = False
+    ) -> None:
+        """Re-form the group in the background, restarting the ranks of the ``restart`` nodes."""
+        with self._lock:
+            if self.status not in (GangStatus.READY, GangStatus.RUNNING):
+                return
+            self._transition(GangStatus.RENDEZVOUS, "re-forming the process group")
+            self._recovery = Recovery(self, restart, list(notes or []), if_dead)
+        self._recovery.start()
+
+    def recovered(self, restart: set[int]) -> None:
+        with self._lock:
+            if self.status != GangStatus.RENDEZVOUS:
+                return  # closed meanwhile
+            if restart:
+                self.incarnation += 1
+            self._transition(GangStatus.READY)
+
+    def settle(self) -> list[str]:
+        """Wait for a re-forming in progress; return what the user should be told about it."""
+        recovery = self._recovery
+        if recovery is None:
+            return []
+        recovery.join()
+        self._recovery = None
+        return recovery.notes
+
     def seen(self, node: int) -> int:
         return self._seen.get(node, 0)
 
@@ -278,9 +382,16 @@ class Gang:
         self._generation += 1
         return self._generation
 
-    @property
-    def agents(self) -> list[Any]:
-        return self._agents
 
-    def is_primary_failure(self, event: Any) -> bool:
-        return isinstance(event, RankState) and event.detail == "primary"
+def restarted_note(spec: ClusterSpec, nodes: set[int], done: bool) -> str:
+    """Tell the user which ranks lost their state and which kept it."""
+    fresh = [n * spec.gpus + i for n in sorted(nodes) for i in range(spec.gpus)]
+    kept = [r for r in range(spec.world_size) if r not in fresh]
+    where = ", ".join(f"node {n}" for n in sorted(nodes))
+    verb = "were restarted" if done else "are being restarted"
+    text = f"the ranks of {where} ({_list(fresh)}) {verb}: their state is lost"
+    return text + (f"; ranks {_list(kept)} kept theirs" if kept else "")
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))

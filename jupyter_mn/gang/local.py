@@ -61,7 +61,8 @@ class LocalProvisioner:
         return self._client, order
 
     def launch_options(self) -> dict[str, Any]:
-        return {"cwd": os.getcwd()}
+        # The workers are this gang's alone: an agent whose kernel is gone ends its worker too.
+        return {"cwd": os.getcwd(), "exit_when_orphaned": True}
 
     def release(self) -> None:
         for thing in (self._client, self._cluster):

@@ -3,6 +3,8 @@
 Ranks are plain processes in their own session (a Jupyter interrupt never reaches them), with
 stdout/stderr on pipes (C-level output included) and a control socket for cells. The agent relays
 cells, batches output lines into events (~5 ms), and learns of a rank's death from EOF at once.
+After a failure it re-forms the group in place (``reinit``) or restarts its ranks (``relaunch``);
+it stops them itself when the kernel's heartbeat stops (``watchdog.py``).
 
 Also used as a dask preload module: ``dask_setup`` makes the worker ignore SIGINT, because Jupyter
 interrupts signal the kernel's whole process group, and a local worker is in it.
@@ -25,14 +27,16 @@ from typing import Any
 from distributed import get_worker
 
 from ..errors import RendezvousError
-from ..events import LogLines, RankState, to_msg
+from ..events import GangState, LogLines, RankState, to_msg
 from .runtime import SYNC_MARKER, contract_env
+from .watchdog import CHECK_S, Watchdog, gib
 
 BATCH_S = 0.005
 TAIL_LINES = 20
 MAX_LINE = 10_000
 _STOP_GRACE_S = 3.0
 _SYNC_WAIT_S = 2.0
+_STACKS_WAIT_S = 1.0
 
 
 def dask_setup(worker: Any) -> None:
@@ -65,7 +69,13 @@ class _Rank:
         self.expected = 0
         self.open_streams = {"out", "err"}
         self.stream_change = asyncio.Event()
-        self.busy = False
+        self.stacks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: the run this rank is busy with (None between cells)
+        self.running: int | None = None
+        #: why the agent killed it (shown with its exit status)
+        self.killed_because = ""
+        self.stopping = False
+        self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
         parent, child = socket.socketpair()
         env = {**env, "JUPYTER_MN_CONTROL_FD": str(child.fileno())}
         self.proc = subprocess.Popen(
@@ -119,8 +129,15 @@ class _Rank:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 break
-            self.agent.call_soon(self.messages.put_nowait, msg)
+            box = self.stacks if msg["op"] == "stacks" else self.messages
+            self.agent.call_soon(box.put_nowait, msg)
         self.agent.call_soon(self.messages.put_nowait, {"op": "exit"})
+        self.agent.call_soon(self._gone)
+
+    def _gone(self) -> None:
+        """The process went away; when no cell was running, nobody else would notice."""
+        if not self.stopping and self.running is None:
+            self.agent.lost_while_idle(self)
 
     def _marked(self, stream: str) -> None:
         self.markers[stream] += 1
@@ -132,11 +149,12 @@ class _Rank:
 
     # ---- event loop side
     async def send(self, msg: dict[str, Any]) -> bool:
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, self.conn.send, msg)
-            return True
-        except (OSError, ValueError):
-            return False
+        async with self._send_lock:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.conn.send, msg)
+                return True
+            except (OSError, ValueError):
+                return False
 
     async def ready(self) -> dict[str, Any]:
         msg = await self.messages.get()
@@ -148,7 +166,7 @@ class _Rank:
     async def reply(self, op: str) -> dict[str, Any]:
         """The next reply of kind ``op``, or a "lost" outcome when the process died first."""
         msg = await self.messages.get()
-        self.busy = False
+        self.running = None
         if msg["op"] == op:
             return msg
         code = await self.exit_code()
@@ -160,11 +178,28 @@ class _Rank:
             "exit_code": code,
             "error": {
                 "ename": "RankLost",
-                "evalue": describe_exit(code),
+                "evalue": self.exit_reason(code),
                 "traceback": ["last lines:", *self.tail],
                 "secondary": False,
             },
         }
+
+    def exit_reason(self, code: int | None) -> str:
+        why = describe_exit(code)
+        return f"{why} ({self.killed_because})" if self.killed_because else why
+
+    async def where(self) -> dict[str, Any]:
+        """The rank's main-thread stack; "no answer" when it holds the GIL in native code."""
+        while not self.stacks.empty():  # a late answer to an earlier request
+            self.stacks.get_nowait()
+        state = {"rank": self.rank, "node": self.agent.node, "busy": self.running is not None}
+        if self.proc.poll() is not None or not await self.send({"op": "stacks"}):
+            return {**state, "stack": [], "note": describe_exit(self.proc.poll())}
+        try:
+            msg = await asyncio.wait_for(self.stacks.get(), _STACKS_WAIT_S)
+        except asyncio.TimeoutError:
+            return {**state, "stack": [], "note": "no answer (native code holding the GIL?)"}
+        return {**state, "busy": msg["busy"], "stack": msg["stack"], "note": ""}
 
     async def synced(self) -> None:
         """Wait until both pipes are read up to this cell's end (or closed)."""
@@ -195,7 +230,13 @@ class _Rank:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signum)
 
+    def kill(self, reason: str) -> None:
+        if self.proc.poll() is None:
+            self.killed_because = reason
+            self.signal(signal.SIGKILL)
+
     async def stop(self) -> None:
+        self.stopping = True
         if self.proc.poll() is None:
             await self.send({"op": "stop"})
             if await self.exit_code() is None:
@@ -217,6 +258,11 @@ class NodeAgent:
         self._seq = 0
         self._closing = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._launch: dict[str, Any] = {}
+        self._generation = 0
+        self._run_id = 0
+        self._watchdog: Watchdog | None = None
+        self._guard: asyncio.Task[None] | None = None
 
     # ---- called from threads
     def call_soon(self, fn: Any, *args: Any) -> None:
@@ -258,9 +304,9 @@ class NodeAgent:
         # Every event goes through the loop's callback queue, so events keep their order.
         self._worker.loop.add_callback(self._worker.log_event, self.topic, to_msg(event))
 
-    def _state(self, rank: int, state: str, detail: str = "") -> None:
+    def _state(self, rank: int, state: str, detail: str = "", run: int = 0) -> None:
         with self._cond:
-            self._publish(RankState(self.node, rank, state, detail))
+            self._publish(RankState(self.node, rank, state, detail, run))
 
     # ---- actor methods
     def endpoint(self) -> tuple[str, int]:
@@ -273,83 +319,168 @@ class NodeAgent:
     async def start(self, launch: dict[str, Any]) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._loop = asyncio.get_running_loop()
+        self._launch = launch
         threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
-        gpus = launch["gpus"]
-        for local in range(gpus):
-            rank = self.node * gpus + local
-            env = {
-                **os.environ,
-                **launch["env"],
-                **contract_env(
-                    rank=rank,
-                    local_rank=local,
-                    gpus=gpus,
-                    node_rank=self.node,
-                    nnodes=launch["nnodes"],
-                    master_addr=launch["master_addr"],
-                    master_port=launch["master_port"],
-                    job=self.job,
-                    backend=launch["backend"],
-                    nodes=launch["nodes"],
-                    pg_timeout=launch["pg_timeout"],
-                ),
-            }
-            self._ranks.append(_Rank(self, local, rank, env, launch.get("cwd")))
-            self._state(rank, "started", f"pid {self._ranks[-1].proc.pid}")
+        infos = await self._spawn_all(generation=0)
+        self._watchdog = Watchdog(launch["heartbeat_timeout"], launch.get("memory_limit"))
+        self._guard = asyncio.create_task(self._keep_watch())
+        return infos
+
+    def _spawn(self, local: int, generation: int) -> _Rank:
+        launch, gpus = self._launch, self._launch["gpus"]
+        rank = self.node * gpus + local
+        env = {
+            **os.environ,
+            **launch["env"],
+            **contract_env(
+                rank=rank,
+                local_rank=local,
+                gpus=gpus,
+                node_rank=self.node,
+                nnodes=launch["nnodes"],
+                master_addr=launch["master_addr"],
+                master_port=launch["master_port"],
+                job=self.job,
+                backend=launch["backend"],
+                nodes=launch["nodes"],
+                pg_timeout=launch["pg_timeout"],
+            ),
+            "JUPYTER_MN_GENERATION": str(generation),
+        }
+        proc = _Rank(self, local, rank, env, launch.get("cwd"))
+        self._state(rank, "started", f"pid {proc.proc.pid}")
+        return proc
+
+    async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
+        """Start every rank of this node and wait until they joined group ``generation``."""
+        self._generation = generation
+        self._ranks = [self._spawn(local, generation) for local in range(self._launch["gpus"])]
+        timeout = self._launch["start_timeout"]
         try:
             infos = await asyncio.wait_for(
-                asyncio.gather(*(r.ready() for r in self._ranks)), launch["start_timeout"]
+                asyncio.gather(*(r.ready() for r in self._ranks)), timeout
             )
         except asyncio.TimeoutError:
-            await self.stop()
+            await self._stop_ranks()
             raise RendezvousError(
-                f"node {self.node}: ranks did not join the process group within "
-                f"{launch['start_timeout']:.0f} s"
+                f"node {self.node}: ranks did not join the process group within {timeout:.0f} s"
             ) from None
         except BaseException:
-            await self.stop()
+            await self._stop_ranks()
             raise
         for info in infos:
             self._state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
         return infos
 
-    async def run(self, payload: Any) -> dict[str, Any]:
+    async def run(self, payload: Any, run_id: int = 0) -> dict[str, Any]:
         """Run a cell on every rank of this node; return their replies once output is flushed."""
+        self._run_id = run_id
         for r in self._ranks:
-            r.busy = True
+            r.running = run_id
             r.expected += 1
         await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
-        replies = await asyncio.gather(*(self._watch(r) for r in self._ranks))
+        replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
         return {"node": self.node, "seq": self.flush(), "ranks": replies}
 
-    async def _watch(self, r: _Rank) -> dict[str, Any]:
+    async def _watch(self, r: _Rank, run_id: int) -> dict[str, Any]:
         reply = await r.reply("done")
         if reply["status"] != "ok":
             error = reply.get("error") or {}
-            self._state(r.rank, reply["status"], "" if error.get("secondary") else "primary")
+            primary = "" if error.get("secondary") else "primary"
+            self._state(r.rank, reply["status"], primary, run_id)
         return reply
 
-    async def interrupt(self) -> None:
-        """Stop the cell: SIGINT to busy ranks, and idle ranks drop their group (the cascade)."""
+    async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:
+        """Stop run ``run_id``: SIGINT to busy ranks; idle ones leave their group (the cascade).
+
+        Actor calls can overtake each other, so a late request (its run is over, the group was
+        re-formed since) is ignored rather than hitting the next cell.
+        """
+        if run_id != self._run_id or generation not in (None, self._generation):
+            return
         for r in self._ranks:
-            if r.busy:
+            if r.running == run_id:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(r.proc.pid, signal.SIGINT)
-            else:
-                await r.send({"op": "destroy"})
+            elif r.running is None:
+                await r.send({"op": "destroy", "generation": self._generation})
 
-    async def reinit(self, generation: int) -> list[dict[str, Any]]:
-        """Re-form the process group in place; namespaces survive."""
-        await asyncio.gather(
-            *(r.send({"op": "reinit", "generation": generation}) for r in self._ranks)
-        )
-        return list(await asyncio.gather(*(r.reply("reinit") for r in self._ranks)))
+    async def kill(self, run_id: int, reason: str) -> list[int]:
+        """The last step of an interrupt: kill the ranks still busy with ``run_id``."""
+        busy = [r for r in self._ranks if r.running == run_id and run_id == self._run_id]
+        for r in busy:
+            r.kill(reason)
+        return [r.rank for r in busy]
 
-    async def stop(self) -> None:
+    async def reinit(self, generation: int, reconnect: bool = False) -> list[dict[str, Any]]:
+        """Re-form the process group in place; namespaces survive.
+
+        ``reconnect``: rank 0 was restarted, so its c10d store is a new one.
+        """
+        self._generation = generation
+        msg = {"op": "reinit", "generation": generation, "reconnect": reconnect}
+        await asyncio.gather(*(r.send(msg) for r in self._ranks))
+        replies = await asyncio.gather(*(r.reply("reinit") for r in self._ranks))
+        return [{**reply, "rank": r.rank} for r, reply in zip(self._ranks, replies, strict=True)]
+
+    async def relaunch(self, generation: int, if_dead: bool = False) -> list[dict[str, Any]]:
+        """Replace this node's ranks with fresh processes that join group ``generation``.
+
+        ``if_dead``: only when one of them is dead (a report of it may come late); else re-init.
+        """
+        if if_dead and all(r.proc.poll() is None for r in self._ranks):
+            return await self.reinit(generation, reconnect=True)
+        await self._stop_ranks()
+        try:
+            infos = await self._spawn_all(generation)
+        except Exception as exc:
+            return [{"op": "reinit", "ok": False, "rank": -1, "error": str(exc)}]
+        return [{"op": "reinit", "ok": True, "rank": i["rank"], "restarted": True} for i in infos]
+
+    async def stacks(self) -> list[dict[str, Any]]:
+        """Where each rank's main thread is, in the cell's own line numbers."""
+        return list(await asyncio.gather(*(r.where() for r in self._ranks)))
+
+    async def heartbeat(self) -> None:
+        """The kernel is alive (see ``watchdog.py``)."""
+        if self._watchdog is not None:
+            self._watchdog.beat()
+
+    def lost_while_idle(self, r: _Rank) -> None:
+        self._state(r.rank, "lost-idle", r.explain(r.exit_reason(r.proc.poll())))
+
+    async def _keep_watch(self) -> None:
+        assert self._watchdog is not None
+        while not self._closing.is_set():
+            await asyncio.sleep(CHECK_S)
+            if self._watchdog.kernel_gone():
+                await self._orphaned()
+                return
+            running = {r.rank: r for r in self._ranks if r.proc.poll() is None}
+            limit = self._watchdog.memory_limit
+            for rank, rss in self._watchdog.over_memory(
+                {k: r.proc.pid for k, r in running.items()}
+            ).items():
+                running[rank].kill(f"out of memory: {gib(rss)} > --memory-limit {gib(limit or 0)}")
+
+    async def _orphaned(self) -> None:
+        """The kernel stopped beating: free the node rather than hold its GPUs forever."""
+        silent = self._watchdog.heartbeat_timeout if self._watchdog else 0
+        self._publish(GangState("BROKEN", f"node {self.node}: no heartbeat for {silent:.0f} s"))
+        await self.stop()
+        if self._launch.get("exit_when_orphaned"):
+            await self._worker.close(nanny=True, reason="jupyter_mn: the kernel is gone")
+
+    async def _stop_ranks(self) -> None:
         await asyncio.gather(*(r.stop() for r in self._ranks))
         for r in self._ranks:
             self._state(r.rank, "exited", describe_exit(r.proc.returncode))
+
+    async def stop(self) -> None:
+        if self._guard is not None and self._guard is not asyncio.current_task():
+            self._guard.cancel()
+        await self._stop_ranks()
         self._closing.set()
         with self._cond:
             self._cond.notify_all()

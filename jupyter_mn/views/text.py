@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from ..events import GangState, LogLines
+from ..events import GangState, LogLines, Notice, Stacks
 
 
 class TextView:
@@ -25,8 +25,12 @@ class TextView:
             self._lines(event)
         elif isinstance(event, GangState):
             self._gang(event)
-        elif hasattr(event, "text"):
+        elif isinstance(event, Notice):
             self._note(event.text)
+        elif isinstance(event, Stacks):
+            out = self._out("err")
+            out.write(format_stacks(event) + "\n")
+            out.flush()
 
     def _out(self, stream: str = "out") -> TextIO:
         if stream == "err":
@@ -54,3 +58,13 @@ class TextView:
         out = self._out(stream)
         out.write(f"jupyter_mn: {text}\n")
         out.flush()
+
+
+def format_stacks(event: Stacks) -> str:
+    """Every rank's stack, innermost last, under a ``[node N rank R]`` heading."""
+    lines = [f"jupyter_mn: {event.reason}; where each rank is (innermost last):"]
+    for node, rank, busy, stack, note in event.ranks:
+        state = note or ("running" if busy else "idle (done with this cell)")
+        lines.append(f"[node {node} rank {rank}] {state}")
+        lines += [f"    {line}" for line in stack]
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Re-form a gang after a failed cell, in the background, so the error is shown at once.
+
+Ranks that raised keep their process: the group is re-initialized in place with a new generation
+(namespaces survive). A node that lost a rank gets fresh rank processes (their state is lost) that
+join the same new generation; when rank 0 was among them its c10d store is a new one, and the
+other ranks reconnect to it. The next cell waits for this (``Gang.settle``); when it fails the
+gang is torn down, and that cell starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RendezvousError
+
+if TYPE_CHECKING:
+    from .base import Gang
+
+#: Seconds allowed on top of ``start_timeout`` (restarted ranks import torch before they join).
+_SLACK_S = 30.0
+
+
+def _call(restart: set[int], node: int, generation: int, if_dead: bool) -> Any:
+    if node in restart:
+        return lambda agent: agent.relaunch(generation, if_dead)
+    return lambda agent: agent.reinit(generation, 0 in restart)
+
+
+def reform(gang: Gang, restart: set[int], if_dead: bool = False) -> set[int]:
+    """Bring every rank into a new group generation, restarting the ranks of nodes in ``restart``
+    (``if_dead``: only those with a dead rank). Return the nodes whose ranks were restarted."""
+    generation = gang.next_generation()
+    futures = [
+        gang.call(node, _call(restart, node, generation, if_dead)) for node in range(gang.nodes)
+    ]
+    deadline = time.monotonic() + gang.spec.start_timeout + _SLACK_S
+    problems, restarted = [], set()
+    for node, future in enumerate(futures):
+        try:
+            replies = future.result(timeout=max(deadline - time.monotonic(), 0.1))
+        except Exception as exc:
+            problems.append(f"node {node}: {type(exc).__name__}: {exc}")
+            continue
+        problems += [f"rank {r['rank']}: {r.get('error')}" for r in replies if not r.get("ok")]
+        if any(r.get("restarted") for r in replies):
+            restarted.add(node)
+    if problems:
+        raise RendezvousError("; ".join(problems[:3]))
+    return restarted
+
+
+class Recovery:
+    """One background re-forming; ``notes`` says what the next cell should tell the user."""
+
+    def __init__(self, gang: Gang, restart: set[int], notes: list[str], if_dead: bool) -> None:
+        self.gang = gang
+        self.restart = restart
+        self.if_dead = if_dead
+        self.notes = notes
+        self._thread = threading.Thread(target=self._run, name="jupyter-mn-recover", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            restarted = reform(self.gang, self.restart, self.if_dead)
+        except Exception as exc:
+            self.gang.close(broken=f"re-forming the process group failed: {exc}")
+            self.notes.append(
+                f"re-forming the process group failed ({exc}), so the gang was torn down; "
+                "the next cell starts a fresh one"
+            )
+            return
+        if self.if_dead and not restarted:
+            self.notes.clear()  # a late report of a death already dealt with
+        self.gang.recovered(restarted)
