@@ -44,6 +44,10 @@ class TransportError(JupyterMNError):
     """The interconnect is not what was required (e.g. ``--require-rdma`` on a socket fallback)."""
 
 
+class CheckpointError(JupyterMNError):
+    """A checkpoint is missing, incomplete, or was written by a gang of another size."""
+
+
 class CellError(JupyterMNError):
     """The cell failed on at least one rank; carries the root-cause rank and its traceback."""
 
@@ -66,6 +70,10 @@ class CellError(JupyterMNError):
 
 class RankLost(CellError):
     """A rank process died (signal, exit, OOM) while the gang was up."""
+
+
+class NodeLost(RankLost):
+    """A node's agent (its dask worker) went away, and its ranks with it: the gang is broken."""
 
 
 class CellInterrupted(CellError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CellError, CellInterrupted, RankLost
+from .errors import CellError, CellInterrupted, NodeLost, RankLost
 
 OK, ERROR, LOST, INTERRUPTED = "ok", "error", "lost", "interrupted"
 
@@ -93,7 +93,10 @@ class CellResult:
                 f"{', …' if len(others) > 6 else ''}: {', '.join(kinds)})"
             )
         cls = {LOST: RankLost, INTERRUPTED: CellInterrupted}.get(cause.status, CellError)
-        message = f"{cause.label} {_verb(cause.status)} {cause.error.line()}"
+        what = cause.error.evalue if cause.status == LOST else cause.error.line()
+        message = f"{cause.label} {_verb(cause.status)} {what}"
+        if cause.error.ename == "NodeLost":
+            cls, message = NodeLost, f"node {cause.node} was lost: {what}"
         if self.interrupted:
             cls, message = CellInterrupted, f"{self.interrupted}: {message}"
         return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)

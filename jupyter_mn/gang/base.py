@@ -119,6 +119,7 @@ class Gang:
         self._lock = threading.RLock()
         self._heartbeat = Heartbeat(lambda: self._agents)
         self._recovery: Recovery | None = None
+        self._closer: threading.Thread | None = None
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -275,13 +276,27 @@ class Gang:
 
         self._client.loop.add_callback(wait)
 
-    def close(self, broken: str | None = None) -> None:
-        """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread."""
+    def close(self, broken: str | None = None, wait: bool = True) -> None:
+        """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread.
+
+        ``wait=False``: return at once (the gang is BROKEN or CLOSING meanwhile); a later
+        ``close()`` waits for the teardown to finish.
+        """
         with self._lock:
             if self.status == GangStatus.CLOSED:
                 return
             if broken and self.status != GangStatus.BROKEN:
                 self._transition(GangStatus.BROKEN, broken)
+            if self._closer is None:
+                self._closer = threading.Thread(
+                    target=self._teardown, args=(broken,), name="jupyter-mn-close", daemon=True
+                )
+                self._closer.start()
+            closer = self._closer
+        if wait and closer is not threading.current_thread():
+            closer.join()
+
+    def _teardown(self, broken: str | None) -> None:
         self._heartbeat.stop()
         stops = [self.call(node, lambda agent: agent.stop()) for node in range(self.nodes)]
         deadline = time.monotonic() + _STOP_TIMEOUT_S

@@ -56,9 +56,9 @@ class _Stopper:
         self.reason = ""
         self.where: list[str] = []
 
-    def interrupt(self, reason: str, by_user: bool) -> None:
+    def interrupt(self, reason: str, by_user: bool, again_kills: bool = False) -> None:
         if self.since is not None:
-            if by_user and self.killed_at is None:  # a second Ctrl-C: do not wait
+            if again_kills and self.killed_at is None:  # a second Ctrl-C: do not wait
                 self.kill("interrupted twice")
             return
         if by_user:
@@ -95,9 +95,11 @@ class _Stopper:
             self.on_event,
         )
         for r in ranks:
-            if r["busy"] and r["stack"]:
-                at = r["stack"][-2:] if r["stack"][-1].startswith("    ") else r["stack"][-1:]
-                self.where.append(f"rank {r['rank']} (node {r['node']}) was at {' '.join(at)}")
+            cell = [i for i, line in enumerate(r["stack"]) if line.startswith("Cell ")]
+            if r["busy"] and cell:
+                at = r["stack"][cell[-1] : cell[-1] + 2]
+                code = f": {at[1].strip()}" if len(at) > 1 and at[1].startswith("    ") else ""
+                self.where.append(f"rank {r['rank']} (node {r['node']}) was at {at[0]}{code}")
 
 
 def run_cell(
@@ -118,6 +120,7 @@ def run_cell(
         try:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
+                deadline = None
                 stopper.interrupt(f"--timeout {timeout:g} s reached", by_user=True)
             if stopper.tick(now):
                 break
@@ -130,13 +133,13 @@ def run_cell(
                 if item.error is not None or _failed(item.value):
                     stopper.interrupt("another rank failed", by_user=False)
             elif isinstance(item, InterruptRequest):
-                stopper.interrupt(item.reason, by_user=True)
+                stopper.interrupt(item.reason, by_user=True, again_kills=True)
             else:
                 gang.consume(item, on_event)
                 if isinstance(item, RankState) and item.run == run_id and item.detail == "primary":
                     stopper.interrupt("another rank failed", by_user=False)
         except KeyboardInterrupt:
-            stopper.interrupt("interrupted by the user", by_user=True)
+            stopper.interrupt("interrupted by the user", by_user=True, again_kills=True)
     with contextlib.suppress(KeyboardInterrupt):  # the cell is over: only late output is lost
         _drain_logs(gang, replies, on_event)
     result = _assemble(gang, payload, replies, time.monotonic() - started)
@@ -177,7 +180,7 @@ def _assemble(
         reply = replies.get(node)
         if reply is None or reply.error is not None:
             why = reply.error if reply is not None else "no answer"
-            err = RemoteError("NodeLost", f"the node agent stopped answering: {why}")
+            err = RemoteError("NodeLost", f"its agent (a dask worker) stopped answering: {why}")
             outcomes += [
                 RankOutcome(node * gpus + i, node, i, LOST, error=err) for i in range(gpus)
             ]
@@ -237,7 +240,7 @@ def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
     agents_lost = {o.node for o in result.ranks if o.error and o.error.ename == "NodeLost"}
     if agents_lost:
         nodes = ", ".join(f"node {n}" for n in sorted(agents_lost))
-        gang.close(broken=f"the agent of {nodes} was lost")
+        gang.close(broken=f"the agent of {nodes} was lost", wait=False)
         result.notes.append(
             f"the agent of {nodes} was lost, so the gang was torn down; "
             "the next cell starts a fresh one (rank state is lost)"

@@ -28,8 +28,9 @@ from distributed import get_worker
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
+from . import stacks
 from .runtime import SYNC_MARKER, contract_env
-from .watchdog import CHECK_S, Watchdog, gib
+from .watchdog import CHECK_S, Watchdog, mib
 
 BATCH_S = 0.005
 TAIL_LINES = 20
@@ -54,6 +55,14 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _thread_default(ranks_per_node: int) -> dict[str, str]:
+    """torchrun's rule: several ranks on a node get one OpenMP thread each unless told otherwise
+    (more spin-waiting threads than cores made a small DDP step 10× slower here)."""
+    if ranks_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
+
+
 class _Rank:
     """One rank process as its agent sees it."""
 
@@ -64,12 +73,14 @@ class _Rank:
         self.local_rank = local_rank
         self.rank = rank
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        #: a fatal error report (segfault) the rank wrote: kept apart, the tail stays readable
+        self.crash: list[str] = []
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.markers = {"out": 0, "err": 0}
         self.expected = 0
         self.open_streams = {"out", "err"}
         self.stream_change = asyncio.Event()
-        self.stacks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
         #: why the agent killed it (shown with its exit status)
@@ -120,7 +131,10 @@ class _Rank:
             self.agent.call_soon(self._marked, stream)
             return
         text = text.rsplit("\r", 1)[-1][:MAX_LINE]
-        self.tail.append(text)
+        if text.startswith(stacks.CRASH_START) or self.crash:
+            self.crash.append(text)
+        else:
+            self.tail.append(text)
         self.agent.log(self.rank, stream, text)
 
     def _read_control(self) -> None:
@@ -129,7 +143,7 @@ class _Rank:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 break
-            box = self.stacks if msg["op"] == "stacks" else self.messages
+            box = self.stack_replies if msg["op"] == "stacks" else self.messages
             self.agent.call_soon(box.put_nowait, msg)
         self.agent.call_soon(self.messages.put_nowait, {"op": "exit"})
         self.agent.call_soon(self._gone)
@@ -137,7 +151,7 @@ class _Rank:
     def _gone(self) -> None:
         """The process went away; when no cell was running, nobody else would notice."""
         if not self.stopping and self.running is None:
-            self.agent.lost_while_idle(self)
+            self.report = asyncio.ensure_future(self.agent.lost_while_idle(self))
 
     def _marked(self, stream: str) -> None:
         self.markers[stream] += 1
@@ -179,7 +193,10 @@ class _Rank:
             "error": {
                 "ename": "RankLost",
                 "evalue": self.exit_reason(code),
-                "traceback": ["last lines:", *self.tail],
+                "traceback": [
+                    *(["last lines:", *self.tail] if self.tail else []),
+                    *stacks.crash_summary(self.crash),
+                ],
                 "secondary": False,
             },
         }
@@ -190,13 +207,13 @@ class _Rank:
 
     async def where(self) -> dict[str, Any]:
         """The rank's main-thread stack; "no answer" when it holds the GIL in native code."""
-        while not self.stacks.empty():  # a late answer to an earlier request
-            self.stacks.get_nowait()
+        while not self.stack_replies.empty():  # a late answer to an earlier request
+            self.stack_replies.get_nowait()
         state = {"rank": self.rank, "node": self.agent.node, "busy": self.running is not None}
         if self.proc.poll() is not None or not await self.send({"op": "stacks"}):
             return {**state, "stack": [], "note": describe_exit(self.proc.poll())}
         try:
-            msg = await asyncio.wait_for(self.stacks.get(), _STACKS_WAIT_S)
+            msg = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
         except asyncio.TimeoutError:
             return {**state, "stack": [], "note": "no answer (native code holding the GIL?)"}
         return {**state, "busy": msg["busy"], "stack": msg["stack"], "note": ""}
@@ -331,6 +348,7 @@ class NodeAgent:
         rank = self.node * gpus + local
         env = {
             **os.environ,
+            **_thread_default(gpus),
             **launch["env"],
             **contract_env(
                 rank=rank,
@@ -356,10 +374,11 @@ class NodeAgent:
         self._generation = generation
         self._ranks = [self._spawn(local, generation) for local in range(self._launch["gpus"])]
         timeout = self._launch["start_timeout"]
+        joined = asyncio.gather(*(r.ready() for r in self._ranks))
+        # when the agent is stopped meanwhile nobody awaits it: mark its outcome as seen
+        joined.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            infos = await asyncio.wait_for(
-                asyncio.gather(*(r.ready() for r in self._ranks)), timeout
-            )
+            infos = await asyncio.wait_for(joined, timeout)
         except asyncio.TimeoutError:
             await self._stop_ranks()
             raise RendezvousError(
@@ -447,8 +466,9 @@ class NodeAgent:
         if self._watchdog is not None:
             self._watchdog.beat()
 
-    def lost_while_idle(self, r: _Rank) -> None:
-        self._state(r.rank, "lost-idle", r.explain(r.exit_reason(r.proc.poll())))
+    async def lost_while_idle(self, r: _Rank) -> None:
+        reason = r.exit_reason(await r.exit_code())
+        self._state(r.rank, "lost-idle", r.explain(f"died between cells: {reason}"))
 
     async def _keep_watch(self) -> None:
         assert self._watchdog is not None
@@ -462,15 +482,20 @@ class NodeAgent:
             for rank, rss in self._watchdog.over_memory(
                 {k: r.proc.pid for k, r in running.items()}
             ).items():
-                running[rank].kill(f"out of memory: {gib(rss)} > --memory-limit {gib(limit or 0)}")
+                running[rank].kill(f"out of memory: {mib(rss)} > --memory-limit {mib(limit or 0)}")
 
     async def _orphaned(self) -> None:
         """The kernel stopped beating: free the node rather than hold its GPUs forever."""
         silent = self._watchdog.heartbeat_timeout if self._watchdog else 0
         self._publish(GangState("BROKEN", f"node {self.node}: no heartbeat for {silent:.0f} s"))
         await self.stop()
-        if self._launch.get("exit_when_orphaned"):
-            await self._worker.close(nanny=True, reason="jupyter_mn: the kernel is gone")
+        if self._launch.get("exit_when_orphaned"):  # the worker is this gang's alone: end it too
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self._worker.close(nanny=True, reason="jupyter_mn: the kernel is gone"),
+                    _STOP_GRACE_S,
+                )
+            os._exit(0)  # its nanny lives in the silent kernel and may not answer
 
     async def _stop_ranks(self) -> None:
         await asyncio.gather(*(r.stop() for r in self._ranks))

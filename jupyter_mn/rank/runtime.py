@@ -271,7 +271,7 @@ def _read_commands(
 def main() -> None:
     from . import execute
 
-    faulthandler.enable()  # a segfault leaves the Python stack in the rank's last log lines
+    faulthandler.enable(all_threads=False)  # a segfault leaves its Python stack in the log
     control = _Control(Connection(int(os.environ["JUPYTER_MN_CONTROL_FD"])))
     _exit_with_parent()
     signals = _CellSignals()

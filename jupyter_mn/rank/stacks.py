@@ -7,12 +7,16 @@ main thread is busy or blocked in a collective), and the one-line location of a 
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import traceback
 from typing import Any
 
 _SITE = "site-packages/"
+#: A cell's frame as ``faulthandler`` prints it (IPython names cells ``<ipython-input-N-hash>``).
+_CRASH_FRAME = re.compile(r'File "<ipython-input-(\d+)-[0-9a-f]+>", line (\d+)')
+CRASH_START = "Fatal Python error:"
 
 
 def where(entries: list[traceback.FrameSummary], shell: Any, cells_only: bool = False) -> list[str]:
@@ -51,3 +55,11 @@ def raised_at(tb: Any, shell: Any) -> list[str]:
     """The cell lines an exception passed through, cheaply (no context, no library frames)."""
     entries = traceback.StackSummary.extract(traceback.walk_tb(tb), lookup_lines=False)
     return where(list(entries), shell, cells_only=True)
+
+
+def crash_summary(report: list[str]) -> list[str]:
+    """A ``faulthandler`` report (innermost frame first) cut to its error and the cell lines."""
+    if not report:
+        return []
+    cells = [m for line in report if (m := _CRASH_FRAME.search(line))]
+    return [report[0], *(f"  at Cell In[{m[1]}], line {m[2]}" for m in cells)]

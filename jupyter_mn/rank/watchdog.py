@@ -62,5 +62,5 @@ def resident_memory(pid: int) -> int:
     return total
 
 
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
