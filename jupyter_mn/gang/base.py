@@ -14,20 +14,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, LogLines, RankState, from_msg
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
-from .recover import Recovery
+from .inbox import Inbox, InterruptRequest, Reply
+from .recover import Recovery, restarted_note
 from .state import GangStatus, allowed
 
 log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 15.0
 _LOG_DRAIN_S = 5.0
-_BACKLOG = 5000
 
 
 class Provisioner(Protocol):
@@ -43,54 +42,6 @@ class Provisioner(Protocol):
 
     def release(self) -> None:
         """Give everything back; safe to call twice and after a failed ``provision``."""
-
-
-@dataclass(frozen=True)
-class _Reply:
-    node: int
-    value: Any = None
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class InterruptRequest:
-    """Posted to the inbox to stop the running cell from another thread (cancel, max runtime)."""
-
-    reason: str
-
-
-class Inbox:
-    """Everything that reaches the kernel's main thread: agent replies and (bounded) events."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._events = 0
-        self._lock = threading.Lock()
-        self.dropped = 0
-
-    def put_event(self, event: Any) -> None:
-        with self._lock:
-            if self._events >= _BACKLOG:  # nobody is reading (no cell runs): keep the newest
-                self.dropped += 1
-                with contextlib.suppress(queue.Empty):
-                    old = self._queue.get_nowait()
-                    if isinstance(old, (_Reply, InterruptRequest)):
-                        self._queue.put(old)
-                    else:
-                        self._events -= 1
-            self._events += 1
-            self._queue.put(event)
-
-    def put_reply(self, reply: _Reply | InterruptRequest) -> None:
-        """Never dropped, unlike events."""
-        self._queue.put(reply)
-
-    def get(self, timeout: float) -> Any:
-        item = self._queue.get(timeout=timeout)
-        if not isinstance(item, (_Reply, InterruptRequest)):
-            with self._lock:
-                self._events -= 1
-        return item
 
 
 class Gang:
@@ -233,13 +184,12 @@ class Gang:
             raise RendezvousError(f"{type(primary).__name__}: {primary}")
         return [info for r in sorted(replies, key=lambda r: r.node) for info in r.value]
 
-    def _call_all(
-        self, call: Callable[[Any], Any], timeout: float, until_first_error: bool = True
-    ) -> list[_Reply]:
-        """Call an actor method on every agent at once; collect replies via the inbox."""
-        for node, agent in enumerate(self._agents):
-            self._submit(node, call(agent))
-        replies: dict[int, _Reply] = {}
+    def _call_all(self, call: Callable[[Any], Any], timeout: float) -> list[Reply]:
+        """Call an actor method on every agent at once; collect replies via the inbox, showing
+        events meanwhile, until all answered or one failed."""
+        for node in range(self.nodes):
+            self.post(node, call)
+        replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout
         while len(replies) < len(self._agents):
             remaining = deadline - time.monotonic()
@@ -249,9 +199,9 @@ class Gang:
                 item = self.inbox.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if isinstance(item, _Reply):
+            if isinstance(item, Reply):
                 replies[item.node] = item
-                if item.error is not None and until_first_error:
+                if item.error is not None:
                     break
             else:
                 self.consume(item, self._on_event)
@@ -270,9 +220,9 @@ class Gang:
 
         async def wait() -> None:
             try:
-                inbox.put_reply(_Reply(node, value=await actor_future))
+                inbox.put_reply(Reply(node, value=await actor_future))
             except BaseException as exc:
-                inbox.put_reply(_Reply(node, error=exc))
+                inbox.put_reply(Reply(node, error=exc))
 
         self._client.loop.add_callback(wait)
 
@@ -334,7 +284,7 @@ class Gang:
         try:
             self._submit(node, method(self._agents[node]))
         except Exception as exc:
-            self.inbox.put_reply(_Reply(node, error=exc))
+            self.inbox.put_reply(Reply(node, error=exc))
 
     def request_interrupt(self, reason: str) -> None:
         """Stop the running cell (from any thread); the cell's own loop escalates."""
@@ -396,17 +346,3 @@ class Gang:
     def next_generation(self) -> int:
         self._generation += 1
         return self._generation
-
-
-def restarted_note(spec: ClusterSpec, nodes: set[int], done: bool) -> str:
-    """Tell the user which ranks lost their state and which kept it."""
-    fresh = [n * spec.gpus + i for n in sorted(nodes) for i in range(spec.gpus)]
-    kept = [r for r in range(spec.world_size) if r not in fresh]
-    where = ", ".join(f"node {n}" for n in sorted(nodes))
-    verb = "were restarted" if done else "are being restarted"
-    text = f"the ranks of {where} ({_list(fresh)}) {verb}: their state is lost"
-    return text + (f"; ranks {_list(kept)} kept theirs" if kept else "")
-
-
-def _list(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RendezvousError
 
 if TYPE_CHECKING:
+    from ..spec import ClusterSpec
     from .base import Gang
 
 #: Seconds allowed on top of ``start_timeout`` (restarted ranks import torch before they join).
@@ -80,3 +81,17 @@ class Recovery:
         if self.if_dead and not restarted:
             self.notes.clear()  # a late report of a death already dealt with
         self.gang.recovered(restarted)
+
+
+def restarted_note(spec: ClusterSpec, nodes: set[int], done: bool) -> str:
+    """Tell the user which ranks lost their state and which kept it."""
+    fresh = [n * spec.gpus + i for n in sorted(nodes) for i in range(spec.gpus)]
+    kept = [r for r in range(spec.world_size) if r not in fresh]
+    where = ", ".join(f"node {n}" for n in sorted(nodes))
+    verb = "were restarted" if done else "are being restarted"
+    text = f"the ranks of {where} ({_list(fresh)}) {verb}: their state is lost"
+    return text + (f"; ranks {_list(kept)} kept theirs" if kept else "")
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))

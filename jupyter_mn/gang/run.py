@@ -25,7 +25,9 @@ import cloudpickle
 from ..cell import CellPayload
 from ..events import CellDone, RankState, Stacks
 from ..result import ERROR, INTERRUPTED, LOST, OK, CellResult, RankOutcome, RemoteError
-from .base import _LOG_DRAIN_S, Gang, InterruptRequest, _Reply, restarted_note
+from .base import _LOG_DRAIN_S, Gang
+from .inbox import InterruptRequest, Reply
+from .recover import restarted_note
 from .state import GangStatus
 
 _TICK_S = 0.25
@@ -113,7 +115,7 @@ def run_cell(
     started = time.monotonic()
     for node in range(gang.nodes):
         gang.post(node, lambda agent: agent.run(payload, run_id))
-    replies: dict[int, _Reply] = {}
+    replies: dict[int, Reply] = {}
     stopper = _Stopper(gang, run_id, on_event)
     deadline = started + timeout if timeout else None
     while len(replies) < gang.nodes:
@@ -128,7 +130,7 @@ def run_cell(
                 item = gang.inbox.get(timeout=_TICK_S)
             except queue.Empty:
                 continue
-            if isinstance(item, _Reply):
+            if isinstance(item, Reply):
                 replies[item.node] = item
                 if item.error is not None or _failed(item.value):
                     stopper.interrupt("another rank failed", by_user=False)
@@ -154,7 +156,7 @@ def _failed(value: Any) -> bool:
     return bool(value) and any(r["status"] != OK for r in value["ranks"])
 
 
-def _drain_logs(gang: Gang, replies: dict[int, _Reply], on_event: Any) -> None:
+def _drain_logs(gang: Gang, replies: dict[int, Reply], on_event: Any) -> None:
     """Show every line the ranks wrote before their reply (events travel another path)."""
     wanted = {n: r.value["seq"] for n, r in replies.items() if r.error is None}
     deadline = time.monotonic() + _LOG_DRAIN_S
@@ -166,12 +168,12 @@ def _drain_logs(gang: Gang, replies: dict[int, _Reply], on_event: Any) -> None:
             item = gang.inbox.get(timeout=remaining)
         except queue.Empty:
             return
-        if not isinstance(item, (_Reply, InterruptRequest)):
+        if not isinstance(item, (Reply, InterruptRequest)):
             gang.consume(item, on_event)
 
 
 def _assemble(
-    gang: Gang, payload: CellPayload, replies: dict[int, _Reply], elapsed: float
+    gang: Gang, payload: CellPayload, replies: dict[int, Reply], elapsed: float
 ) -> CellResult:
     gpus = gang.spec.gpus
     outcomes: list[RankOutcome] = []

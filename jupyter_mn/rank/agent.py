@@ -1,10 +1,9 @@
 """The node agent: a dask actor (one per node) that owns that node's rank processes.
 
-Ranks are plain processes in their own session (a Jupyter interrupt never reaches them), with
-stdout/stderr on pipes (C-level output included) and a control socket for cells. The agent relays
-cells, batches output lines into events (~5 ms), and learns of a rank's death from EOF at once.
-After a failure it re-forms the group in place (``reinit``) or restarts its ranks (``relaunch``);
-it stops them itself when the kernel's heartbeat stops (``watchdog.py``).
+The agent starts its ranks (``process.py``), relays cells to them, batches their output lines into
+events (~5 ms), and learns of a rank's death from EOF at once. After a failure it re-forms the
+group in place (``reinit``) or restarts its ranks (``relaunch``); it stops them itself when the
+kernel's heartbeat stops, and kills a rank over ``--memory-limit`` (``watchdog.py``).
 
 Also used as a dask preload module: ``dask_setup`` makes the worker ignore SIGINT, because Jupyter
 interrupts signal the kernel's whole process group, and a local worker is in it.
@@ -17,42 +16,22 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
-from collections import deque
-from multiprocessing.connection import Connection
 from typing import Any
 
 from distributed import get_worker
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
-from . import stacks
-from .runtime import SYNC_MARKER, contract_env
+from .process import STOP_GRACE_S, RankProcess, describe_exit
+from .runtime import contract_env
 from .watchdog import CHECK_S, Watchdog, mib
 
 BATCH_S = 0.005
-TAIL_LINES = 20
-MAX_LINE = 10_000
-_STOP_GRACE_S = 3.0
-_SYNC_WAIT_S = 2.0
-_STACKS_WAIT_S = 1.0
 
 
 def dask_setup(worker: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def _thread_default(ranks_per_node: int) -> dict[str, str]:
@@ -63,213 +42,13 @@ def _thread_default(ranks_per_node: int) -> dict[str, str]:
     return {}
 
 
-class _Rank:
-    """One rank process as its agent sees it."""
-
-    def __init__(
-        self, agent: NodeAgent, local_rank: int, rank: int, env: dict[str, str], cwd: str | None
-    ) -> None:
-        self.agent = agent
-        self.local_rank = local_rank
-        self.rank = rank
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        #: a fatal error report (segfault) the rank wrote: kept apart, the tail stays readable
-        self.crash: list[str] = []
-        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.markers = {"out": 0, "err": 0}
-        self.expected = 0
-        self.open_streams = {"out", "err"}
-        self.stream_change = asyncio.Event()
-        self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        #: the run this rank is busy with (None between cells)
-        self.running: int | None = None
-        #: why the agent killed it (shown with its exit status)
-        self.killed_because = ""
-        self.stopping = False
-        self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
-        parent, child = socket.socketpair()
-        env = {**env, "JUPYTER_MN_CONTROL_FD": str(child.fileno())}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_mn.rank.runtime"],
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(child.fileno(),),
-            start_new_session=True,
-        )
-        child.close()
-        self.conn = Connection(parent.detach())
-        for stream, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
-            threading.Thread(
-                target=self._read_pipe,
-                args=(pipe, stream),
-                daemon=True,
-                name=f"jupyter-mn-rank{rank}-{stream}",
-            ).start()
-        threading.Thread(
-            target=self._read_control, daemon=True, name=f"jupyter-mn-rank{rank}-control"
-        ).start()
-
-    # ---- threads: forward what the process says to the event loop
-    def _read_pipe(self, pipe: Any, stream: str) -> None:
-        fd, pending = pipe.fileno(), b""
-        while chunk := os.read(fd, 65536):
-            *lines, pending = (pending + chunk).split(b"\n")
-            for raw in lines:
-                self._line(stream, raw.decode("utf-8", "replace"))
-        if pending:
-            self._line(stream, pending.decode("utf-8", "replace"))
-        self.agent.call_soon(self._stream_closed, stream)
-
-    def _line(self, stream: str, text: str) -> None:
-        if SYNC_MARKER in text:
-            before, _, _ = text.partition(SYNC_MARKER)
-            if before:
-                self._line(stream, before)
-            self.agent.call_soon(self._marked, stream)
-            return
-        text = text.rsplit("\r", 1)[-1][:MAX_LINE]
-        if text.startswith(stacks.CRASH_START) or self.crash:
-            self.crash.append(text)
-        else:
-            self.tail.append(text)
-        self.agent.log(self.rank, stream, text)
-
-    def _read_control(self) -> None:
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            box = self.stack_replies if msg["op"] == "stacks" else self.messages
-            self.agent.call_soon(box.put_nowait, msg)
-        self.agent.call_soon(self.messages.put_nowait, {"op": "exit"})
-        self.agent.call_soon(self._gone)
-
-    def _gone(self) -> None:
-        """The process went away; when no cell was running, nobody else would notice."""
-        if not self.stopping and self.running is None:
-            self.report = asyncio.ensure_future(self.agent.lost_while_idle(self))
-
-    def _marked(self, stream: str) -> None:
-        self.markers[stream] += 1
-        self.stream_change.set()
-
-    def _stream_closed(self, stream: str) -> None:
-        self.open_streams.discard(stream)
-        self.stream_change.set()
-
-    # ---- event loop side
-    async def send(self, msg: dict[str, Any]) -> bool:
-        async with self._send_lock:
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.conn.send, msg)
-                return True
-            except (OSError, ValueError):
-                return False
-
-    async def ready(self) -> dict[str, Any]:
-        msg = await self.messages.get()
-        if msg["op"] == "ready":
-            return {**msg, "rank": self.rank, "local_rank": self.local_rank}
-        reason = msg.get("error") or describe_exit(await self.exit_code())
-        raise RendezvousError(self.explain(f"failed to start: {reason}"))
-
-    async def reply(self, op: str) -> dict[str, Any]:
-        """The next reply of kind ``op``, or a "lost" outcome when the process died first."""
-        msg = await self.messages.get()
-        self.running = None
-        if msg["op"] == op:
-            return msg
-        code = await self.exit_code()
-        return {
-            "op": op,
-            "rank": self.rank,
-            "status": "lost",
-            "ok": False,
-            "exit_code": code,
-            "error": {
-                "ename": "RankLost",
-                "evalue": self.exit_reason(code),
-                "traceback": [
-                    *(["last lines:", *self.tail] if self.tail else []),
-                    *stacks.crash_summary(self.crash),
-                ],
-                "secondary": False,
-            },
-        }
-
-    def exit_reason(self, code: int | None) -> str:
-        why = describe_exit(code)
-        return f"{why} ({self.killed_because})" if self.killed_because else why
-
-    async def where(self) -> dict[str, Any]:
-        """The rank's main-thread stack; "no answer" when it holds the GIL in native code."""
-        while not self.stack_replies.empty():  # a late answer to an earlier request
-            self.stack_replies.get_nowait()
-        state = {"rank": self.rank, "node": self.agent.node, "busy": self.running is not None}
-        if self.proc.poll() is not None or not await self.send({"op": "stacks"}):
-            return {**state, "stack": [], "note": describe_exit(self.proc.poll())}
-        try:
-            msg = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
-        except asyncio.TimeoutError:
-            return {**state, "stack": [], "note": "no answer (native code holding the GIL?)"}
-        return {**state, "busy": msg["busy"], "stack": msg["stack"], "note": ""}
-
-    async def synced(self) -> None:
-        """Wait until both pipes are read up to this cell's end (or closed)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _SYNC_WAIT_S
-        while any(self.markers[s] < self.expected for s in self.open_streams):
-            self.stream_change.clear()
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stream_change.wait(), remaining)
-
-    async def exit_code(self) -> int | None:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(None, self.proc.wait, _STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def explain(self, what: str) -> str:
-        lines = "\n".join(f"    {line}" for line in self.tail)
-        return f"rank {self.rank} (node {self.agent.node}) {what}" + (
-            f"\n  last lines:\n{lines}" if lines else ""
-        )
-
-    def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signum)
-
-    def kill(self, reason: str) -> None:
-        if self.proc.poll() is None:
-            self.killed_because = reason
-            self.signal(signal.SIGKILL)
-
-    async def stop(self) -> None:
-        self.stopping = True
-        if self.proc.poll() is None:
-            await self.send({"op": "stop"})
-            if await self.exit_code() is None:
-                self.signal(signal.SIGKILL)
-                await self.exit_code()
-        self.signal(signal.SIGKILL)  # children the rank left in its session (DataLoader workers)
-        self.conn.close()
-
-
 class NodeAgent:
     """Dask actor: start this node's ranks, relay cells, publish their output as events."""
 
     def __init__(self, job: str, topic: str, node: int) -> None:
         self.job, self.topic, self.node = job, topic, node
         self._worker = get_worker()
-        self._ranks: list[_Rank] = []
+        self._ranks: list[RankProcess] = []
         self._cond = threading.Condition()
         self._buffer: list[tuple[int, str, str]] = []
         self._seq = 0
@@ -343,7 +122,7 @@ class NodeAgent:
         self._guard = asyncio.create_task(self._keep_watch())
         return infos
 
-    def _spawn(self, local: int, generation: int) -> _Rank:
+    def _spawn(self, local: int, generation: int) -> RankProcess:
         launch, gpus = self._launch, self._launch["gpus"]
         rank = self.node * gpus + local
         env = {
@@ -365,7 +144,7 @@ class NodeAgent:
             ),
             "JUPYTER_MN_GENERATION": str(generation),
         }
-        proc = _Rank(self, local, rank, env, launch.get("cwd"))
+        proc = RankProcess(self, local, rank, env, launch.get("cwd"))
         self._state(rank, "started", f"pid {proc.proc.pid}")
         return proc
 
@@ -402,7 +181,7 @@ class NodeAgent:
         await asyncio.gather(*(r.synced() for r in self._ranks))
         return {"node": self.node, "seq": self.flush(), "ranks": replies}
 
-    async def _watch(self, r: _Rank, run_id: int) -> dict[str, Any]:
+    async def _watch(self, r: RankProcess, run_id: int) -> dict[str, Any]:
         reply = await r.reply("done")
         if reply["status"] != "ok":
             error = reply.get("error") or {}
@@ -466,7 +245,7 @@ class NodeAgent:
         if self._watchdog is not None:
             self._watchdog.beat()
 
-    async def lost_while_idle(self, r: _Rank) -> None:
+    async def lost_while_idle(self, r: RankProcess) -> None:
         reason = r.exit_reason(await r.exit_code())
         self._state(r.rank, "lost-idle", r.explain(f"died between cells: {reason}"))
 
@@ -493,7 +272,7 @@ class NodeAgent:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self._worker.close(nanny=True, reason="jupyter_mn: the kernel is gone"),
-                    _STOP_GRACE_S,
+                    STOP_GRACE_S,
                 )
             os._exit(0)  # its nanny lives in the silent kernel and may not answer
 
