@@ -23,33 +23,49 @@ if TYPE_CHECKING:
 _SLACK_S = 30.0
 
 
-def _call(restart: set[int], node: int, generation: int, if_dead: bool) -> Any:
-    if node in restart:
-        return lambda agent: agent.relaunch(generation, if_dead)
-    return lambda agent: agent.reinit(generation, 0 in restart)
+def _reform_call(node: int, restarted: set[int], generation: int) -> Any:
+    if node in restarted:
+        return lambda agent: agent.relaunch(generation)
+    return lambda agent: agent.reinit(generation, 0 in restarted)
 
 
 def reform(gang: Gang, restart: set[int], if_dead: bool = False) -> set[int]:
     """Bring every rank into a new group generation, restarting the ranks of nodes in ``restart``
-    (``if_dead``: only those with a dead rank). Return the nodes whose ranks were restarted."""
-    generation = gang.next_generation()
-    futures = [
-        gang.call(node, _call(restart, node, generation, if_dead)) for node in range(gang.nodes)
-    ]
+    (``if_dead``: only those with a dead rank). Return the nodes whose ranks were restarted.
+
+    Two steps: the old ranks of those nodes stop first (rank 0's c10d store with them), then
+    fresh ones start while the others re-initialize (and reconnect, when rank 0 is new).
+    """
     deadline = time.monotonic() + gang.spec.start_timeout + _SLACK_S
-    problems, restarted = [], set()
-    for node, future in enumerate(futures):
-        try:
-            replies = future.result(timeout=max(deadline - time.monotonic(), 0.1))
-        except Exception as exc:
-            problems.append(f"node {node}: {type(exc).__name__}: {exc}")
-            continue
-        problems += [f"rank {r['rank']}: {r.get('error')}" for r in replies if not r.get("ok")]
-        if any(r.get("restarted") for r in replies):
-            restarted.add(node)
+    nodes = sorted(restart)
+    retiring = [gang.call(node, lambda agent: agent.retire(if_dead)) for node in nodes]
+    retired = _answers(dict(zip(nodes, retiring, strict=True)), deadline)
+    restarted = {node for node, did in retired.items() if did}
+    generation = gang.next_generation()
+    calls = {
+        node: gang.call(node, _reform_call(node, restarted, generation))
+        for node in range(gang.nodes)
+    }
+    replies = _answers(calls, deadline)
+    problems = [
+        f"rank {r['rank']}: {r.get('error')}" for rs in replies.values() for r in rs if not r["ok"]
+    ]
     if problems:
         raise RendezvousError("; ".join(problems[:3]))
     return restarted
+
+
+def _answers(futures: dict[int, Any], deadline: float) -> dict[int, Any]:
+    """Each node's answer, or a ``RendezvousError`` naming the nodes that failed."""
+    answers, problems = {}, []
+    for node, future in futures.items():
+        try:
+            answers[node] = future.result(timeout=max(deadline - time.monotonic(), 0.1))
+        except Exception as exc:
+            problems.append(f"node {node}: {type(exc).__name__}: {exc}")
+    if problems:
+        raise RendezvousError("; ".join(problems[:3]))
+    return answers
 
 
 class Recovery:

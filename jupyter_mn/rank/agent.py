@@ -197,12 +197,13 @@ class NodeAgent:
         """
         if run_id != self._run_id or generation not in (None, self._generation):
             return
+        generation = self._generation  # a re-init may arrive while we send: keep to this one
+        idle = [r for r in self._ranks if r.running is None]
         for r in self._ranks:
             if r.running == run_id:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(r.proc.pid, signal.SIGINT)
-            elif r.running is None:
-                await r.send({"op": "destroy", "generation": self._generation})
+        await asyncio.gather(*(r.send({"op": "destroy", "generation": generation}) for r in idle))
 
     async def kill(self, run_id: int, reason: str) -> list[int]:
         """The last step of an interrupt: kill the ranks still busy with ``run_id``."""
@@ -222,19 +223,26 @@ class NodeAgent:
         replies = await asyncio.gather(*(r.reply("reinit") for r in self._ranks))
         return [{**reply, "rank": r.rank} for r, reply in zip(self._ranks, replies, strict=True)]
 
-    async def relaunch(self, generation: int, if_dead: bool = False) -> list[dict[str, Any]]:
-        """Replace this node's ranks with fresh processes that join group ``generation``.
+    async def retire(self, if_dead: bool = False) -> bool:
+        """Stop this node's ranks before they are replaced (``if_dead``: only if one of them is
+        dead, since a report of a death may come late). Returns whether it did.
 
-        ``if_dead``: only when one of them is dead (a report of it may come late); else re-init.
+        Rank 0's c10d store must be gone before the others reconnect, or they would find the
+        old one still answering.
         """
         if if_dead and all(r.proc.poll() is None for r in self._ranks):
-            return await self.reinit(generation, reconnect=True)
+            return False
+        await self._stop_ranks()
+        return True
+
+    async def relaunch(self, generation: int) -> list[dict[str, Any]]:
+        """Replace this node's ranks with fresh processes that join group ``generation``."""
         await self._stop_ranks()
         try:
             infos = await self._spawn_all(generation)
         except Exception as exc:
             return [{"op": "reinit", "ok": False, "rank": -1, "error": str(exc)}]
-        return [{"op": "reinit", "ok": True, "rank": i["rank"], "restarted": True} for i in infos]
+        return [{"op": "reinit", "ok": True, "rank": i["rank"]} for i in infos]
 
     async def stacks(self) -> list[dict[str, Any]]:
         """Where each rank's main thread is, in the cell's own line numbers."""

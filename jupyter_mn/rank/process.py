@@ -167,6 +167,7 @@ class RankProcess:
         if msg["op"] == op:
             return msg
         code = await self.exit_code()
+        await self.drained()  # its last lines are still on their way
         return {
             "op": op,
             "rank": self.rank,
@@ -212,6 +213,16 @@ class RankProcess:
                 return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stream_change.wait(), remaining)
+
+    async def drained(self) -> None:
+        """Wait (briefly) until both pipes of a dead process are read to their end."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._closed(), _SYNC_WAIT_S)
+
+    async def _closed(self) -> None:
+        while self.open_streams:
+            self.stream_change.clear()
+            await self.stream_change.wait()
 
     async def exit_code(self) -> int | None:
         loop = asyncio.get_running_loop()
