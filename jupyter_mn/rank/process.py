@@ -32,6 +32,7 @@ STOP_GRACE_S = 3.0
 _SYNC_WAIT_S = 2.0
 _STACKS_WAIT_S = 1.0
 _CRASH_LINES = 200
+_SESSION_GRACE_S = 1.0
 
 
 def describe_exit(code: int | None) -> str:
@@ -253,5 +254,18 @@ class RankProcess:
             if await self.exit_code() is None:
                 self.signal(signal.SIGKILL)
                 await self.exit_code()
+        await self._session_gone()
         self.signal(signal.SIGKILL)  # children the rank left in its session (DataLoader workers)
         self.conn.close()
+
+    async def _session_gone(self) -> None:
+        """Give what the rank started a moment to end on its own: multiprocessing's resource
+        tracker unlinks the shared memory a dead rank leaked, and it ignores SIGTERM."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SESSION_GRACE_S
+        while loop.time() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            await asyncio.sleep(0.02)
