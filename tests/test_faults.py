@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 import torch
-from procs import TOKEN, ours, rank_processes, wait_gone
+from procs import TOKEN, ours, processes, rank_processes, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, CellInterrupted, ClusterBusy, NodeLost, RankLost
@@ -58,16 +58,6 @@ def ready(gang: Cluster) -> dict[int, int]:
     pids = rank_pids()
     assert sorted(pids) == [0, 1, 2, 3], pids
     return pids
-
-
-def alive(*pids: int) -> list[psutil.Process]:
-    found = []
-    for pid in pids:
-        try:
-            found.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 def timed(gang: Cluster, code: str, **options: object) -> tuple[object, float]:
@@ -335,7 +325,7 @@ def test_lost_node_agent_breaks_the_gang_and_the_next_cell_brings_a_fresh_one(ga
     assert isinstance(error, NodeLost)
     assert str(error).startswith("node 1 was lost: its agent (a dask worker) stopped answering")
     assert gang.status()["state"] in ("BROKEN", "CLOSED")
-    assert not wait_gone(alive(pids[2], pids[3]))  # its ranks went with it
+    assert not wait_gone(processes(pids[2], pids[3]))  # its ranks went with it
     assert gang.run(ALL_REDUCE).value == 4.0
     assert gang.gang.id != old_id and not set(rank_pids().values()) & set(pids.values())
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import psutil
 from nbclient import NotebookClient
-from procs import ours, wait_gone
+from procs import ours, running, wait_gone
 
 from kernels import Kernel
 
@@ -59,18 +59,6 @@ def test_interrupting_a_blocked_all_reduce_keeps_the_kernel(tmp_path, no_leftove
     assert "dist.all_reduce(t)" in stacks  # where ranks 0-2 waited, in the cell's line numbers
     assert _timing(blocked) < blocked_timeout + INTERRUPT_S
     assert after.outputs[-1].data["text/plain"] == "[(4.0, 0), (4.0, 1), (4.0, 2), (4.0, 3)]"
-
-
-def _running(procs: list[psutil.Process]) -> list[str]:
-    """Those still running (a stopped kernel cannot reap its children: zombies count as gone)."""
-    left = []
-    for proc in procs:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{proc.pid}: {' '.join(proc.cmdline())[:100]}")
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 def _shared_memory(procs: list[psutil.Process]) -> set[str]:
@@ -139,9 +127,9 @@ def test_silent_kernel_is_abandoned_by_its_agents(monkeypatch, no_leftovers):
         assert len(tree) >= 4
         os.kill(kernel.pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        while _running(tree) and time.monotonic() - stopped < ORPHAN_S:
+        while running(tree) and time.monotonic() - stopped < ORPHAN_S:
             time.sleep(0.1)  # polling the process table, with a deadline
-        gone_after, left = time.monotonic() - stopped, _running(tree)
+        gone_after, left = time.monotonic() - stopped, running(tree)
     finally:
         os.kill(kernel.pid, signal.SIGKILL)
         kernel.kc.stop_channels()
