@@ -27,6 +27,10 @@ from pathlib import Path
 from jupyter_client.manager import KernelManager
 
 TRIVIAL = "x = 1"
+PLAIN = "plain ipykernel, x = 1"
+MN_TRIVIAL, IPP_TRIVIAL = "jupyter_mn %%cluster 2×2, x = 1", "ipyparallel %%px 4 engines, x = 1"
+MN_REDUCE, IPP_REDUCE = "jupyter_mn %%cluster 2×2, all_reduce", "ipyparallel %%px 4, all_reduce"
+MN_COLD, TORCHRUN = "jupyter_mn 2×2 gang up + first cell", "torchrun 4 procs, init + barrier"
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)"
 TORCHRUN_SCRIPT = """
 import torch.distributed as dist
@@ -99,11 +103,11 @@ def warm(rounds: int) -> dict[str, list[float]]:
     try:
         mn.run(f"%%cluster --nodes 2 --gpus 2\n{TRIVIAL}", timeout=600)  # bring the gang up
         tools = {
-            "plain ipykernel, x = 1": lambda: plain.run(TRIVIAL),
-            "jupyter_mn %%cluster 2×2, x = 1": lambda: mn.run(f"%%cluster\n{TRIVIAL}"),
-            "ipyparallel %%px 4 engines, x = 1": lambda: ipp.run(f"%%px\n{TRIVIAL}"),
-            "jupyter_mn %%cluster 2×2, all_reduce": lambda: mn.run(f"%%cluster\n{ALL_REDUCE}"),
-            "ipyparallel %%px 4 engines, all_reduce": lambda: ipp.run(f"%%px\n{ALL_REDUCE}"),
+            PLAIN: lambda: plain.run(TRIVIAL),
+            MN_TRIVIAL: lambda: mn.run(f"%%cluster\n{TRIVIAL}"),
+            IPP_TRIVIAL: lambda: ipp.run(f"%%px\n{TRIVIAL}"),
+            MN_REDUCE: lambda: mn.run(f"%%cluster\n{ALL_REDUCE}"),
+            IPP_REDUCE: lambda: ipp.run(f"%%px\n{ALL_REDUCE}"),
         }
         for measure in tools.values():  # warm-up, not recorded
             for _ in range(5):
@@ -151,8 +155,8 @@ def cold(rounds: int) -> dict[str, list[float]]:
 
     return interleave(
         {
-            "jupyter_mn 2×2 gang up + first cell": jupyter_mn,
-            "torchrun --nproc-per-node 4 (init + barrier)": torchrun_once,
+            MN_COLD: jupyter_mn,
+            TORCHRUN: torchrun_once,
         },
         rounds,
     )
@@ -193,8 +197,8 @@ def main() -> None:
                 1000,
                 "ms",
                 {
-                    "jupyter_mn %%cluster 2×2, x = 1": "ipyparallel %%px 4 engines, x = 1",
-                    "jupyter_mn %%cluster 2×2, all_reduce": "ipyparallel %%px 4 engines, all_reduce",
+                    MN_TRIVIAL: IPP_TRIVIAL,
+                    MN_REDUCE: IPP_REDUCE,
                 },
             ),
             flush=True,
@@ -208,7 +212,7 @@ def main() -> None:
                 1,
                 "s ",
                 {
-                    "jupyter_mn 2×2 gang up + first cell": "torchrun --nproc-per-node 4 (init + barrier)",
+                    MN_COLD: TORCHRUN,
                 },
             ),
             flush=True,
