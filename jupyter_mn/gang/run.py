@@ -15,11 +15,12 @@ from typing import Any
 import cloudpickle
 
 from ..cell import CellPayload
-from ..errors import CellInterrupted
+from ..errors import CellInterrupted, TransportError
 from ..events import CellDone
 from ..result import ERROR, INTERRUPTED, LOST, OK, CellResult, RankOutcome, RemoteError
 from .base import _LOG_DRAIN_S, Gang, _Reply
 from .state import GangStatus
+from .transport import violation
 
 _TICK_S = 0.25
 #: After an interrupt, how long ranks get to stop before the gang is declared broken.
@@ -92,7 +93,10 @@ def run_cell(
     if interrupted_at is not None and reason.startswith("--timeout"):
         result.notes.append(f"the cell was interrupted: {reason}")
     _settle(gang, result)
-    gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed), on_event)
+    gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed, result.timings()), on_event)
+    if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
+        gang.close(broken=problem)
+        raise TransportError(f"--require-rdma: {problem}")
     return result
 
 
@@ -151,6 +155,7 @@ def _assemble(
                     r.get("duration"),
                     error,
                     r.get("finished_at"),
+                    r.get("collective"),
                 )
             )
     outcomes.sort(key=lambda o: o.rank)
