@@ -93,6 +93,7 @@ def run_cell(
     if interrupted_at is not None and reason.startswith("--timeout"):
         result.notes.append(f"the cell was interrupted: {reason}")
     _settle(gang, result)
+    _drain_events(gang, on_event)  # the settled state (READY, BROKEN) reaches the view first
     gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed, result.timings()), on_event)
     if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
         gang.close(broken=problem)
@@ -118,6 +119,19 @@ def _drain_logs(gang: Gang, replies: dict[int, _Reply], on_event: Any) -> None:
             return
         if not isinstance(item, _Reply):
             gang.consume(item, on_event)
+
+
+def _drain_events(gang: Gang, on_event: Any) -> None:
+    """Show the events already queued (no waiting); replies stay for whoever waits on them."""
+    while True:
+        try:
+            item = gang.inbox.get(timeout=0)
+        except queue.Empty:
+            return
+        if isinstance(item, _Reply):
+            gang.inbox.put_reply(item)
+            return
+        gang.consume(item, on_event)
 
 
 def _assemble(
