@@ -51,11 +51,11 @@ def transport_line(report: TransportReport) -> str:
 
 
 def evidence(report: TransportReport) -> str:
-    """The NCCL line that proves the inter-node path (or the network), if any."""
-    wanted = report.inter_node[:1] or ((report.network,) if report.network else ())
-    for key in wanted:
-        raw = key.split("/")[1] if key.startswith("NET/") else key
-        line = next((e for e in report.evidence if raw in e), "")
+    """The NCCL line that proves the inter-node path (else the network NCCL chose)."""
+    wanted = [f"via {'/'.join(p.split('/')[:2])}" for p in report.inter_node[:1]]
+    wanted.append(f"Using network {report.network}" if report.network else "Using network")
+    for needle in wanted:
+        line = next((e for e in report.evidence if needle in e), "")
         if line:
             return line
     return report.evidence[0] if report.evidence else ""
