@@ -102,7 +102,7 @@ def test_node_telemetry_follows_nccl_files_as_ranks_write_them(tmp_path):
         with open(log_file, "a") as f:
             f.write(lines[6][20:])
             f.writelines(lines[7:])
-        telemetry.cell(running=False)  # the cell ended: read what came since
+        telemetry.poll()  # what the sampling thread does ~1 Hz while a cell runs
         last = [e for e in published if isinstance(e, TransportReport)][-1]
         assert last.inter_node == ("NET/IB/GDRDMA",) and last.gdr
         count = len(published)

@@ -108,7 +108,7 @@ def test_widget_parts_and_its_text_plain_carry_the_same_facts():
     widget._draw(widget.state.take_dirty())
     node0 = widget._logs[0].value
     assert "[rank 0] line 499" in node0 and "[rank 0] line 0\n" not in node0  # bounded tail
-    assert f"last {TAIL_LINES} of 501 lines" in node0
+    assert f"last {TAIL_LINES + 1} of 501 lines" in node0  # rank 1's line kept beside rank 0's
     assert "oops &lt;b&gt;" in node0 and "<b>" not in node0.split("<pre")[1]  # text, not HTML
     assert "READY" in widget._header.value
     assert "no GPU" in widget._gpu.value and "87%" in widget._gpu.value

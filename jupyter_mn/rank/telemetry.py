@@ -61,6 +61,9 @@ class NodeTelemetry:
         self._sampler: GpuSampler | None = None
         self._noted = False
         self._running = threading.Event()
+        self._wake = threading.Event()
+        self._due = ""
+        self._poll_lock = threading.Lock()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -97,13 +100,13 @@ class NodeTelemetry:
                 self._log.feed(text)
 
     def cell(self, running: bool) -> None:
-        """A cell starts (sample ~1 Hz) or ends (one last sample and transport check)."""
+        """A cell starts or ends; the sampling thread does the work (off the cell's path)."""
         if running:
             self._running.set()
-            return
-        self._running.clear()
-        self._sample()
-        self.poll()
+        else:
+            self._running.clear()
+        self._due = "announce" if running else "final"
+        self._wake.set()
 
     def report(self) -> TransportReport:
         hcas = self.plan.labels if self.plan is not None else ()
@@ -114,13 +117,14 @@ class NodeTelemetry:
 
     def poll(self, force: bool = False) -> None:
         """Read what NCCL appended to the rank files; publish the report if it changed."""
-        if not self.from_streams:
-            for path in sorted(self.dir.glob("nccl-rank*.log")):
-                self._read(path)
-        report = self.report()
-        if force or report != self._published:
-            self._published = report
-            self.publish(report)
+        with self._poll_lock:
+            if not self.from_streams:
+                for path in sorted(self.dir.glob("nccl-rank*.log")):
+                    self._read(path)
+            report = self.report()
+            if force or report != self._published:
+                self._published = report
+                self.publish(report)
 
     def _read(self, path: Path) -> None:
         offset = self._offsets.get(path, 0)
@@ -142,13 +146,23 @@ class NodeTelemetry:
         self.publish(GpuSample(self.node, sampler.sample(self._ranks), sampler.note))
 
     def _loop(self) -> None:
-        while not self._closed.wait(SAMPLE_S):
-            if self._running.is_set():
+        """~1 Hz while a cell runs; at a cell's start everything is re-sent (a new cell's view
+        starts empty), at its end one last look."""
+        while not self._closed.is_set():
+            self._wake.wait(SAMPLE_S)
+            self._wake.clear()
+            due, self._due = self._due, ""
+            if self._closed.is_set():
+                return
+            if due == "announce":
+                self._noted = False
+            if due or self._running.is_set():
                 self._sample()
-                self.poll()
+                self.poll(force=due == "announce")
 
     def close(self) -> None:
         self._closed.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(SAMPLE_S * 2)
         if self._sampler is not None:

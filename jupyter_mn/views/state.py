@@ -1,12 +1,13 @@
 """What a view knows about one cell's gang, built from events; both views read the same state.
 
-Log lines are kept bounded per node (the widget shows the tail; text mode prints every line as it
+Log lines are kept bounded per rank (the widget shows the tail; text mode prints every line as it
 arrives), GPU samples and transport reports keep the latest per node plus the peak per GPU, and
 ``dirty`` tells the widget which parts changed since it last drew them.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections import deque
@@ -15,13 +16,26 @@ from typing import Any
 
 from ..events import CellDone, GangState, GpuSample, LogLines, TransportReport
 
-TAIL_LINES = 200
+#: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
+TAIL_LINES = 100
 
 
 @dataclass
 class NodeLog:
-    lines: deque[tuple[int, str, str]] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    """A node's recent lines, per rank, in the order they arrived."""
+
+    ranks: dict[int, deque[tuple[int, int, str, str]]] = field(default_factory=dict)
     total: int = 0
+
+    def add(self, rank: int, stream: str, lines: tuple[str, ...]) -> None:
+        tail = self.ranks.setdefault(rank, deque(maxlen=TAIL_LINES))
+        tail.extend((self.total + i, rank, stream, line) for i, line in enumerate(lines))
+        self.total += len(lines)
+
+    @property
+    def lines(self) -> list[tuple[int, str, str]]:
+        """(rank, stream, text) of every rank's tail, merged back into arrival order."""
+        return [(rank, stream, text) for _, rank, stream, text in heapq.merge(*self.ranks.values())]
 
 
 class CellState:
@@ -52,8 +66,7 @@ class CellState:
         if isinstance(event, LogLines):
             log = self.logs.setdefault(event.node, NodeLog())
             for rank, stream, lines in event.items:
-                log.lines.extend((rank, stream, line) for line in lines)
-                log.total += len(lines)
+                log.add(rank, stream, lines)
             self.dirty.add(f"log{event.node}")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail

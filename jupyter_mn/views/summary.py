@@ -100,12 +100,12 @@ def final(state: CellState) -> list[str]:
     return lines
 
 
-def summary(state: CellState, tail: int = 5) -> str:
-    """Everything in a few dozen lines (the widget's ``text/plain``)."""
+def summary(state: CellState, tail: int = 3) -> str:
+    """Everything in a few dozen lines (the widget's ``text/plain``): each rank's last lines."""
     with state.lock:
         lines = [f"jupyter_mn: {header(state)}"]
         for node, log in sorted(state.logs.items()):
-            shown = list(log.lines)[-tail:]
-            lines.append(f"node {node}: {log.total} lines" + (", last:" if shown else ""))
-            lines += [f"  [rank {rank}] {text}" for rank, _, text in shown]
+            lines.append(f"node {node}: {log.total} lines" + (", last:" if log.total else ""))
+            for rank in sorted(log.ranks):
+                lines += [f"  [rank {rank}] {entry[3]}" for entry in list(log.ranks[rank])[-tail:]]
         return "\n".join(lines + final(state))

@@ -33,7 +33,8 @@ _STATE_COLORS = {"RUNNING": "#1a73e8", "READY": "#188038", "BROKEN": "#d93025"}
 STYLE = """<style>
 .jp-mn-log { max-height: 22em; overflow-y: auto; display: flex; flex-direction: column-reverse;
   border: 1px solid var(--jp-border-color2, #ddd); }
-.jp-mn-log pre { margin: 0; padding: 4px; font-size: var(--jp-code-font-size, 12px); }
+.jp-mn-log pre { margin: 0; padding: 4px; flex-shrink: 0; overflow: visible;
+  font-size: var(--jp-code-font-size, 12px); }
 .jp-mn-log .jp-mn-err { color: var(--jp-error-color1, #d32f2f); }
 .jp-mn-table { border-collapse: collapse; font-size: 12px; }
 .jp-mn-table td, .jp-mn-table th { padding: 1px 8px; text-align: left; }
@@ -208,10 +209,11 @@ class ClusterWidget:
     def _log_html(self, node: int) -> str:
         log = self.state.logs[node]
         rows = []
-        for rank, stream, text in log.lines:
+        lines = log.lines
+        for rank, stream, text in lines:
             line = f"[rank {rank}] {html.escape(text)}"
             rows.append(f'<span class="jp-mn-err">{line}</span>' if stream == "err" else line)
-        shown = len(log.lines)
+        shown = len(lines)
         note = f"last {shown} of {log.total} lines" if log.total > shown else f"{log.total} lines"
         body = "\n".join(rows)
         log_div = f'<div class="jp-mn-log"><pre data-node="{node}">{body}</pre></div>'
