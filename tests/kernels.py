@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,20 @@ class Kernel:
         msg = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
         reply.status = msg["content"]["status"]
         return reply
+
+    def iopub_during(self, code: str, timeout: float = 120) -> list[dict[str, Any]]:
+        """Every IOPub message (any parent: widget threads send without one) until the cell ends."""
+        msg_id = self.kc.execute(code)
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=deadline - time.monotonic())
+            msg["received"] = time.monotonic()
+            seen.append(msg)
+            ours = msg["parent_header"].get("msg_id") == msg_id
+            if ours and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return seen
+        raise TimeoutError(f"cell did not finish within {timeout} s")
 
     def shutdown(self, restart: bool = False) -> None:
         if restart:
