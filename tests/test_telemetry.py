@@ -56,7 +56,8 @@ def test_debug_flag_shows_torch_and_nccl_debug_and_reports_gloo_and_no_gpu(no_le
     reports = [e for e in seen if isinstance(e, TransportReport)]
     assert reports and reports[0].summary == "gloo (CPU)"
     samples = [e for e in seen if isinstance(e, GpuSample)]
-    assert len(samples) == 1 and samples[0].gpus == () and samples[0].note.startswith("no GPU")
+    assert all(s.gpus == () and s.note.startswith("no GPU") for s in samples)
+    assert 1 <= len(samples) <= 2  # "no GPU" is said at start and per cell, not every second
 
 
 def test_users_own_nccl_debug_is_left_alone(no_leftovers):
