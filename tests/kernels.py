@@ -69,6 +69,20 @@ class Kernel:
         reply.elapsed = time.monotonic() - started
         return reply
 
+    def iopub_during(self, code: str, timeout: float = 120) -> list[dict[str, Any]]:
+        """Every IOPub message (any parent: widget threads send without one) until the cell ends."""
+        msg_id = self.kc.execute(code)
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=deadline - time.monotonic())
+            msg["received"] = time.monotonic()
+            seen.append(msg)
+            ours = msg["parent_header"].get("msg_id") == msg_id
+            if ours and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return seen
+        raise TimeoutError(f"cell did not finish within {timeout} s")
+
     def shutdown(self, restart: bool = False) -> None:
         if restart:
             self.km.restart_kernel(now=False)

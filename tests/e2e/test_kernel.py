@@ -30,6 +30,7 @@ def running_ranks(since: float = 0.0) -> list:
         ("%%cluster --gpus -1\n1", "SpecError: gpus must be ≥ 1, got -1"),
         ("%%cluster --nodez 2\n1", "unrecognized arguments: --nodez 2"),
         ("%%cluster --nodes two\n1", "argument --nodes: invalid int value: 'two'"),
+        ("%%cluster --view html\n1", "argument --view: invalid choice: 'html'"),
         ("%%cluster\n", "cell body is empty"),
         ("%%cluster\n   \n\n", "the cell is empty"),
         ("%%cluster\nx = 1\ny = (2 +\n", "SyntaxError in the cell, line 2"),
