@@ -57,6 +57,8 @@ class CellDone:
     cell_id: int
     ok: bool
     elapsed: float
+    #: the root cause in one line when the cell failed ("rank 1 (node 0) raised …")
+    error: str = ""
 
 
 Event = LogLines | RankState | GangState | CellDone

@@ -62,6 +62,8 @@ def run_cell(
     while len(replies) < len(gang.agents):
         try:
             now = time.monotonic()
+            if gang.cancel_reason:
+                interrupt(gang.cancel_reason)
             if deadline is not None and now >= deadline:
                 interrupt(f"--timeout {timeout:g} s reached")
             if interrupted_at is not None and now - interrupted_at > STOP_AFTER_INTERRUPT_S:
@@ -89,10 +91,13 @@ def run_cell(
             interrupt("interrupted by the user")
     _drain_logs(gang, replies, on_event)
     result = _assemble(gang, payload, replies, time.monotonic() - started)
-    if interrupted_at is not None and reason.startswith("--timeout"):
+    said_why = reason.startswith("--timeout") or bool(reason and reason == gang.cancel_reason)
+    if interrupted_at is not None and said_why:  # the ranks only say "KeyboardInterrupt"
         result.notes.append(f"the cell was interrupted: {reason}")
     _settle(gang, result)
-    gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed), on_event)
+    cause = result.root_cause
+    error = "" if cause is None or cause.error is None else f"{cause.label}: {cause.error.line()}"
+    gang.announce(CellDone(payload.cell_id, result.ok, result.elapsed, error), on_event)
     return result
 
 
