@@ -291,8 +291,6 @@ class Registry:
 
     def reap(self, now: float | None = None) -> list[str]:
         """Mark live jobs ORPHANED whose kernel stopped beating (or died on this host)."""
-        import psutil
-
         now = now or time.time()
         with self._lock:
             rows = self._db.execute(
@@ -302,7 +300,7 @@ class Registry:
         dead = [
             (job_id, model)
             for job_id, host, pid, beat, model in rows
-            if now - beat > ORPHAN_AFTER_S or (host == HOST and not psutil.pid_exists(pid))
+            if now - beat > ORPHAN_AFTER_S or (host == HOST and not _running(pid))
         ]
         for job_id, model in dead:
             job = JobModel.from_json(json.loads(model))
@@ -322,6 +320,15 @@ class Registry:
         ):
             out.setdefault(job, []).append(action)
         return out
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _load(model: str, heartbeat: float, pending: dict[str, list[str]]) -> JobModel:
