@@ -242,15 +242,14 @@ class Registry:
         return _load(*row, pending)
 
     def resolve(self, ref: str) -> JobModel:
-        """A job by id, unique id prefix or unique name (what a terminal user types)."""
-        jobs = self.jobs()
-        for job in jobs:
-            if job.id == ref:
-                return job
-        matches = [j for j in jobs if j.id.startswith(ref) or j.name == ref]
-        live = [j for j in matches if not j.finished]
-        if len(matches) == 1 or len(live) == 1:
-            return (live or matches)[0]
+        """A job by id, by name (its newest job, live ones first) or by unique id prefix."""
+        jobs = self.jobs()  # live first, newest first
+        for match in ([j for j in jobs if j.id == ref], [j for j in jobs if j.name == ref]):
+            if match:
+                return match[0]
+        matches = [j for j in jobs if j.id.startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
         if not matches:
             raise JobNotFound(f"no job {ref!r} (jupyter mn list shows the jobs)")
         raise RegistryError(

@@ -145,16 +145,22 @@ def test_requests_go_to_live_jobs_only_and_carry_an_outcome(registry: Registry):
     assert registry.open_requests(["jmn-live"]) == []
 
 
-def test_resolve_by_id_prefix_or_name(registry: Registry):
-    registry.save(_job("train-a1b2", name="train", state="CLOSED"))
-    registry.save(_job("train-c3d4", name="train"))
+def test_resolve_by_id_name_or_prefix(registry: Registry):
+    now = time.time()
+    registry.save(_job("train-a1b2", name="train", state="CLOSED", started=now))
+    registry.save(_job("train-c3d4", name="train", started=now - 10))
     registry.save(_job("jmn-12345678"))
     assert registry.resolve("jmn-1").id == "jmn-12345678"
-    assert registry.resolve("train").id == "train-c3d4"  # the live one of that name
+    assert registry.resolve("train").id == "train-c3d4"  # a name means its live job first
     assert registry.resolve("train-a1b2").id == "train-a1b2"
-    registry.save(_job("train-e5f6", name="train"))
-    with pytest.raises(RegistryError, match="'train' matches 3 jobs"):
-        registry.resolve("train")
+    registry.forget("train-a1b2")
+    registry.save(_job("train-e5f6", name="train", state="CLOSED", started=now))
+    registry.save(_job("train-c3d4", name="train", state="CLOSED", started=now - 10))
+    assert registry.resolve("train").id == "train-e5f6"  # … else its newest
+    with pytest.raises(RegistryError, match="'train-' matches 2 jobs"):
+        registry.resolve("train-")
+    with pytest.raises(JobNotFound, match="no job 'x'"):
+        registry.resolve("x")
 
 
 def test_forget_removes_a_finished_job_and_its_logs_but_refuses_a_live_one(registry: Registry):
