@@ -22,9 +22,11 @@ export class LogViewer extends Widget {
     super();
     this.addClass('jp-mn-LogViewer');
     const bar = el('div', 'jp-mn-LogViewer-toolbar');
-    this._node = this._select('node', 'All nodes', _job.nodes.map(n => String(n.node)));
-    const ranks = Array.from({ length: _job.world_size }, (_, r) => String(r));
-    this._rank = this._select('rank', 'All ranks', ranks);
+    this._node = this._select('node', 'All nodes');
+    this._options(this._node, 'Node', _job.nodes.map(n => n.node));
+    this._rank = this._select('rank', 'All ranks');
+    this._node.addEventListener('change', () => this._rankOptions());
+    this._rankOptions();
     const follow = el('label', 'jp-mn-LogViewer-follow');
     this._follow = el('input');
     this._follow.type = 'checkbox';
@@ -52,12 +54,25 @@ export class LogViewer extends Widget {
     void this._poll.refresh();
   }
 
-  private _select(name: string, all: string, values: string[]): HTMLSelectElement {
+  /** The rank filter offers the ranks of the chosen node (all ranks when no node is chosen). */
+  private _rankOptions(): void {
+    const { gpus, world_size } = this._job;
+    const node = this._node.value;
+    const first = node ? Number(node) * gpus : 0;
+    const count = node ? gpus : world_size;
+    this._rank.replaceChildren(this._rank.options[0]);
+    this._options(this._rank, 'Rank', Array.from({ length: count }, (_, i) => first + i));
+  }
+
+  private _options(select: HTMLSelectElement, label: string, values: number[]): void {
+    for (const value of values) {
+      select.appendChild(new Option(`${label} ${value}`, String(value)));
+    }
+  }
+
+  private _select(name: string, all: string): HTMLSelectElement {
     const select = el('select', `jp-mn-LogViewer-${name}`);
     select.appendChild(new Option(all, ''));
-    for (const value of values) {
-      select.appendChild(new Option(`${name[0].toUpperCase()}${name.slice(1)} ${value}`, value));
-    }
     select.addEventListener('change', () => {
       this._cursor = '';
       this._text.replaceChildren();
