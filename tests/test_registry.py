@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from jobs import make_job
 
 from jupyter_mn.events import LogLines
 from jupyter_mn.joblogs import JobLogWriter
@@ -23,27 +24,6 @@ from jupyter_mn.registry import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _job(job_id: str = "jmn-1", **kw) -> JobModel:
-    import os
-
-    values = dict(
-        id=job_id,
-        name=job_id,
-        gang=job_id,
-        backend="local",
-        shape="2×1",
-        gpus=1,
-        world_size=2,
-        state="READY",
-        started=time.time(),
-        heartbeat=time.time(),
-        pid=os.getpid(),
-        nodes=[NodeModel(0, ranks=["ready"]), NodeModel(1, ranks=["ready"])],
-    )
-    values.update(kw)
-    return JobModel(**values)
 
 
 def _dead_pid() -> int:
@@ -60,7 +40,7 @@ def registry(tmp_path: Path) -> Registry:
 
 
 def test_directory_is_0700_and_every_file_0600(registry: Registry):
-    registry.save(_job())
+    registry.save(make_job())
     writer = JobLogWriter(registry.log_dir("jmn-1"))
     writer.write(LogLines(0, 1, ((0, "out", ("hello",)),)))
     writer.close()
@@ -84,8 +64,8 @@ def test_a_wider_existing_directory_is_narrowed(tmp_path: Path):
 
 
 def test_job_round_trips_through_json_and_lists_live_first(registry: Registry):
-    old = _job("jmn-old", state="CLOSED", started=time.time() - 100, ended=time.time())
-    new = _job("jmn-new", last_cell={"id": 3, "ok": True, "elapsed": 0.5})
+    old = make_job("jmn-old", state="CLOSED", started=time.time() - 100, ended=time.time())
+    new = make_job("jmn-new", last_cell={"id": 3, "ok": True, "elapsed": 0.5})
     registry.save(old)
     registry.save(new)
     jobs = registry.jobs()
@@ -109,24 +89,26 @@ def test_typescript_interface_mirrors_the_job_model():
 
 
 def test_a_job_whose_kernel_died_is_orphaned_at_once(registry: Registry):
-    registry.save(_job("jmn-dead", pid=_dead_pid()))
-    registry.save(_job("jmn-alive"))
+    registry.save(make_job("jmn-dead", pid=_dead_pid()))
+    registry.save(make_job("jmn-alive"))
     states = {j.id: j.state for j in registry.jobs()}
     assert states == {"jmn-dead": "ORPHANED", "jmn-alive": "READY"}
     assert "stopped without closing it" in registry.job("jmn-dead").detail
 
 
 def test_a_job_without_heartbeat_is_orphaned_after_the_timeout(registry: Registry):
-    registry.save(_job("jmn-quiet", host="elsewhere", heartbeat=time.time() - ORPHAN_AFTER_S - 1))
-    registry.save(_job("jmn-beating", host="elsewhere"))
+    registry.save(
+        make_job("jmn-quiet", host="elsewhere", heartbeat=time.time() - ORPHAN_AFTER_S - 1)
+    )
+    registry.save(make_job("jmn-beating", host="elsewhere"))
     registry.beat(["jmn-beating"])
     assert registry.reap() == ["jmn-quiet"]
     assert registry.job("jmn-beating").state == "READY"
 
 
 def test_requests_go_to_live_jobs_only_and_carry_an_outcome(registry: Registry):
-    registry.save(_job("jmn-live"))
-    registry.save(_job("jmn-done", state="CLOSED"))
+    registry.save(make_job("jmn-live"))
+    registry.save(make_job("jmn-done", state="CLOSED"))
     with pytest.raises(RegistryError, match="jmn-done is CLOSED: nothing to cancel"):
         registry.request("jmn-done", "cancel", "cli")
     with pytest.raises(RegistryError, match="unknown action 'stop'"):
@@ -147,15 +129,15 @@ def test_requests_go_to_live_jobs_only_and_carry_an_outcome(registry: Registry):
 
 def test_resolve_by_id_name_or_prefix(registry: Registry):
     now = time.time()
-    registry.save(_job("train-a1b2", name="train", state="CLOSED", started=now))
-    registry.save(_job("train-c3d4", name="train", started=now - 10))
-    registry.save(_job("jmn-12345678"))
+    registry.save(make_job("train-a1b2", name="train", state="CLOSED", started=now))
+    registry.save(make_job("train-c3d4", name="train", started=now - 10))
+    registry.save(make_job("jmn-12345678"))
     assert registry.resolve("jmn-1").id == "jmn-12345678"
     assert registry.resolve("train").id == "train-c3d4"  # a name means its live job first
     assert registry.resolve("train-a1b2").id == "train-a1b2"
     registry.forget("train-a1b2")
-    registry.save(_job("train-e5f6", name="train", state="CLOSED", started=now))
-    registry.save(_job("train-c3d4", name="train", state="CLOSED", started=now - 10))
+    registry.save(make_job("train-e5f6", name="train", state="CLOSED", started=now))
+    registry.save(make_job("train-c3d4", name="train", state="CLOSED", started=now - 10))
     assert registry.resolve("train").id == "train-e5f6"  # … else its newest
     with pytest.raises(RegistryError, match="'train-' matches 2 jobs"):
         registry.resolve("train-")
@@ -164,8 +146,8 @@ def test_resolve_by_id_name_or_prefix(registry: Registry):
 
 
 def test_forget_removes_a_finished_job_and_its_logs_but_refuses_a_live_one(registry: Registry):
-    registry.save(_job("jmn-live"))
-    registry.save(_job("jmn-done", state="CLOSED"))
+    registry.save(make_job("jmn-live"))
+    registry.save(make_job("jmn-done", state="CLOSED"))
     JobLogWriter(registry.log_dir("jmn-done")).close()
     with pytest.raises(RegistryError, match="release it before forgetting it"):
         registry.forget("jmn-live")
@@ -175,7 +157,7 @@ def test_forget_removes_a_finished_job_and_its_logs_but_refuses_a_live_one(regis
 
 
 def test_two_processes_share_the_registry(registry: Registry):
-    registry.save(_job("jmn-here"))
+    registry.save(make_job("jmn-here"))
     code = (
         "import sys; from jupyter_mn.registry import Registry; r = Registry(sys.argv[1]);"
         "print(','.join(j.id for j in r.jobs())); r.request('jmn-here', 'cancel', 'cli')"

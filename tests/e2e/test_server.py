@@ -12,39 +12,22 @@ from pathlib import Path
 
 import pytest
 from conftest import jupyter_server
+from jobs import make_job
 
 from jupyter_mn.events import LogLines
 from jupyter_mn.joblogs import JobLogWriter
-from jupyter_mn.registry import JobModel, NodeModel, Registry
+from jupyter_mn.registry import JobModel, Registry
 
 API = "/jupyter-mn/api/jobs"
 HERE = Path(__file__).resolve().parent
-
-
-def _job(job_id: str, state: str = "READY", **kw) -> JobModel:
-    return JobModel(
-        id=job_id,
-        name=job_id,
-        gang=job_id,
-        backend="local",
-        shape="1×2",
-        gpus=2,
-        world_size=2,
-        state=state,
-        started=time.time() - 5,
-        heartbeat=time.time(),
-        pid=os.getpid(),  # alive: this test process stands in for the owning kernel
-        nodes=[NodeModel(0, ranks=["ready", "ready"])],
-        **kw,
-    )
 
 
 @pytest.fixture(scope="module")
 def jobs(lab) -> dict[str, JobModel]:
     """A live job (no kernel answers it) and a finished one with logs, in the real registry."""
     registry = Registry()
-    live = _job("srv-live", notebook=str(lab.root / "sub" / "train.ipynb"))
-    done = _job("srv-done", state="CLOSED", ended=time.time(), notebook="/elsewhere/x.ipynb")
+    live = make_job("srv-live", notebook=str(lab.root / "sub" / "train.ipynb"))
+    done = make_job("srv-done", state="CLOSED", ended=time.time(), notebook="/elsewhere/x.ipynb")
     for job in (live, done):
         registry.save(job)
         writer = JobLogWriter(registry.log_dir(job.id))
@@ -138,7 +121,7 @@ def test_a_request_no_kernel_answers_is_accepted_and_shown_pending(lab, jobs):
 
 def test_forget_deletes_a_finished_job_and_its_logs(lab, jobs):
     registry = Registry()
-    registry.save(_job("srv-old", state="ORPHANED"))
+    registry.save(make_job("srv-old", state="ORPHANED"))
     JobLogWriter(registry.log_dir("srv-old")).close()
     assert lab.api(f"{API}/srv-old", "DELETE") is None
     assert "srv-old" not in {j["id"] for j in lab.api(API)["jobs"]}
