@@ -154,7 +154,9 @@ export class ClustersPanel extends Widget {
       });
       item.appendChild(link);
     } else if (job.notebook || job.launcher) {
-      item.appendChild(el('div', 'jp-mn-Job-origin', job.notebook ?? job.launcher));
+      const origin = el('div', 'jp-mn-Job-origin', job.notebook ?? job.launcher);
+      origin.title = origin.textContent!;
+      item.appendChild(origin);
     }
     if (job.error) {
       item.appendChild(el('div', 'jp-mn-Job-error', job.error));
