@@ -78,6 +78,10 @@ def test_panel_follows_a_job_and_the_log_viewer_shows_rank_labelled_text(lab, pa
     expect(text.locator(".jp-mn-LogLine")).to_have_count(3)
     expect(text.locator('.jp-mn-LogLine[data-rank="1"]')).to_have_count(0)
 
+    item.locator(".jp-mn-Job-notebook").click()  # the link brings the notebook back to front
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.context?.path === 'work/panel.ipynb'"
+    )
     item.get_by_role("button", name="Release").click()
     expect(item).to_have_attribute("data-state", "CLOSED", timeout=30_000)
 
