@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging.handlers
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,8 +22,6 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-
-os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="jmn-bench-")
 
 from jupyter_mn import Cluster, recorder
 from jupyter_mn.events import LogLines
@@ -200,10 +199,15 @@ def api_latency(tmp: Path) -> None:
         server.wait(15)
 
 
-if __name__ == "__main__":
-    with tempfile.TemporaryDirectory() as tmp:
-        print(f"jupyter_mn registry bench — {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
-        log_writes(Path(tmp))
-        follow_reads(Path(tmp))
-        api_latency(Path(tmp))
-        cell_overhead()
+if __name__ == "__main__":  # (dask's spawned workers import this module as __mp_main__)
+    os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="jmn-bench-")  # a private registry
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            python = sys.version.split()[0]
+            print(f"jupyter_mn registry bench — {os.cpu_count()} CPUs, python {python}")
+            log_writes(Path(tmp))
+            follow_reads(Path(tmp))
+            api_latency(Path(tmp))
+            cell_overhead()
+    finally:
+        shutil.rmtree(os.environ["JUPYTER_RUNTIME_DIR"], ignore_errors=True)
