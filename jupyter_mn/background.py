@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .views.text import TextView, format_stacks
+from .views.stacks import format_stacks
+from .views.text import TextView
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -75,7 +76,7 @@ class BackgroundCell:
     def cancel(self) -> None:
         """Stop the cell as Ctrl-C would: stacks, SIGINT, the destroy cascade, then kill."""
         if not self.done():
-            self.cluster.interrupt(f"background cell In[{self.cell_id}] was cancelled")
+            self.cluster.cancel(f"background cell In[{self.cell_id}] was cancelled")
 
     def stacks(self) -> str:
         """Where every rank's main thread is now, in the cell's own line numbers."""

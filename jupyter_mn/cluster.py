@@ -58,6 +58,7 @@ class Cluster:
     def up(self, on_event: Callable[[Any], None] | None = None) -> Any:
         """Bring the gang up (all ranks or none); a no-op when it is already up."""
         from .gang import make_gang
+        from .recorder import track
 
         with self._lock:
             if self.gang is not None:
@@ -67,6 +68,7 @@ class Cluster:
             self._drop_gang()
             gang = make_gang(self.spec)
             self.gang = gang
+            track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release requests
             gang.start(on_event)
             self.released = ""
             self._arm_idle_timer()
@@ -75,10 +77,26 @@ class Cluster:
 
     def close(self) -> None:
         """Stop every process of the gang (a background cell is interrupted). Safe twice."""
-        self.interrupt("the cluster is closing")
+        self.cancel("the cluster is closing")
         with self._lock:
             self._cancel_idle_timer()
             self._drop_gang()
+
+    def cancel(self, reason: str) -> bool:
+        """Stop the running cell, from any thread (the gang stays up); False if none runs.
+
+        As Ctrl-C does: every rank's stack, SIGINT, the destroy cascade, then kill."""
+        gang = self.gang
+        return gang is not None and gang.request_cancel(reason)
+
+    def release(self, reason: str) -> None:
+        """Free the gang now, from any thread: stop a running cell, then every process."""
+        self.cancel(reason)
+        with self._lock:
+            self._cancel_idle_timer()
+            if self.gang is not None:
+                self._drop_gang()
+                self.released = reason
 
     def _drop_gang(self) -> None:
         if self._expiry is not None:
@@ -202,12 +220,6 @@ class Cluster:
             "wait for it (handle.result()) or stop it (handle.cancel())"
         )
 
-    def interrupt(self, reason: str = "interrupted") -> None:
-        """Stop the cell that is running (from any thread): stacks, SIGINT, cascade, kill."""
-        gang = self.gang
-        if gang is not None and gang.status.value == "RUNNING":
-            gang.request_interrupt(reason)
-
     def stacks(self) -> Stacks:
         """Where every rank's main thread is now (``%cluster stacks``); works during a cell."""
         gang = self.gang
@@ -264,7 +276,7 @@ class Cluster:
                 self._lock.release()
         elif self.gang is gang:
             self._expired = reason
-            gang.request_interrupt(reason)
+            gang.request_cancel(reason)
 
     def _release_idle(self) -> None:
         if not self._lock.acquire(blocking=False):

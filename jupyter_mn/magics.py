@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import publish_display_data
-from traitlets import Dict, Float, Integer, Unicode
+from traitlets import Bool, Dict, Float, Integer, Unicode
 
 from .spec import ClusterSpec, parse_env_pairs, spec_fields
 
@@ -48,6 +48,22 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
     parser.add_argument(
         "--memory-limit", help="kill a rank whose resident memory exceeds this (e.g. 8GB)"
     )
+    parser.add_argument(
+        "--rdma", action="store_true", default=None, help="use the RDMA fabric (IB/RoCE/EFA)"
+    )
+    parser.add_argument(
+        "--require-rdma",
+        action="store_true",
+        default=None,
+        help="fail the gang if NCCL would use TCP sockets between nodes",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=None,
+        help="NCCL_DEBUG=INFO and torch.distributed debug output in the logs",
+    )
+    parser.add_argument("--view", choices=["auto", "widget", "text"], help="how to show the cell")
     return parser
 
 
@@ -80,6 +96,8 @@ class ClusterMagics(Magics):
     default_timeout = Float(None, allow_none=True, config=True, help="per-cell timeout (s)")
     default_idle_timeout = Float(None, allow_none=True, config=True, help="idle release (s)")
     default_env = Dict(None, allow_none=True, config=True, help="env for every rank")
+    default_rdma = Bool(None, allow_none=True, config=True, help="use the RDMA fabric")
+    default_view = Unicode(None, allow_none=True, config=True, help="auto | widget | text")
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -131,20 +149,25 @@ class ClusterMagics(Magics):
 
     def _run(self, args: Any, cell: str) -> Any:
         from . import cluster
-        from .views import TextView
+        from .views import make_view
 
         spec = self.spec_from(args)
         target = cluster.session(spec)
+        cell_id = self.shell.execution_count
         options = {
             "namespace": self.shell.user_ns,
-            "cell_id": self.shell.execution_count,
+            "cell_id": cell_id,
             "return_all": args.all,
             "pull": _names(args.pull),
             "push": _names(args.push),
         }
-        if args.bg:  # pulled names and displays stay on the handle's result
+        if args.bg:  # its output, pulled names and displays stay on the handle
             return target.submit(cell, **options)
-        result = target.run(cell, on_event=TextView(), **options)
+        view = make_view(spec, title=spec.name or f"cell {cell_id}")
+        try:
+            result = target.run(cell, on_event=view, **options)
+        finally:
+            view.close()
         if result.ok:  # on failure the notes are part of the error
             for note in result.notes:
                 print(f"jupyter_mn: {note}")
@@ -168,13 +191,14 @@ class ClusterMagics(Magics):
         from . import cluster
         from .views import TextView
 
-        target = cluster.session(self.spec_from(args))
-        target.up(TextView())
+        spec = self.spec_from(args)
+        target = cluster.session(spec)
+        target.up(TextView(spec=spec, title=spec.name or "up"))
         return target.status()
 
     def _stacks(self, args: Any) -> None:
         from . import cluster
-        from .views.text import format_stacks
+        from .views.stacks import format_stacks
 
         running = cluster.current()
         if running is None or running.gang is None:
@@ -218,3 +242,5 @@ def _auto_cluster(lines: list[str]) -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(ClusterMagics)
+    if getattr(ipython, "kernel", None) is not None:
+        import ipywidgets  # noqa: F401  (registers the comm a widget frontend opens on connect)

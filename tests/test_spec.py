@@ -22,6 +22,8 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"heartbeat_timeout": 0}, "heartbeat_timeout must be a positive number"),
         ({"memory_limit": "lots"}, "memory_limit 'lots' is not a size"),
         ({"memory_limit": 0}, "memory_limit must be ≥ 1"),
+        ({"view": "html"}, "unknown view 'html'"),
+        ({"rdma": "yes"}, "rdma must be true or false"),
     ],
 )
 def test_bad_values_raise_a_short_spec_error(kwargs, message):
@@ -71,3 +73,16 @@ def test_memory_limit_takes_sizes_from_flags_and_environment(monkeypatch):
     spec = ClusterSpec.build()
     assert spec.memory_limit == 2_000_000_000
     assert spec.gang_key() != spec.replace(memory_limit="3GB").gang_key()
+
+
+def test_rdma_flags_shape_the_gang_and_require_implies_rdma(monkeypatch):
+    strict = ClusterSpec(require_rdma=True)
+    assert strict.rdma and strict.gang_key() != ClusterSpec().gang_key()
+    assert ClusterSpec(debug=True).gang_key() != ClusterSpec().gang_key()
+    assert ClusterSpec(view="text").gang_key() == ClusterSpec().gang_key()  # display only
+    monkeypatch.setenv("JUPYTER_MN_RDMA", "true")
+    monkeypatch.setenv("JUPYTER_MN_VIEW", "text")
+    assert (ClusterSpec.build().rdma, ClusterSpec.build().view) == (True, "text")
+    monkeypatch.setenv("JUPYTER_MN_DEBUG", "maybe")
+    with pytest.raises(SpecError, match="JUPYTER_MN_DEBUG='maybe' is not a boolean"):
+        ClusterSpec.build()

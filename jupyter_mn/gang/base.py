@@ -17,12 +17,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, LogLines, RankState, from_msg
+from ..events import GangState, LogLines, RankState, TransportReport, from_msg
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
 from .inbox import Inbox, InterruptRequest, Reply
 from .recover import Recovery, restarted_note
 from .state import GangStatus, allowed
+from .transport import require_rdma
 
 log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 15.0
@@ -66,6 +67,8 @@ class Gang:
         #: bumped whenever rank processes were restarted (they hold no cached notebook names)
         self.incarnation = 0
         self._seen: dict[int, int] = {}
+        #: the latest transport report of each node
+        self.transport: dict[int, TransportReport] = {}
         self._on_event: Callable[[Any], None] | None = None
         self._lock = threading.RLock()
         self._heartbeat = Heartbeat(lambda: self._agents)
@@ -82,6 +85,16 @@ class Gang:
             self.status, self.detail = status, detail
         self._dispatch(GangState(status.value, detail))
 
+    def request_cancel(self, reason: str) -> bool:
+        """Stop the running cell, from any thread (the registry's cancel request, a background
+        cell's ``cancel()``, ``--max-runtime``); False when no cell is running. The cell's own
+        loop escalates (``run.py``)."""
+        with self._lock:
+            if self.status != GangStatus.RUNNING:
+                return False
+            self.inbox.put_reply(InterruptRequest(reason, self._runs))
+            return True
+
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``listener(event)`` (from a dask thread) for every event; returns unsubscribe."""
         self._listeners.append(listener)
@@ -89,6 +102,14 @@ class Gang:
 
     def _dispatch(self, event: Any) -> None:
         self.inbox.put_event(event)
+        self._notify(event)
+
+    def announce(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
+        """An event made on the main thread (e.g. ``CellDone``): show it and tell listeners."""
+        self.consume(event, on_event)
+        self._notify(event)
+
+    def _notify(self, event: Any) -> None:
         for listener in list(self._listeners):
             try:
                 listener(event)
@@ -131,6 +152,8 @@ class Gang:
             client.subscribe_topic(self.topic, self._on_dask_event)
             self._transition(GangStatus.RENDEZVOUS)
             self.ranks = self._launch(addresses)
+            if self.spec.require_rdma:
+                require_rdma(self)
             self._heartbeat.start()
             self._transition(GangStatus.READY, self.device)
         except BaseException as exc:
@@ -173,6 +196,9 @@ class Gang:
             "heartbeat_timeout": self.spec.heartbeat_timeout,
             "memory_limit": self.spec.memory_limit,
             "env": dict(self.spec.env),
+            "rdma": self.spec.rdma,
+            "require_rdma": self.spec.require_rdma,
+            "debug": self.spec.debug,
             **self.provisioner.launch_options(),
         }
         replies = self._call_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
@@ -211,6 +237,8 @@ class Gang:
         """Handle one event on the main thread: note log progress, then show it."""
         if isinstance(event, LogLines):
             self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
+        elif isinstance(event, TransportReport):
+            self.transport[event.node] = event
         if on_event is not None:
             on_event(event)
 
@@ -285,10 +313,6 @@ class Gang:
             self._submit(node, method(self._agents[node]))
         except Exception as exc:
             self.inbox.put_reply(Reply(node, error=exc))
-
-    def request_interrupt(self, reason: str) -> None:
-        """Stop the running cell (from any thread); the cell's own loop escalates."""
-        self.inbox.put_reply(InterruptRequest(reason))
 
     def begin_run(self) -> int:
         """Wait for a re-forming in progress, mark the gang RUNNING, return a new run id."""

@@ -27,6 +27,8 @@ class InterruptRequest:
     """Posted to the inbox to stop the running cell from another thread (cancel, max runtime)."""
 
     reason: str
+    #: the run it is meant for: a request that arrives after its run ended is ignored
+    run: int
 
 
 class Inbox:

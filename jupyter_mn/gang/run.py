@@ -23,12 +23,14 @@ from typing import Any
 import cloudpickle
 
 from ..cell import CellPayload
+from ..errors import TransportError
 from ..events import CellDone, RankState, Stacks
 from ..result import ERROR, INTERRUPTED, LOST, OK, CellResult, RankOutcome, RemoteError
 from .base import _LOG_DRAIN_S, Gang
 from .inbox import InterruptRequest, Reply
 from .recover import restarted_note
 from .state import GangStatus
+from .transport import violation
 
 _TICK_S = 0.25
 #: After an interrupt, how long busy ranks get to stop before they are killed.
@@ -135,7 +137,8 @@ def run_cell(
                 if item.error is not None or _failed(item.value):
                     stopper.interrupt("another rank failed", by_user=False)
             elif isinstance(item, InterruptRequest):
-                stopper.interrupt(item.reason, by_user=True, again_kills=True)
+                if item.run == run_id:  # else: meant for a run that is over
+                    stopper.interrupt(item.reason, by_user=True, again_kills=True)
             else:
                 gang.consume(item, on_event)
                 if isinstance(item, RankState) and item.run == run_id and item.detail == "primary":
@@ -148,7 +151,14 @@ def run_cell(
     result.interrupted = stopper.reason
     result.notes += stopper.where
     _settle(gang, result, interrupted=stopper.since is not None)
-    gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed), on_event)
+    _drain_events(gang, on_event)  # the settled state (READY, BROKEN) reaches the view first
+    cause = result.root_cause
+    error = "" if cause is None or cause.error is None else f"{cause.label}: {cause.error.line()}"
+    done = CellDone(payload.cell_id, result.ok, result.elapsed, result.timings(), error)
+    gang.announce(done, on_event)
+    if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
+        gang.close(broken=problem)
+        raise TransportError(f"--require-rdma: {problem}")
     return result
 
 
@@ -169,6 +179,20 @@ def _drain_logs(gang: Gang, replies: dict[int, Reply], on_event: Any) -> None:
         except queue.Empty:
             return
         if not isinstance(item, (Reply, InterruptRequest)):
+            gang.consume(item, on_event)
+
+
+def _drain_events(gang: Gang, on_event: Any) -> None:
+    """Show the events already queued (no waiting); replies stay for whoever waits on them."""
+    while True:
+        try:
+            item = gang.inbox.get(timeout=0)
+        except queue.Empty:
+            return
+        if isinstance(item, Reply):
+            gang.inbox.put_reply(item)
+            return
+        if not isinstance(item, InterruptRequest):  # one that came too late is dropped
             gang.consume(item, on_event)
 
 
@@ -208,6 +232,7 @@ def _assemble(
                     r.get("duration"),
                     error,
                     r.get("finished_at"),
+                    r.get("collective"),
                 )
             )
     outcomes.sort(key=lambda o: o.rank)

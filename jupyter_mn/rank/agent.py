@@ -23,8 +23,10 @@ from distributed import get_worker
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
-from .process import STOP_GRACE_S, RankProcess, describe_exit
+from .gpu import RankProcess
+from .process import STOP_GRACE_S, RankHandle, describe_exit
 from .runtime import contract_env
+from .telemetry import NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
 
 BATCH_S = 0.005
@@ -48,12 +50,13 @@ class NodeAgent:
     def __init__(self, job: str, topic: str, node: int) -> None:
         self.job, self.topic, self.node = job, topic, node
         self._worker = get_worker()
-        self._ranks: list[RankProcess] = []
+        self._ranks: list[RankHandle] = []
         self._cond = threading.Condition()
         self._buffer: list[tuple[int, str, str]] = []
         self._seq = 0
         self._closing = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._telemetry: NodeTelemetry | None = None
         self._launch: dict[str, Any] = {}
         self._generation = 0
         self._run_id = 0
@@ -67,6 +70,8 @@ class NodeAgent:
             self._loop.call_soon_threadsafe(fn, *args)
 
     def log(self, rank: int, stream: str, line: str) -> None:
+        if self._telemetry is not None:
+            self._telemetry.line(line)
         with self._cond:
             self._buffer.append((rank, stream, line))
             self._cond.notify()
@@ -116,13 +121,15 @@ class NodeAgent:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._loop = asyncio.get_running_loop()
         self._launch = launch
+        self._telemetry = NodeTelemetry(self.node, self.job, launch, self._publish)
         threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
         infos = await self._spawn_all(generation=0)
+        self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
         self._watchdog = Watchdog(launch["heartbeat_timeout"], launch.get("memory_limit"))
         self._guard = asyncio.create_task(self._keep_watch())
         return infos
 
-    def _spawn(self, local: int, generation: int) -> RankProcess:
+    def _spawn(self, local: int, generation: int) -> RankHandle:
         launch, gpus = self._launch, self._launch["gpus"]
         rank = self.node * gpus + local
         env = {
@@ -144,7 +151,9 @@ class NodeAgent:
             ),
             "JUPYTER_MN_GENERATION": str(generation),
         }
-        proc = RankProcess(self, local, rank, env, launch.get("cwd"))
+        assert self._telemetry is not None
+        env.update(self._telemetry.rank_env(rank, env))
+        proc = RankHandle(self, local, rank, env, launch.get("cwd"))
         self._state(rank, "started", f"pid {proc.proc.pid}")
         return proc
 
@@ -170,18 +179,31 @@ class NodeAgent:
             self._state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
         return infos
 
+    def _sampled(self) -> list[RankProcess]:
+        """The ranks as GPU sampling knows them (by pid)."""
+        visible = {**os.environ, **self._launch["env"]}.get("CUDA_VISIBLE_DEVICES", "")
+        return [RankProcess(r.rank, r.local_rank, r.proc.pid, visible) for r in self._ranks]
+
+    def transport(self) -> dict[str, Any]:
+        """This node's transport as NCCL's lines prove it so far (``--require-rdma`` checks it)."""
+        assert self._telemetry is not None
+        self._telemetry.poll()
+        return to_msg(self._telemetry.report())
+
     async def run(self, payload: Any, run_id: int = 0) -> dict[str, Any]:
         """Run a cell on every rank of this node; return their replies once output is flushed."""
         self._run_id = run_id
         for r in self._ranks:
             r.running = run_id
             r.expected += 1
+        self._telemetry.cell(running=True)
         await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
+        self._telemetry.cell(running=False)
         return {"node": self.node, "seq": self.flush(), "ranks": replies}
 
-    async def _watch(self, r: RankProcess, run_id: int) -> dict[str, Any]:
+    async def _watch(self, r: RankHandle, run_id: int) -> dict[str, Any]:
         reply = await r.reply("done")
         if reply["status"] != "ok":
             error = reply.get("error") or {}
@@ -242,6 +264,8 @@ class NodeAgent:
             infos = await self._spawn_all(generation)
         except Exception as exc:
             return [{"op": "reinit", "ok": False, "rank": -1, "error": str(exc)}]
+        assert self._telemetry is not None
+        self._telemetry.restarted(self._sampled())
         return [{"op": "reinit", "ok": True, "rank": i["rank"]} for i in infos]
 
     async def stacks(self) -> list[dict[str, Any]]:
@@ -253,7 +277,7 @@ class NodeAgent:
         if self._watchdog is not None:
             self._watchdog.beat()
 
-    async def lost_while_idle(self, r: RankProcess) -> None:
+    async def lost_while_idle(self, r: RankHandle) -> None:
         reason = r.exit_reason(await r.exit_code())
         self._state(r.rank, "lost-idle", r.explain(f"died between cells: {reason}"))
 
@@ -297,3 +321,5 @@ class NodeAgent:
         with self._cond:
             self._cond.notify_all()
         self.flush()
+        if self._telemetry is not None:
+            self._telemetry.close()

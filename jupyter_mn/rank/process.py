@@ -46,7 +46,7 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-class RankProcess:
+class RankHandle:
     """One rank process as its agent sees it."""
 
     def __init__(
