@@ -59,7 +59,15 @@ class CellDone:
     elapsed: float
 
 
-Event = LogLines | RankState | GangState | CellDone
+@_event
+@dataclass(frozen=True)
+class Note:
+    """A line for the user from the kernel side (waiting for workers, preflight passed, …)."""
+
+    text: str
+
+
+Event = LogLines | RankState | GangState | CellDone | Note
 
 
 def to_msg(event: Any) -> dict[str, Any]:

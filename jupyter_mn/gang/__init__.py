@@ -16,4 +16,11 @@ def make_gang(spec: ClusterSpec) -> Gang:
         from .local import LocalProvisioner
 
         return Gang(spec, LocalProvisioner())
+    if spec.backend == "dask":
+        from .dask import DaskProvisioner
+
+        provisioner = DaskProvisioner()
+        gang = Gang(spec, provisioner)
+        provisioner.notify = gang.note
+        return gang
     raise SpecError(f"the {spec.backend!r} backend is not available in this build")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, LogLines, RankState, from_msg
+from ..events import GangState, LogLines, Note, RankState, from_msg
 from ..spec import ClusterSpec
 from .state import GangStatus, allowed
 
@@ -97,6 +97,10 @@ class Gang:
         self.started_at = time.time()
         self._listeners: list[Callable[[Any], None]] = []
         self._client: Any = None
+        #: worker addresses, their hosts, and (address, port) of the master, in node order
+        self.addresses: list[str] = []
+        self.hosts: list[str] = []
+        self.master: tuple[str, int] = ("", 0)
         self._agents: list[Any] = []
         self._agent_futures: list[Any] = []
         self._generation = 0
@@ -141,10 +145,12 @@ class Gang:
         return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
 
     # ---- lifecycle
-    def start(self, on_event: Callable[[Any], None] | None = None) -> None:
+    def start(self, on_event: Callable[[Any], None] | None = None, ranks: bool = True) -> None:
         """Provision all nodes and ranks, or raise and leave nothing behind.
 
-        ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread.
+        ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread. With
+        ``ranks=False`` only the node agents come up (for doctor, exec and scripts); a new gang
+        is checked by the preflight doctor first when its spec asks for it.
         """
         self._on_event = on_event
         try:
@@ -157,16 +163,28 @@ class Gang:
                 )
             self._client = client
             client.subscribe_topic(self.topic, self._on_dask_event)
-            self._transition(GangStatus.RENDEZVOUS)
-            self.ranks = self._launch(addresses)
-            self._transition(GangStatus.READY, self.device)
+            self._place_agents(addresses)
+            if self.spec.runs_preflight:
+                from ..doctor import preflight
+
+                preflight(self, self.note)
+            if ranks:
+                self._transition(GangStatus.RENDEZVOUS)
+                self.ranks = self._start_ranks()
+                self._transition(GangStatus.READY, self.device)
         except BaseException as exc:
             self.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
             raise
         finally:
             self._on_event = None
 
-    def _launch(self, addresses: list[str]) -> list[dict[str, Any]]:
+    def note(self, text: str) -> None:
+        """Tell the user something while the gang starts (shown by the views)."""
+        if self._on_event is not None:
+            self._on_event(Note(text))
+
+    def _place_agents(self, addresses: list[str]) -> None:
+        """One node agent (a dask actor) per node; node 0's agent picks the master endpoint."""
         from ..rank.agent import NodeAgent
 
         client = self._client
@@ -186,15 +204,20 @@ class Gang:
                 for node, addr in enumerate(addresses)
             ]
             self._agents = client.gather(self._agent_futures)
-        hosts = [client.scheduler_info(n_workers=-1)["workers"][a]["host"] for a in addresses]
-        master_addr, master_port = self._agents[0].endpoint().result()
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        self.addresses = list(addresses)
+        self.hosts = [workers[a]["host"] for a in addresses]
+        self.master = tuple(self._agents[0].endpoint().result())
+
+    def _start_ranks(self) -> list[dict[str, Any]]:
+        master_addr, master_port = self.master
         launch = {
             "gpus": self.spec.gpus,
             "nnodes": self.spec.nodes,
             "master_addr": master_addr,
             "master_port": master_port,
             "backend": self.provisioner.backend,
-            "nodes": hosts,
+            "nodes": self.hosts,
             "pg_timeout": self.spec.pg_timeout,
             "start_timeout": self.spec.start_timeout,
             "env": dict(self.spec.env),
@@ -281,6 +304,11 @@ class Gang:
     @property
     def agents(self) -> list[Any]:
         return self._agents
+
+    @property
+    def client(self) -> Any:
+        """The gang's ``distributed.Client`` (None once closed)."""
+        return self._client
 
     def is_primary_failure(self, event: Any) -> bool:
         return isinstance(event, RankState) and event.detail == "primary"

@@ -119,6 +119,25 @@ def _drain_logs(gang: Gang, replies: dict[int, _Reply], on_event: Any) -> None:
 def _assemble(
     gang: Gang, payload: CellPayload, replies: dict[int, _Reply], elapsed: float
 ) -> CellResult:
+    outcomes, raw = rank_outcomes(gang, replies)
+    result = CellResult(ranks=outcomes, elapsed=elapsed)
+    for r in raw.values():
+        result.notes.extend(r.get("notes") or [])
+    first = raw.get(0, {})
+    if result.ok:
+        result.value = _value(first)
+        if payload.return_all:
+            result.values = [_value(raw[rank]) for rank in sorted(raw)]
+        result.displays = first.get("displays") or []
+        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.get("pulled") or {}).items()}
+    return result
+
+
+def rank_outcomes(
+    gang: Gang, replies: dict[int, _Reply]
+) -> tuple[list[RankOutcome], dict[int, dict[str, Any]]]:
+    """Each rank's outcome (a node whose agent stopped answering: all its ranks lost), and the
+    raw per-rank replies by rank."""
     gpus = gang.spec.gpus
     outcomes: list[RankOutcome] = []
     raw: dict[int, dict[str, Any]] = {}
@@ -154,17 +173,7 @@ def _assemble(
                 )
             )
     outcomes.sort(key=lambda o: o.rank)
-    result = CellResult(ranks=outcomes, elapsed=elapsed)
-    for r in raw.values():
-        result.notes.extend(r.get("notes") or [])
-    first = raw.get(0, {})
-    if result.ok:
-        result.value = _value(first)
-        if payload.return_all:
-            result.values = [_value(raw[rank]) for rank in sorted(raw)]
-        result.displays = first.get("displays") or []
-        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.get("pulled") or {}).items()}
-    return result
+    return outcomes, raw
 
 
 def _value(reply: dict[str, Any]) -> Any:
