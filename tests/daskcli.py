@@ -8,6 +8,7 @@ gang, as on a real multi-node cluster.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -162,12 +163,18 @@ class DaskCLI:
         env: dict[str, str] | None = None,
         extra: list[str] | None = None,
         wait: bool = True,
+        python_flags: tuple[str, ...] = (),
     ) -> Proc:
+        """``dask worker`` (``python_flags``: run its module with these interpreter flags)."""
+        command = (
+            [sys.executable, *python_flags, "-m", "distributed.cli.dask_worker"]
+            if python_flags
+            else [str(BIN / "dask"), "worker"]
+        )
         proc = self._spawn(
             name,
             [
-                str(BIN / "dask"),
-                "worker",
+                *command,
                 self.address,
                 "--name",
                 name,
@@ -188,6 +195,23 @@ class DaskCLI:
         if wait:
             _wait_for(proc, re.compile(r"Registered to:"))
         return proc
+
+    def wait_workers(self) -> None:
+        for proc in self.workers.values():
+            _wait_for(proc, re.compile(r"Registered to:"))
+
+    def worker_pids(self) -> dict[str, int]:
+        """Worker process (not nanny) pid by name, from a fresh client (like another user)."""
+        import dask
+        from distributed import Client, Security
+
+        with (
+            dask.config.set(tls_config(self.certs)),
+            Client(self.address, security=Security(), set_as_default=False) as client,
+        ):
+            info = client.scheduler_info(n_workers=-1)["workers"]
+            pids = client.run(os.getpid)
+        return {str(info[a]["name"]): pid for a, pid in pids.items()}
 
     def stop_worker(self, name: str) -> None:
         _stop(self.workers.pop(name).popen)
@@ -216,12 +240,8 @@ def _stop(popen: subprocess.Popen) -> None:
     """SIGTERM (the CLI closes its nanny and worker), then SIGKILL the session."""
     if popen.poll() is None:
         popen.terminate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             popen.wait(20)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(popen.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     popen.wait()

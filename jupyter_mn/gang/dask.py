@@ -92,7 +92,8 @@ def candidates(
         fact = facts.get(address)
         problem = mismatch = ""
         if isinstance(fact, BaseException) or fact is None:
-            missing = isinstance(fact, ModuleNotFoundError) and "jupyter_mn" in str(fact)
+            # dask wraps the worker's error: Exception('ModuleNotFoundError("No module …")')
+            missing = "No module named 'jupyter_mn" in str(fact)
             problem = "lacks jupyter_mn" if missing else f"cannot be inspected ({fact!r})"
             fact = {}
         elif fact.get("torch") is None:
