@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 
 import dask
@@ -13,7 +16,7 @@ from procs import ours, rank_processes, wait_gone
 from test_cluster import ENV_CHECK
 
 from jupyter_mn import Cluster
-from jupyter_mn.errors import SchedulingError, SpecError
+from jupyter_mn.errors import RankLost, SchedulingError, SpecError
 from jupyter_mn.events import Note
 from jupyter_mn.gang.dask import Candidate, candidates, preference, shortage
 from jupyter_mn.spec import ClusterSpec
@@ -179,3 +182,47 @@ def test_a_worker_without_jupyter_mn_is_named_not_used(no_leftovers, dask_tls, b
     assert "host 127.0.0.3: worker w-bare" in message and "lacks jupyter_mn" in message
     with dask_cluster(dask_tls, nodes=2, gpus=1) as cluster:  # the two good hosts
         assert cluster.run("cluster_info().nodes").value == ("127.0.0.1", "127.0.0.2")
+
+
+@pytest.fixture
+def own_dask(tmp_path):
+    """A cluster of its own (a test that kills workers must not touch the shared one)."""
+    from daskcli import DaskCLI, make_certs
+
+    cli = DaskCLI(tmp_path, make_certs(tmp_path / "certs"))
+    try:
+        cli.start_scheduler()
+        cli.start_worker("k0", "127.0.0.1", wait=False)
+        cli.start_worker("k1", "127.0.0.2", wait=False)
+        cli.wait_workers()
+        with dask.config.set(tls_config(cli.certs)):
+            yield cli
+    finally:
+        cli.stop()
+
+
+@pytest.mark.parametrize("backend", ["local", "dask"])
+def test_killing_a_node_mid_cell_breaks_the_gang_and_the_next_cell_works(
+    backend, request, no_leftovers
+):
+    options = {"nodes": 2, "gpus": 1}
+    if backend == "dask":
+        options.update(backend="dask", scheduler=request.getfixturevalue("own_dask").address)
+    cluster = Cluster(**options)
+    try:
+        gang = cluster.up()
+        ranks = rank_processes(ours(no_leftovers))
+        pid = gang.client.run(os.getpid, workers=[gang.addresses[1]])[gang.addresses[1]]
+        threading.Timer(1.5, os.kill, (pid, signal.SIGKILL)).start()
+        started = time.monotonic()
+        result = cluster.run("import time\ntime.sleep(30)\ndist.barrier()")
+        assert time.monotonic() - started < 15
+        cause = result.root_cause
+        assert (cause.node, cause.status, cause.error.ename) == (1, "lost", "NodeLost")
+        with pytest.raises(RankLost, match=r"rank 1 \(node 1\) was lost"):
+            result.unwrap()
+        assert gang.status.value == "CLOSED" and "torn down" in " ".join(result.notes)
+        assert not wait_gone(ranks)
+        assert cluster.run("dist.get_world_size()").value == 2  # a fresh gang
+    finally:
+        cluster.close()

@@ -21,6 +21,6 @@ def make_gang(spec: ClusterSpec) -> Gang:
 
         provisioner = DaskProvisioner()
         gang = Gang(spec, provisioner)
-        provisioner.notify = gang.note
+        provisioner.notify = gang.notify  # waiting for workers is shown while it lasts
         return gang
     raise SpecError(f"the {spec.backend!r} backend is not available in this build")

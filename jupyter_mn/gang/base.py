@@ -125,11 +125,20 @@ class Gang:
 
     def _dispatch(self, event: Any) -> None:
         self.inbox.put_event(event)
+        self._tell_listeners(event)
+
+    def _tell_listeners(self, event: Any) -> None:
         for listener in list(self._listeners):
             try:
                 listener(event)
             except Exception:
                 log.exception("jupyter_mn event listener failed")
+
+    def notify(self, event: Any) -> None:
+        """An event from the provisioner, which works on the starting (main) thread: shown now."""
+        self._tell_listeners(event)
+        if self._on_event is not None:
+            self._on_event(event)
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         self._dispatch(from_msg(event[1]))
@@ -167,7 +176,7 @@ class Gang:
             if self.spec.runs_preflight:
                 from ..doctor import preflight
 
-                preflight(self, self.note)
+                preflight(self, lambda text: self.notify(Note(text)))
             if ranks:
                 self._transition(GangStatus.RENDEZVOUS)
                 self.ranks = self._start_ranks()
@@ -177,11 +186,6 @@ class Gang:
             raise
         finally:
             self._on_event = None
-
-    def note(self, text: str) -> None:
-        """Tell the user something while the gang starts (shown by the views)."""
-        if self._on_event is not None:
-            self._on_event(Note(text))
 
     def _place_agents(self, addresses: list[str]) -> None:
         """One node agent (a dask actor) per node; node 0's agent picks the master endpoint."""
@@ -237,7 +241,7 @@ class Gang:
     ) -> list[_Reply]:
         """Call an actor method on every agent at once; collect replies via the inbox."""
         for node, agent in enumerate(self._agents):
-            self._submit(node, call(agent))
+            self.call(node, lambda agent=agent: call(agent))
         replies: dict[int, _Reply] = {}
         deadline = time.monotonic() + timeout
         while len(replies) < len(self._agents):
@@ -262,6 +266,16 @@ class Gang:
             self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
         if on_event is not None:
             on_event(event)
+
+    def call(self, node: int, call: Callable[[], Any]) -> None:
+        """Start an actor call; its outcome reaches the inbox as a reply. The actor proxy
+        raises at once when its worker is already known lost: that is the reply then."""
+        try:
+            actor_future = call()
+        except Exception as exc:
+            self.inbox.put_reply(_Reply(node, error=exc))
+            return
+        self._submit(node, actor_future)
 
     def _submit(self, node: int, actor_future: Any) -> None:
         """Wait for an actor call on the client's loop; post its outcome to the inbox."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import SchedulingError, SpecError
+from ..events import Note
 from ..rank.worker import identity, ignore_sigint, worker_facts
 from ..spec import ClusterSpec
 
@@ -163,7 +164,7 @@ class DaskProvisioner:
         self._client: Any = None
         self._locks: list[Any] = []
         self._topic = ""
-        self.notify: Callable[[str], None] = lambda text: None
+        self.notify: Callable[[Any], None] = lambda event: None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         assert spec.scheduler is not None  # ClusterSpec requires it for this backend
@@ -186,7 +187,9 @@ class DaskProvisioner:
                     f"cannot claim {spec.nodes} node(s) at {spec.scheduler}: {why}"
                 )
             if why != told:
-                self.notify(f"waiting for dask workers (up to {spec.start_timeout:g} s): {why}")
+                self.notify(
+                    Note(f"waiting for dask workers (up to {spec.start_timeout:g} s): {why}")
+                )
                 told = why
             time.sleep(_POLL_S)  # polling the scheduler for workers to join or be released
         self._shield([c for c in chosen if c.in_kernel_group])
@@ -245,8 +248,10 @@ class DaskProvisioner:
         self._client.run(ignore_sigint, workers=addresses, nanny=True, on_error="ignore")
         names = ", ".join(c.name for c in exposed)
         self.notify(
-            f"worker(s) {names} share this kernel's process group: they now ignore SIGINT, "
-            "so interrupting a cell does not stop them"
+            Note(
+                f"worker(s) {names} share this kernel's process group: they now ignore SIGINT, "
+                "so interrupting a cell does not stop them"
+            )
         )
 
     def launch_options(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ lands here, where it becomes an interrupt of the ranks rather than a dead kernel
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ def run_cell(
     gang._transition(GangStatus.RUNNING)
     started = time.monotonic()
     for node, agent in enumerate(gang.agents):
-        gang._submit(node, agent.run(payload))
+        gang.call(node, lambda agent=agent: agent.run(payload))
     replies: dict[int, _Reply] = {}
     interrupted_at: float | None = None
     reason = ""
@@ -57,7 +58,8 @@ def run_cell(
         if interrupted_at is None:
             interrupted_at, reason = time.monotonic(), why
             for agent in gang.agents:
-                agent.interrupt()
+                with contextlib.suppress(Exception):  # a lost agent's reply says so
+                    agent.interrupt()
 
     while len(replies) < len(gang.agents):
         try:

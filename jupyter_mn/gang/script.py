@@ -8,6 +8,7 @@ traceback. The value is rank 0's exit status.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -77,7 +78,7 @@ def run_script(
         gang._transition(GangStatus.RUNNING)
     started = time.monotonic()
     for node, agent in enumerate(gang.agents):
-        gang._submit(node, agent.run_script(launch))
+        gang.call(node, lambda agent=agent: agent.run_script(launch))
     replies, reason = _collect(gang, on_event, timeout)
     _drain_logs(gang, replies, on_event)
     outcomes, raw = rank_outcomes(gang, replies)
@@ -107,7 +108,8 @@ def _collect(
         if not reason:
             reason = why
             for agent in gang.agents:
-                agent.stop_script(signum, why)
+                with contextlib.suppress(Exception):  # a lost agent's reply says so
+                    agent.stop_script(signum, why)
 
     while len(replies) < len(gang.agents):
         try:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .agent import NodeAgent
 
 ERR_TAIL_LINES = 200
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 
@@ -56,6 +57,7 @@ class ScriptRank(_Rank):
         self.open_streams = {"out", "err"}
         self.stream_change = asyncio.Event()
         self.stopped_by: str = ""
+        self._outcome: dict[str, Any] | None = None
         self.error_file = env["TORCHELASTIC_ERROR_FILE"]
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
@@ -83,6 +85,15 @@ class ScriptRank(_Rank):
         return self
 
     def outcome(self) -> dict[str, Any]:
+        """Status, exit code and error; fixed once the process has exited."""
+        if self._outcome is None:
+            out = self._judge()
+            if self.proc.returncode is None:
+                return out
+            self._outcome = out
+        return self._outcome
+
+    def _judge(self) -> dict[str, Any]:
         code = self.proc.returncode
         out: dict[str, Any] = {
             "rank": self.rank,
@@ -109,7 +120,8 @@ class ScriptRank(_Rank):
             message = json.loads(Path(self.error_file).read_text())["message"]
             lines = message["extraInfo"]["py_callstack"].rstrip().splitlines()
             return _from_lines(lines, code)
-        lines = list(self.err_tail)
+        # torch prefixes an uncaught exception's lines with "[rankN]: " (its excepthook)
+        lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
         starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
         return _from_lines(lines[starts[-1] :] if starts else lines[-TAIL_LINES:], code)
 
