@@ -119,24 +119,26 @@ class ScriptRank(_Rank):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             message = json.loads(Path(self.error_file).read_text())["message"]
             lines = message["extraInfo"]["py_callstack"].rstrip().splitlines()
-            return _from_lines(lines, code)
+            return _from_lines(lines, code, traceback=True)
         # torch prefixes an uncaught exception's lines with "[rankN]: " (its excepthook)
         lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
         starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
-        return _from_lines(lines[starts[-1] :] if starts else lines[-TAIL_LINES:], code)
+        if starts:
+            return _from_lines(lines[starts[-1] :], code, traceback=True)
+        return _from_lines(lines[-TAIL_LINES:], code, traceback=False)
 
 
-def _from_lines(lines: list[str], code: int) -> dict[str, Any]:
+def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
+    """The exception a Python traceback ends with, else the exit code and the last line."""
     from .execute import _SECONDARY
 
-    last = next((ln for ln in reversed(lines) if ln and not ln.startswith(" ")), "")
-    found = _EXCEPTION_LINE.match(last)
-    if found and found.group(1) != "Traceback":
-        ename, evalue = found.group(1), found.group(2) or ""
+    last = next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith(" ")), "")
+    found = _EXCEPTION_LINE.match(last) if traceback else None
+    if found:
+        ename, evalue = found.group(1), f"{found.group(2) or ''} (exit code {code})".lstrip()
     else:
-        ename, evalue = "ScriptExit", ""
+        ename, evalue = "ScriptExit", f"exit code {code}" + (f": {last}" if last else "")
     secondary = any(s in evalue for s in _SECONDARY)
-    evalue = f"{evalue} (exit code {code})" if evalue else f"exit code {code}"
     return _error(ename, evalue, lines, secondary)
 
 
