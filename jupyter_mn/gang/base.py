@@ -188,7 +188,7 @@ class Gang:
             self._on_event = None
 
     def _place_agents(self, addresses: list[str]) -> None:
-        """One node agent (a dask actor) per node; node 0's agent picks the master endpoint."""
+        """One node agent (a dask actor) per node; node 0's agent names the master address."""
         from ..rank.agent import NodeAgent
 
         client = self._client
@@ -214,6 +214,9 @@ class Gang:
         self.master = tuple(self._agents[0].endpoint().result())
 
     def _start_ranks(self) -> list[dict[str, Any]]:
+        # A port picked now, not before the preflight: the fewer seconds between choosing it and
+        # rank 0 listening on it, the less chance another socket takes it meanwhile.
+        self.master = tuple(self._agents[0].endpoint().result())
         master_addr, master_port = self.master
         launch = {
             "gpus": self.spec.gpus,
