@@ -27,7 +27,7 @@ from pathlib import Path
 import dask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from daskcli import DaskCLI, make_certs, tls_config
+from daskcli import DaskCLI, tls_config
 
 from jupyter_mn import Cluster
 from jupyter_mn.bandwidth import bench
@@ -82,12 +82,8 @@ def main() -> None:
     parser.add_argument("--script", type=int, default=3)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="jmn-bench-"))
-    cli = DaskCLI(folder, make_certs(folder / "certs"))
+    cli = DaskCLI.start(folder, {"w0": "127.0.0.1", "w1": "127.0.0.2"})
     try:
-        cli.start_scheduler()
-        cli.start_worker("w0", "127.0.0.1", wait=False)
-        cli.start_worker("w1", "127.0.0.2", wait=False)
-        cli.wait_workers()
         with dask.config.set(tls_config(cli.certs)):
             run_all(args, cli.address, folder)
     finally:

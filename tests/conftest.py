@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import dask
 import pytest
-from daskcli import DaskCLI, make_certs, tls_config
+from daskcli import DaskCLI, tls_config
 from procs import ours, wait_gone
 
 from jupyter_mn import Cluster
@@ -43,16 +43,9 @@ def gang_2x2() -> Iterator[Cluster]:
 def dask_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCLI]:
     """A user's dask cluster, started from the CLI with TLS: a scheduler and two workers on two
     loopback "hosts" (127.0.0.1 and 127.0.0.2). Tests that add workers remove them again."""
-    folder = tmp_path_factory.mktemp("dask-cli")
-    cli = DaskCLI(folder, make_certs(folder / "certs"))
-    try:
-        cli.start_scheduler()
-        cli.start_worker("w0", "127.0.0.1", wait=False)
-        cli.start_worker("w1", "127.0.0.2", wait=False)
-        cli.wait_workers()
-        yield cli
-    finally:
-        cli.stop()
+    cli = DaskCLI.start(tmp_path_factory.mktemp("dask-cli"), {"w0": "127.0.0.1", "w1": "127.0.0.2"})
+    yield cli
+    cli.stop()
 
 
 @pytest.fixture

@@ -196,6 +196,20 @@ class DaskCLI:
             _wait_for(proc, re.compile(r"Registered to:"))
         return proc
 
+    @classmethod
+    def start(cls, folder: Path, workers: dict[str, str]) -> DaskCLI:
+        """Certificates, a scheduler and ``workers`` (name → host), all up; stopped on error."""
+        cli = cls(folder, make_certs(folder / "certs"))
+        try:
+            cli.start_scheduler()
+            for name, host in workers.items():
+                cli.start_worker(name, host, wait=False)
+            cli.wait_workers()
+        except BaseException:
+            cli.stop()
+            raise
+        return cli
+
     def wait_workers(self) -> None:
         for proc in self.workers.values():
             _wait_for(proc, re.compile(r"Registered to:"))

@@ -187,14 +187,10 @@ def test_a_worker_without_jupyter_mn_is_named_not_used(no_leftovers, dask_tls, b
 @pytest.fixture
 def own_dask(tmp_path):
     """A cluster of its own (a test that kills workers must not touch the shared one)."""
-    from daskcli import DaskCLI, make_certs
+    from daskcli import DaskCLI
 
-    cli = DaskCLI(tmp_path, make_certs(tmp_path / "certs"))
+    cli = DaskCLI.start(tmp_path, {"k0": "127.0.0.1", "k1": "127.0.0.2"})
     try:
-        cli.start_scheduler()
-        cli.start_worker("k0", "127.0.0.1", wait=False)
-        cli.start_worker("k1", "127.0.0.2", wait=False)
-        cli.wait_workers()
         with dask.config.set(tls_config(cli.certs)):
             yield cli
     finally:

@@ -263,6 +263,24 @@ class Gang:
                 self.consume(item, self._on_event)
         return list(replies.values())
 
+    def take(
+        self, replies: dict[int, _Reply], on_event: Callable[[Any], None] | None, tick: float
+    ) -> bool:
+        """One step of waiting for the agents: a reply goes into ``replies``, an event is shown.
+        True when it says a rank failed (a failed reply, or a rank's primary failure)."""
+        try:
+            item = self.inbox.get(timeout=tick)
+        except queue.Empty:
+            return False
+        if isinstance(item, _Reply):
+            replies[item.node] = item
+            value = item.value
+            return item.error is not None or (
+                bool(value) and any(r["status"] != "ok" for r in value["ranks"])
+            )
+        self.consume(item, on_event)
+        return self.is_primary_failure(item)
+
     def consume(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
         """Handle one event on the main thread: note log progress, then show it."""
         if isinstance(event, LogLines):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..rank.worker import find_script
-from ..result import LOST, OK, CellResult
+from ..result import LOST, CellResult
 from .base import Gang, _Reply
 from .run import _drain_logs, rank_outcomes
 from .state import GangStatus
@@ -115,18 +114,8 @@ def _collect(
         try:
             if deadline is not None and time.monotonic() >= deadline:
                 stop(f"--timeout {timeout:g} s reached")
-            try:
-                item = gang.inbox.get(timeout=_TICK_S)
-            except queue.Empty:
-                continue
-            if isinstance(item, _Reply):
-                replies[item.node] = item
-                if item.error is not None or any(r["status"] != OK for r in item.value["ranks"]):
-                    stop("another rank failed")
-            else:
-                gang.consume(item, on_event)
-                if gang.is_primary_failure(item):
-                    stop("another rank failed")
+            if gang.take(replies, on_event, _TICK_S):
+                stop("another rank failed")
         except KeyboardInterrupt:
             stop("interrupted by the user", signal.SIGINT)
     return replies, reason
