@@ -150,7 +150,7 @@ class ClusterMagics(Magics):
         if cell is not None:
             return self._run(self._parser.parse_argstring(line), cell)
         raw = None
-        if line.split(None, 1)[:1] and line.split()[0] in self._raw_verbs:
+        if (line.split() or [""])[0] in self._raw_verbs:
             line, raw = _split_command(line)
         words = shlex.split(line)
         if not words or words[0] not in self._verbs:

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
@@ -28,6 +28,9 @@ from tornado.ioloop import PeriodicCallback
 from ..errors import RendezvousError
 from ..events import LogLines, RankState, to_msg
 from .runtime import SYNC_MARKER, contract_env
+
+if TYPE_CHECKING:
+    from .script import ScriptRun
 
 BATCH_S = 0.005
 TAIL_LINES = 20
@@ -224,7 +227,7 @@ class NodeAgent:
         self._closing = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._release_watch: PeriodicCallback | None = None
-        self.script: Any = None
+        self.script: ScriptRun | None = None
 
     # ---- called from threads
     def call_soon(self, fn: Any, *args: Any) -> None:

@@ -53,7 +53,7 @@ class ScriptRank(_Rank):
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.err_tail: deque[str] = deque(maxlen=ERR_TAIL_LINES)
         self.markers = {"out": 0, "err": 0}
-        self.expected = 0
+        self.expected = 1  # a script writes no sync marker: synced() waits for its pipes to close
         self.open_streams = {"out", "err"}
         self.stream_change = asyncio.Event()
         self.stopped_by: str = ""
@@ -223,9 +223,11 @@ class ScriptRun:
         for r in running:
             r.stopped_by = r.stopped_by or why
             r.signal(signum)
-        loop = asyncio.get_running_loop()
-        for r in running:
-            try:
-                await loop.run_in_executor(None, r.proc.wait, _STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                r.signal(signal.SIGKILL)
+        await asyncio.gather(*(self._reap(r) for r in running))
+
+    @staticmethod
+    async def _reap(r: ScriptRank) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, r.proc.wait, _STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            r.signal(signal.SIGKILL)
