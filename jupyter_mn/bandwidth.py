@@ -93,7 +93,9 @@ class BenchReport:
             f"all-reduce on {self.device}: float32, mean of {self.iters} iterations after "
             f"{self.warmup} warm-up; algbw = size / time, busbw = algbw × 2(n−1)/n (nccl-tests)"
         ]
-        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in table]
+        for scope, *numbers in table:  # the scope left-aligned, the numbers right-aligned
+            cells = [v.rjust(w) for v, w in zip(numbers, widths[1:], strict=True)]
+            lines.append("  ".join([scope.ljust(widths[0]), *cells]))
         return "\n".join(lines + self.notes)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:

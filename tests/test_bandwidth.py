@@ -39,7 +39,8 @@ def test_report_prints_both_bandwidths_and_the_expected_rate():
     report.rows.append(BenchRow("inter-node (one rank per node)", 2, 1 << 30, 0.05, 50.0))
     text = str(report)
     assert "algbw = size / time, busbw = algbw × 2(n−1)/n" in text
-    assert "1 GiB  50.000 ms      21.475      21.475             50" in text
+    assert "inter-node (one rank per node)      2  1 GiB  50.000 ms      21.475      21.475" in text
+    assert text.rstrip().endswith("21.475             50")
 
 
 def test_expected_rate_is_the_slowest_nodes_active_rdma_or_nic():

@@ -82,8 +82,9 @@ def _base(version: str | None) -> str:
     return (version or "").split("+")[0]
 
 
-def _package(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    return lambda f: f["packages"][name]
+def _version_of(name: str) -> Callable[[dict[str, Any]], str | None]:
+    """The version of ``name`` a node's interpreter imports (None when it cannot)."""
+    return lambda f: f["packages"][name]["version"]
 
 
 def _version_check(
@@ -96,10 +97,8 @@ def _version_check(
 ) -> Check:
     """✘ where a node differs from the kernel's value, or (without one) from most nodes.
     ``key`` picks what must be equal (e.g. torch's version without the local part)."""
-    live = [value(f) for f in facts if "error" not in f]
-    common = _majority([key(v) for v in live]) if live else None
-
-    wanted = key(kernel_value) if kernel_value is not None else common
+    live = [key(value(f)) for f in facts if "error" not in f]
+    wanted = key(kernel_value) if kernel_value is not None else (_majority(live) if live else None)
 
     def cell(n: int, f: dict[str, Any]) -> Cell:
         mine = value(f)
@@ -137,38 +136,16 @@ def _package_fix(name: str) -> Callable[[int, dict[str, Any], str], str]:
 
 
 def check_torch(spec: Any, facts: Sequence[dict], kernel: dict, master: Any) -> Check:
-    by_kernel = _version_check(
-        "torch",
-        lambda f: _package("torch")(f)["version"],
-        facts,
-        kernel["torch"],
-        _package_fix("torch"),
-        key=_base,
-    )
-    across = _version_check(  # the full build (e.g. +cu128) must match across nodes
-        "torch",
-        lambda f: _package("torch")(f)["version"],
-        facts,
-        None,
-        _package_fix("torch"),
-    )
-    return Check(
-        "torch",
-        tuple(
-            a if a.ok is False else b for a, b in zip(by_kernel.cells, across.cells, strict=True)
-        ),
-    )
+    version, fix = _version_of("torch"), _package_fix("torch")
+    by_kernel = _version_check("torch", version, facts, kernel["torch"], fix, key=_base)
+    across = _version_check("torch", version, facts, None, fix)  # the build, e.g. +cu128
+    pairs = zip(by_kernel.cells, across.cells, strict=True)
+    return Check("torch", tuple(a if a.ok is False else b for a, b in pairs))
 
 
 def _package_check(name: str) -> Judge:
     def check(spec: Any, facts: Sequence[dict], kernel: dict, master: Any) -> Check:
-        return _version_check(
-            name,
-            lambda f: _package(name)(f)["version"],
-            facts,
-            kernel[name],
-            _package_fix(name),
-        )
+        return _version_check(name, _version_of(name), facts, kernel[name], _package_fix(name))
 
     return check
 
