@@ -176,6 +176,31 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_doctor(sub: Any) -> None:
+    from .magics import _spec_flags
+
+    p = sub.add_parser(
+        "doctor",
+        help="check the nodes before a run: versions, GPUs, network, RDMA, /dev/shm, disk, paths",
+    )
+    _spec_flags(p)
+    p.set_defaults(func=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Claim the nodes, print the doctor's table, release them; status 1 when a check fails."""
+    from .cluster import Cluster
+    from .doctor import doctor
+    from .magics import spec_flags_of
+    from .spec import ClusterSpec
+    from .views import TextView
+
+    with Cluster(ClusterSpec.build(spec_flags_of(args))) as cluster:
+        report = doctor(cluster, TextView())
+    print(report)
+    return 0 if report.ok else 1
+
+
 COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_config,
     _add_list,
@@ -183,6 +208,7 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_cancel,
     _add_release,
     _add_gc,
+    _add_doctor,
 )
 
 

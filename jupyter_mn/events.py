@@ -150,7 +150,15 @@ class CellDone:
     error: str = ""
 
 
-Event = LogLines | RankState | GangState | GpuSample | TransportReport | CellDone
+@_event
+@dataclass(frozen=True)
+class Note:
+    """A line for the user from the kernel side (waiting for workers, preflight passed, …)."""
+
+    text: str
+
+
+Event = LogLines | RankState | GangState | GpuSample | TransportReport | CellDone | Note
 #: Fields holding nested event parts, rebuilt by ``from_msg`` after the msgpack trip.
 _NESTED: dict[type, tuple[str, type]] = {
     GpuSample: ("gpus", GpuStat),

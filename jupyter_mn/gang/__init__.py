@@ -16,4 +16,11 @@ def make_gang(spec: ClusterSpec) -> Gang:
         from .local import LocalProvisioner
 
         return Gang(spec, LocalProvisioner())
+    if spec.backend == "dask":
+        from .dask import DaskProvisioner
+
+        provisioner = DaskProvisioner()
+        gang = Gang(spec, provisioner)
+        provisioner.notify = gang.notify  # waiting for workers is shown while it lasts
+        return gang
     raise SpecError(f"the {spec.backend!r} backend is not available in this build")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, LogLines, RankState, TransportReport, from_msg
+from ..events import GangState, LogLines, Note, RankState, TransportReport, from_msg
 from ..spec import ClusterSpec
 from .state import GangStatus, allowed
 from .transport import require_rdma
@@ -98,6 +98,10 @@ class Gang:
         self.started_at = time.time()
         self._listeners: list[Callable[[Any], None]] = []
         self._client: Any = None
+        #: worker addresses, their hosts, and (address, port) of the master, in node order
+        self.addresses: list[str] = []
+        self.hosts: list[str] = []
+        self.master: tuple[str, int] = ("", 0)
         self._agents: list[Any] = []
         self._agent_futures: list[Any] = []
         self._generation = 0
@@ -150,6 +154,10 @@ class Gang:
             except Exception:
                 log.exception("jupyter_mn event listener failed")
 
+    def notify(self, event: Any) -> None:
+        """An event from the provisioner, which works on the starting (main) thread: shown now."""
+        self.announce(event, self._on_event)
+
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         self._dispatch(from_msg(event[1]))
 
@@ -164,10 +172,12 @@ class Gang:
         return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
 
     # ---- lifecycle
-    def start(self, on_event: Callable[[Any], None] | None = None) -> None:
+    def start(self, on_event: Callable[[Any], None] | None = None, ranks: bool = True) -> None:
         """Provision all nodes and ranks, or raise and leave nothing behind.
 
-        ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread.
+        ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread. With
+        ``ranks=False`` only the node agents come up (for doctor, exec and scripts); a new gang
+        is checked by the preflight doctor first when its spec asks for it.
         """
         self._on_event = on_event
         try:
@@ -180,18 +190,25 @@ class Gang:
                 )
             self._client = client
             client.subscribe_topic(self.topic, self._on_dask_event)
-            self._transition(GangStatus.RENDEZVOUS)
-            self.ranks = self._launch(addresses)
-            if self.spec.require_rdma:
-                require_rdma(self)
-            self._transition(GangStatus.READY, self.device)
+            self._place_agents(addresses)
+            if self.spec.runs_preflight:
+                from ..doctor import preflight
+
+                preflight(self, lambda text: self.notify(Note(text)))
+            if ranks:
+                self._transition(GangStatus.RENDEZVOUS)
+                self.ranks = self._start_ranks()
+                if self.spec.require_rdma:
+                    require_rdma(self)
+                self._transition(GangStatus.READY, self.device)
         except BaseException as exc:
             self.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
             raise
         finally:
             self._on_event = None
 
-    def _launch(self, addresses: list[str]) -> list[dict[str, Any]]:
+    def _place_agents(self, addresses: list[str]) -> None:
+        """One node agent (a dask actor) per node; node 0's agent names the master address."""
         from ..rank.agent import NodeAgent
 
         client = self._client
@@ -211,15 +228,23 @@ class Gang:
                 for node, addr in enumerate(addresses)
             ]
             self._agents = client.gather(self._agent_futures)
-        hosts = [client.scheduler_info(n_workers=-1)["workers"][a]["host"] for a in addresses]
-        master_addr, master_port = self._agents[0].endpoint().result()
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        self.addresses = list(addresses)
+        self.hosts = [workers[a]["host"] for a in addresses]
+        self.master = tuple(self._agents[0].endpoint().result())
+
+    def _start_ranks(self) -> list[dict[str, Any]]:
+        # A port picked now, not before the preflight: the fewer seconds between choosing it and
+        # rank 0 listening on it, the less chance another socket takes it meanwhile.
+        self.master = tuple(self._agents[0].endpoint().result())
+        master_addr, master_port = self.master
         launch = {
             "gpus": self.spec.gpus,
             "nnodes": self.spec.nodes,
             "master_addr": master_addr,
             "master_port": master_port,
             "backend": self.provisioner.backend,
-            "nodes": hosts,
+            "nodes": self.hosts,
             "pg_timeout": self.spec.pg_timeout,
             "start_timeout": self.spec.start_timeout,
             "env": dict(self.spec.env),
@@ -242,7 +267,7 @@ class Gang:
     ) -> list[_Reply]:
         """Call an actor method on every agent at once; collect replies via the inbox."""
         for node, agent in enumerate(self._agents):
-            self._submit(node, call(agent))
+            self.call(node, lambda agent=agent: call(agent))
         replies: dict[int, _Reply] = {}
         deadline = time.monotonic() + timeout
         while len(replies) < len(self._agents):
@@ -261,6 +286,24 @@ class Gang:
                 self.consume(item, self._on_event)
         return list(replies.values())
 
+    def take(
+        self, replies: dict[int, _Reply], on_event: Callable[[Any], None] | None, tick: float
+    ) -> bool:
+        """One step of waiting for the agents: a reply goes into ``replies``, an event is shown.
+        True when it says a rank failed (a failed reply, or a rank's primary failure)."""
+        try:
+            item = self.inbox.get(timeout=tick)
+        except queue.Empty:
+            return False
+        if isinstance(item, _Reply):
+            replies[item.node] = item
+            value = item.value
+            return item.error is not None or (
+                bool(value) and any(r["status"] != "ok" for r in value["ranks"])
+            )
+        self.consume(item, on_event)
+        return self.is_primary_failure(item)
+
     def consume(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
         """Handle one event on the main thread: note log progress, then show it."""
         if isinstance(event, LogLines):
@@ -269,6 +312,16 @@ class Gang:
             self.transport[event.node] = event
         if on_event is not None:
             on_event(event)
+
+    def call(self, node: int, call: Callable[[], Any]) -> None:
+        """Start an actor call; its outcome reaches the inbox as a reply. The actor proxy
+        raises at once when its worker is already known lost: that is the reply then."""
+        try:
+            actor_future = call()
+        except Exception as exc:
+            self.inbox.put_reply(_Reply(node, error=exc))
+            return
+        self._submit(node, actor_future)
 
     def _submit(self, node: int, actor_future: Any) -> None:
         """Wait for an actor call on the client's loop; post its outcome to the inbox."""
@@ -311,6 +364,11 @@ class Gang:
     @property
     def agents(self) -> list[Any]:
         return self._agents
+
+    @property
+    def client(self) -> Any:
+        """The gang's ``distributed.Client`` (None once closed)."""
+        return self._client
 
     def is_primary_failure(self, event: Any) -> bool:
         return isinstance(event, RankState) and event.detail == "primary"

@@ -7,6 +7,7 @@ lands here, where it becomes an interrupt of the ranks rather than a dead kernel
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ def run_cell(
     gang._transition(GangStatus.RUNNING)
     started = time.monotonic()
     for node, agent in enumerate(gang.agents):
-        gang._submit(node, agent.run(payload))
+        gang.call(node, lambda agent=agent: agent.run(payload))
     replies: dict[int, _Reply] = {}
     interrupted_at: float | None = None
     reason = ""
@@ -58,7 +59,8 @@ def run_cell(
         if interrupted_at is None:
             interrupted_at, reason = time.monotonic(), why
             for agent in gang.agents:
-                agent.interrupt()
+                with contextlib.suppress(Exception):  # a lost agent's reply says so
+                    agent.interrupt()
 
     while len(replies) < len(gang.agents):
         try:
@@ -143,6 +145,25 @@ def _drain_events(gang: Gang, on_event: Any) -> None:
 def _assemble(
     gang: Gang, payload: CellPayload, replies: dict[int, _Reply], elapsed: float
 ) -> CellResult:
+    outcomes, raw = rank_outcomes(gang, replies)
+    result = CellResult(ranks=outcomes, elapsed=elapsed)
+    for r in raw.values():
+        result.notes.extend(r.get("notes") or [])
+    first = raw.get(0, {})
+    if result.ok:
+        result.value = _value(first)
+        if payload.return_all:
+            result.values = [_value(raw[rank]) for rank in sorted(raw)]
+        result.displays = first.get("displays") or []
+        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.get("pulled") or {}).items()}
+    return result
+
+
+def rank_outcomes(
+    gang: Gang, replies: dict[int, _Reply]
+) -> tuple[list[RankOutcome], dict[int, dict[str, Any]]]:
+    """Each rank's outcome (a node whose agent stopped answering: all its ranks lost), and the
+    raw per-rank replies by rank."""
     gpus = gang.spec.gpus
     outcomes: list[RankOutcome] = []
     raw: dict[int, dict[str, Any]] = {}
@@ -179,17 +200,7 @@ def _assemble(
                 )
             )
     outcomes.sort(key=lambda o: o.rank)
-    result = CellResult(ranks=outcomes, elapsed=elapsed)
-    for r in raw.values():
-        result.notes.extend(r.get("notes") or [])
-    first = raw.get(0, {})
-    if result.ok:
-        result.value = _value(first)
-        if payload.return_all:
-            result.values = [_value(raw[rank]) for rank in sorted(raw)]
-        result.displays = first.get("displays") or []
-        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.get("pulled") or {}).items()}
-    return result
+    return outcomes, raw
 
 
 def _value(reply: dict[str, Any]) -> Any:

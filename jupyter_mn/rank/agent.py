@@ -20,9 +20,10 @@ import sys
 import threading
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import get_worker
+from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
 from ..events import LogLines, RankState, to_msg
@@ -30,11 +31,16 @@ from .gpu import RankProcess
 from .runtime import SYNC_MARKER, contract_env
 from .telemetry import NodeTelemetry
 
+if TYPE_CHECKING:
+    from .script import ScriptRun
+
 BATCH_S = 0.005
 TAIL_LINES = 20
 MAX_LINE = 10_000
 _STOP_GRACE_S = 3.0
 _SYNC_WAIT_S = 2.0
+#: How often an agent checks that dask still holds it for a client (else: stop its processes).
+_RELEASE_CHECK_S = 1.0
 
 
 def dask_setup(worker: Any) -> None:
@@ -82,18 +88,21 @@ class _Rank:
         )
         child.close()
         self.conn = Connection(parent.detach())
-        for stream, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
-            threading.Thread(
-                target=self._read_pipe,
-                args=(pipe, stream),
-                daemon=True,
-                name=f"jupyter-mn-rank{rank}-{stream}",
-            ).start()
+        self._read_pipes()
         threading.Thread(
             target=self._read_control, daemon=True, name=f"jupyter-mn-rank{rank}-control"
         ).start()
 
     # ---- threads: forward what the process says to the event loop
+    def _read_pipes(self) -> None:
+        for stream, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
+            threading.Thread(
+                target=self._read_pipe,
+                args=(pipe, stream),
+                daemon=True,
+                name=f"jupyter-mn-rank{self.rank}-{stream}",
+            ).start()
+
     def _read_pipe(self, pipe: Any, stream: str) -> None:
         fd, pending = pipe.fileno(), b""
         while chunk := os.read(fd, 65536):
@@ -220,6 +229,8 @@ class NodeAgent:
         self._closing = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._telemetry: NodeTelemetry | None = None
+        self._release_watch: PeriodicCallback | None = None
+        self.script: ScriptRun | None = None
 
     # ---- called from threads
     def call_soon(self, fn: Any, *args: Any) -> None:
@@ -275,11 +286,25 @@ class NodeAgent:
             sock.bind((host, 0))
             return host, sock.getsockname()[1]
 
+    def _begin(self) -> None:
+        """Once, from the first actor call that starts processes: the loop, the log flusher,
+        and the watch that stops them when dask releases this actor (its client is gone)."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
+        self._release_watch = PeriodicCallback(self._check_claimed, _RELEASE_CHECK_S * 1000)
+        self._release_watch.start()
+
+    def _check_claimed(self) -> None:
+        if not any(actor is self for actor in self._worker.state.actors.values()):
+            assert self._loop is not None
+            self._loop.create_task(self.stop())
+
     async def start(self, launch: dict[str, Any]) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
-        self._loop = asyncio.get_running_loop()
+        self._begin()
         self._telemetry = NodeTelemetry(self.node, self.job, launch, self._publish)
-        threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
         gpus = launch["gpus"]
         for local in range(gpus):
             rank = self.node * gpus + local
@@ -366,7 +391,22 @@ class NodeAgent:
         )
         return list(await asyncio.gather(*(r.reply("reinit") for r in self._ranks)))
 
+    async def run_script(self, launch: dict[str, Any]) -> dict[str, Any]:
+        """Run a training script on this node's ranks (``%cluster run``); see rank/script.py."""
+        from .script import ScriptRun
+
+        self._begin()
+        self.script = ScriptRun(self, launch)
+        return await self.script.wait()
+
+    async def stop_script(self, signum: int = signal.SIGTERM, why: str = "") -> None:
+        if self.script is not None:
+            await self.script.stop(signum, why or "stopped by the kernel")
+
     async def stop(self) -> None:
+        if self._release_watch is not None:
+            self._release_watch.stop()
+        await self.stop_script()
         await asyncio.gather(*(r.stop() for r in self._ranks))
         for r in self._ranks:
             self._state(r.rank, "exited", describe_exit(r.proc.returncode))
