@@ -59,7 +59,22 @@ class CellDone:
     elapsed: float
 
 
-Event = LogLines | RankState | GangState | CellDone
+@_event
+@dataclass(frozen=True)
+class NodeWaiting:
+    """A node is not up yet and why (Kubernetes: the pod's pending reason); node -1: the gang."""
+
+    node: int
+    reason: str
+    message: str = ""
+
+    @property
+    def text(self) -> str:
+        who = "gang" if self.node < 0 else f"node {self.node}"
+        return f"{who}: {self.reason}" + (f" ({self.message})" if self.message else "")
+
+
+Event = LogLines | RankState | GangState | CellDone | NodeWaiting
 
 
 def to_msg(event: Any) -> dict[str, Any]:

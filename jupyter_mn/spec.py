@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import SpecError
+from .kubespec import KubeOptions
+from .kubespec import from_environ as kube_from_environ
 
 BACKENDS = ("local", "dask", "kubernetes")
 ENV_PREFIX = "JUPYTER_MN_"
@@ -41,6 +43,8 @@ class ClusterSpec:
     backend: str = _gang("local")
     env: tuple[tuple[str, str], ...] = _gang(())
     scheduler: str | None = _gang(None)
+    rdma: bool = _gang(False)
+    kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
     name: str | None = None
     timeout: float | None = None
     retries: int = 0
@@ -63,6 +67,11 @@ class ClusterSpec:
             )
         if self.backend == "dask" and not self.scheduler:
             raise SpecError("backend 'dask' needs --scheduler ADDRESS (e.g. tls://host:8786)")
+        if self.backend == "kubernetes" and not self.kubernetes.image:
+            raise SpecError(
+                "backend 'kubernetes' needs --image: an image with jupyter_mn and torch "
+                "(recipe: docs/agent.Dockerfile)"
+            )
         for name in ("timeout", "idle_timeout", "start_timeout", "pg_timeout"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value <= 0):
@@ -99,7 +108,11 @@ class ClusterSpec:
         """Defaults ← environment ← each layer in order (``None`` values are skipped)."""
         values: dict[str, Any] = from_environ(os.environ)
         for layer in layers:
-            values.update({k: v for k, v in layer.items() if v is not None})
+            for key, value in layer.items():
+                if key == "kubernetes" and isinstance(value, Mapping):
+                    value = {**values.get(key, {}), **value}  # options merge across layers
+                if value is not None:
+                    values[key] = value
         return cls(**_normalize(values))
 
 
@@ -110,7 +123,12 @@ def spec_fields() -> dict[str, dataclasses.Field]:
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """Read ``JUPYTER_MN_<FIELD>`` variables, e.g. ``JUPYTER_MN_NODES=2``."""
     values: dict[str, Any] = {}
+    kube = kube_from_environ(environ)
+    if kube:
+        values["kubernetes"] = kube
     for name, f in spec_fields().items():
+        if name == "kubernetes":
+            continue
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is None or raw == "":
             continue
@@ -138,12 +156,18 @@ def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
             return float(raw)
     except ValueError:
         raise SpecError(f"{var}={raw!r} is not a number") from None
+    if kind == "bool":
+        if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise SpecError(f"{var}={raw!r} is not a boolean (1/0, true/false)")
+        return raw.lower() in ("1", "true", "yes")
     if f.name == "env":
         return parse_env_pairs([p for p in raw.split(",") if p])
     return raw
 
 
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(values.get("kubernetes"), Mapping):
+        values = {**values, "kubernetes": KubeOptions.from_mapping(values["kubernetes"])}
     env = values.get("env")
     if isinstance(env, Mapping):
         values = {**values, "env": tuple(sorted((str(k), v) for k, v in env.items()))}

@@ -121,11 +121,20 @@ class Gang:
 
     def _dispatch(self, event: Any) -> None:
         self.inbox.put_event(event)
+        self._tell_listeners(event)
+
+    def _tell_listeners(self, event: Any) -> None:
         for listener in list(self._listeners):
             try:
                 listener(event)
             except Exception:
                 log.exception("jupyter_mn event listener failed")
+
+    def notify(self, event: Any) -> None:
+        """An event from the provisioner, which works on the starting (main) thread: shown now."""
+        self._tell_listeners(event)
+        if self._on_event is not None:
+            self._on_event(event)
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         self._dispatch(from_msg(event[1]))
