@@ -116,8 +116,10 @@ def load_api() -> tuple[Any, str]:
             with open(SA_NAMESPACE) as f:
                 namespace = f.read().strip()
         else:
-            config.load_kube_config(client_configuration=cfg)
-            _, active = config.list_kube_config_contexts()
+            # KUBECONFIG as it is now (the client reads it once, at import)
+            path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+            config.load_kube_config(path, client_configuration=cfg)
+            _, active = config.list_kube_config_contexts(path)
             namespace = active.get("context", {}).get("namespace") or "default"
     except (config.ConfigException, OSError) as exc:
         raise SchedulingError(

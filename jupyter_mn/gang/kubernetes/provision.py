@@ -42,6 +42,17 @@ class KubernetesProvisioner:
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         from distributed.security import Security
+
+        security = Security.temporary()
+        spec, namespace, pods = self.bring_up(spec, gang_id, security)
+        self._client = self._connect(spec, namespace, pods[0], security)
+        workers = self._client.scheduler_info(n_workers=-1)["workers"]
+        return self._client, sorted(workers, key=lambda a: int(workers[a]["name"]))
+
+    def bring_up(
+        self, spec: ClusterSpec, gang_id: str, security: Any
+    ) -> tuple[ClusterSpec, str, dict[int, dict[str, Any]]]:
+        """Everything up to "all pods Ready": the spec as resolved, the namespace, node → pod."""
         from kubernetes import client
 
         opts = spec.kubernetes
@@ -53,7 +64,6 @@ class KubernetesProvisioner:
             job_owner = _kernel_pod(client.CoreV1Api(self._api), namespace)
         policy, queue = choose(spec, facts)
         spec = spec.replace(kubernetes=opts.replace(queue=queue))
-        security = Security.temporary()
         tls = {
             "ca.crt": security.tls_ca_file,
             "tls.crt": security.tls_worker_cert,
@@ -94,9 +104,7 @@ class KubernetesProvisioner:
             pods = self._rollout.wait_ready(deadline, opts.schedule_timeout)
         finally:
             self._give_back_lease()
-        self._client = self._connect(spec, namespace, pods[0], security)
-        workers = self._client.scheduler_info(n_workers=-1)["workers"]
-        return self._client, sorted(workers, key=lambda a: int(workers[a]["name"]))
+        return spec, namespace, pods
 
     def _waiting_for(self, holder: str) -> None:
         self.notify(NodeWaiting(-1, "queued", f"gang {holder} is coming up first"))

@@ -240,12 +240,19 @@ class Rollout:
         self.created.clear()
         deadline = time.monotonic() + wait
         with api_errors("waiting for the gang's pods to go away"):
-            while self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items:
+            while self._pods_left():
                 if time.monotonic() >= deadline:
                     raise SchedulingError(
                         f"pods of {self.names.job} were still terminating after {wait:g} s"
                     )
                 time.sleep(_TICK_S)
+
+
+    def _pods_left(self) -> list[dict[str, Any]]:
+        listed = self.core.list_namespaced_pod(
+            self.namespace, label_selector=self.selector, _preload_content=False
+        )
+        return json.loads(listed.data)["items"]
 
 
 class _PodWatch:
@@ -270,8 +277,9 @@ class _PodWatch:
                     namespace,
                     label_selector=label_selector,
                     _request_timeout=(5, _WATCH_READ_S),
+                    deserialize=False,  # plain dicts: what podstate reads
                 ):
-                    self.events.put((event["type"], event["raw_object"]))
+                    self.events.put((event["type"], event["object"]))
             except Exception:  # read timeout, 410 Gone, dropped connection: open a new watch
                 pass
             self._stopped.wait(_TICK_S)
