@@ -61,20 +61,34 @@ class CellDone:
 
 @_event
 @dataclass(frozen=True)
-class NodeWaiting:
-    """A node is not up yet and why (Kubernetes: the pod's pending reason); node -1: the gang."""
+class NodesWaiting:
+    """Nodes not up yet, and why (Kubernetes: the pods' pending reason); no nodes: the gang."""
 
-    node: int
+    nodes: tuple[int, ...]
     reason: str
     message: str = ""
 
     @property
     def text(self) -> str:
-        who = "gang" if self.node < 0 else f"node {self.node}"
+        if not self.nodes:
+            who = "gang"
+        else:
+            who = ("node " if len(self.nodes) == 1 else "nodes ") + _ranges(self.nodes)
         return f"{who}: {self.reason}" + (f" ({self.message})" if self.message else "")
 
 
-Event = LogLines | RankState | GangState | CellDone | NodeWaiting
+def _ranges(numbers: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` → ``"0-2, 5"``."""
+    parts: list[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
+Event = LogLines | RankState | GangState | CellDone | NodesWaiting
 
 
 def to_msg(event: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import publish_display_data
 from traitlets import Dict, Float, Integer, Unicode
 
+from . import kubespec
 from .spec import ClusterSpec, parse_env_pairs, spec_fields
 
 
@@ -42,7 +43,10 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
     parser.add_argument("--seed", type=int, help="seed every rank with SEED + rank")
     parser.add_argument("--idle-timeout", type=float, help="release the gang after S idle seconds")
     parser.add_argument("--start-timeout", type=float, help="seconds allowed to bring the gang up")
-    return parser
+    parser.add_argument(
+        "--rdma", action="store_true", default=None, help="use the RDMA fabric between nodes"
+    )
+    return kubespec.add_flags(parser)
 
 
 def _cell_parser() -> MagicArgumentParser:
@@ -50,6 +54,10 @@ def _cell_parser() -> MagicArgumentParser:
     parser.add_argument("--all", action="store_true", help="return every rank's value (a list)")
     parser.add_argument("--pull", help="copy these names (a,b) from rank 0 into the notebook")
     parser.add_argument("--push", help="send these notebook names (a,b) even if skipped")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the Kubernetes objects instead of running"
+    )
+    parser.add_argument("--k8s-version", help="with --dry-run: build for 1.MINOR, ask no cluster")
     return parser
 
 
@@ -71,6 +79,9 @@ class ClusterMagics(Magics):
     default_timeout = Float(None, allow_none=True, config=True, help="per-cell timeout (s)")
     default_idle_timeout = Float(None, allow_none=True, config=True, help="idle release (s)")
     default_env = Dict(None, allow_none=True, config=True, help="env for every rank")
+    default_kubernetes = Dict(
+        None, allow_none=True, config=True, help="Kubernetes options, e.g. {'image': …}"
+    )
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -103,6 +114,9 @@ class ClusterMagics(Magics):
         running = cluster.current()
         if running is not None:
             base = base.replace(**{k: getattr(running.spec, k) for k in _gang_fields()})
+        kube = kubespec.from_args(args)
+        if kube:
+            flags["kubernetes"] = base.kubernetes.replace(**kube)
         return base.replace(**flags)
 
     # ---- the magic
@@ -124,6 +138,8 @@ class ClusterMagics(Magics):
         from .views import TextView
 
         spec = self.spec_from(args)
+        if args.dry_run:
+            return self._dry_run(spec, args.k8s_version)
         target = cluster.session(spec)
         result = target.run(
             cell,
@@ -142,6 +158,13 @@ class ClusterMagics(Magics):
         if result.ok and result.pulled:
             self.shell.user_ns.update(result.pulled)
         return result.unwrap()
+
+    def _dry_run(self, spec: ClusterSpec, k8s_version: str | None) -> None:
+        if spec.backend != "kubernetes":
+            raise UsageError("--dry-run prints Kubernetes objects: add --backend kubernetes")
+        from .gang.kubernetes.discovery import dry_run
+
+        print(dry_run(spec, k8s_version))
 
     # ---- verbs
     def _status(self, args: Any) -> dict[str, Any] | None:

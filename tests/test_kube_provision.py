@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 from distributed.security import Security
-from kube.cluster import NAMESPACE, FakeCluster
+from kube.cluster import FakeCluster
 
 from jupyter_mn.errors import SchedulingError
-from jupyter_mn.events import NodeWaiting
+from jupyter_mn.events import NodesWaiting
 from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX
 from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
 from jupyter_mn.kubespec import KubeOptions
@@ -43,15 +43,18 @@ class Recorder:
     """A provisioner plus the events it showed."""
 
     def __init__(self) -> None:
-        self.events: list[NodeWaiting] = []
+        self.events: list[NodesWaiting] = []
         self.provisioner = KubernetesProvisioner()
         self.provisioner.notify = self.events.append
 
     def up(self, spec: ClusterSpec, gang_id: str) -> dict[int, dict]:
         return self.provisioner.bring_up(spec, gang_id, Security.temporary())[2]
 
-    def reasons(self, node: int) -> list[str]:
-        return [e.reason for e in self.events if e.node == node]
+    def reasons(self, node: int | None) -> list[str]:
+        """Reasons shown for ``node`` (None: the gang as a whole)."""
+        return [
+            e.reason for e in self.events if (node in e.nodes if node is not None else not e.nodes)
+        ]
 
 
 def test_create_watch_and_delete_everything(cluster):
@@ -135,7 +138,7 @@ def test_lease_makes_the_second_notebook_wait_and_neither_deadlocks(cluster):
     first.start()
     wait_for(lambda: "Unschedulable" in first.rec.reasons(0), "the first gang to be pending")
     second.start()
-    wait_for(lambda: "queued" in second.rec.reasons(-1), "the second gang to queue")
+    wait_for(lambda: "queued" in second.rec.reasons(None), "the second gang to queue")
     assert not [o for o in cluster.ours() if "second" in o["metadata"]["name"]]
     cluster.add_node("node-a", 2)
     cluster.add_node("node-b", 2)

@@ -18,7 +18,7 @@ from typing import Any
 from ...errors import SchedulingError, SpecError
 from ...spec import ClusterSpec
 from . import gangs
-from .manifests import LATEST_MINOR, Target, build
+from .manifests import LATEST_MINOR, Target, build, to_yaml
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 GROUPS = {
@@ -160,3 +160,15 @@ def parse_version(text: str) -> int:
     if not match:
         raise SpecError(f"--k8s-version {text!r}: expected 1.MINOR, e.g. 1.{LATEST_MINOR}")
     return int(match.group(1))
+
+
+def dry_run(spec: ClusterSpec, k8s_version: str | None = None) -> str:
+    """The YAML ``--dry-run`` prints, with a header saying what it was built for."""
+    target, objects = plan(spec, minor=parse_version(k8s_version) if k8s_version else None)
+    header = (
+        f"# jupyter_mn: {spec.nodes} node(s) x {spec.gpus} GPU(s) for Kubernetes 1.{target.minor}, "
+        f"gang policy {target.policy}, namespace {target.namespace}.\n"
+        "# Applied in this order: the Job is created suspended, the other objects get an\n"
+        "# ownerReference to it, then the Job is released. Certificates are made per gang.\n"
+    )
+    return header + to_yaml(objects)

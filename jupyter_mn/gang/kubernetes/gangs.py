@@ -45,8 +45,7 @@ class GangParts:
 def native_api(minor: int) -> str:
     if minor < NATIVE_MIN_MINOR:
         raise SpecError(
-            f"--gang native needs Kubernetes 1.{NATIVE_MIN_MINOR} or newer "
-            f"(the server is 1.{minor})"
+            f"--gang native needs Kubernetes 1.{NATIVE_MIN_MINOR} or newer (got 1.{minor})"
         )
     return NATIVE_API.get(minor, NATIVE_API[max(NATIVE_API)])
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import JupyterMNError
-from ...events import NodeWaiting
+from ...events import NodesWaiting
 from ...spec import ClusterSpec
 from .discovery import KUEUE_GROUP, SA_NAMESPACE, choose, discover, load_api
 from .lease import AdmissionLease
@@ -26,6 +26,13 @@ from .portforward import PortForward, pod_stream
 from .rollout import Rollout, api_errors
 
 _CONNECT_TIMEOUT_S = 30
+_POLICY = {
+    "none": "all-or-nothing by jupyter_mn: one gang at a time per namespace",
+    "kueue": "gang-admitted by Kueue",
+    "volcano": "gang-scheduled by Volcano",
+    "coscheduling": "gang-scheduled by scheduler-plugins coscheduling",
+    "native": "gang-scheduled by the Kubernetes scheduler (Workload API)",
+}
 
 
 class KubernetesProvisioner:
@@ -79,7 +86,9 @@ class KubernetesProvisioner:
             job_owner=job_owner,
         )
         self.notify(
-            NodeWaiting(-1, f"creating {spec.nodes} pod(s) in {namespace}", f"gang: {policy}")
+            NodesWaiting(
+                (), f"creating {spec.nodes} pod(s) in namespace {namespace}", _POLICY[policy]
+            )
         )
         self._rollout = Rollout(
             self._api,
@@ -107,7 +116,7 @@ class KubernetesProvisioner:
         return spec, namespace, pods
 
     def _waiting_for(self, holder: str) -> None:
-        self.notify(NodeWaiting(-1, "queued", f"gang {holder} is coming up first"))
+        self.notify(NodesWaiting((), "queued", f"gang {holder} is coming up first"))
 
     def _connect(
         self, spec: ClusterSpec, namespace: str, pod0: dict[str, Any], security: Any

@@ -18,12 +18,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...errors import SchedulingError
-from ...events import NodeWaiting
+from ...events import NodesWaiting
 from . import podstate
 from .manifests import Names, owned_by, selector
 
 _TICK_S = 0.25
 _POLL_S = 2.0
+_SHOW_S = 1.0
 _WATCH_READ_S = 10.0
 _DELETE_WAIT_S = 90.0
 #: Built-in kinds: (API class, plural for create/delete method names).
@@ -135,26 +136,25 @@ class Rollout:
     # ---- wait
     def wait_ready(self, deadline: float, timeout: float) -> dict[int, dict[str, Any]]:
         """Return node → pod once all pods are Running and Ready; else tear down and raise."""
-        shown: dict[int, tuple[str, str]] = {}
+        shown: dict[tuple[str, str], tuple[int, ...]] = {}
         watcher = _PodWatch(self.core, self.namespace, self.selector)
-        next_poll = 0.0
+        next_poll = next_show = 0.0
         try:
             while True:
                 self._drain(watcher.events)
                 statuses = {n: podstate.read_pod(p) for n, p in self.pods.items()}
-                for node, st in sorted(statuses.items()):
-                    if shown.get(node) != (st.reason, st.message) and st.state != podstate.READY:
-                        shown[node] = (st.reason, st.message)
-                        self.notify(NodeWaiting(node, st.reason, st.message))
                 fatal = [s for s in statuses.values() if s.state == podstate.FATAL]
                 if fatal:
                     self.fail(f"node {fatal[0].node} cannot start", statuses.values())
                 if sum(s.state == podstate.READY for s in statuses.values()) == self.nodes:
                     return dict(self.pods)
                 now = time.monotonic()
+                if now >= next_show:  # at most once a second: a 64-node gang stays readable
+                    next_show = now + _SHOW_S
+                    self._show(statuses, shown)
                 if now >= next_poll:
                     next_poll = now + _POLL_S
-                    self._check_job_and_group(shown, statuses)
+                    self._check_job_and_group(statuses, shown)
                 if now >= deadline:
                     self.fail(
                         f"not all {self.nodes} pods were ready within {timeout:g} s "
@@ -164,7 +164,23 @@ class Rollout:
         finally:
             watcher.stop()
 
+    def _show(
+        self,
+        statuses: dict[int, podstate.NodeStatus],
+        shown: dict[tuple[str, str], tuple[int, ...]],
+    ) -> None:
+        """One event per distinct pending reason, naming its nodes, when that set changes."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for node, st in sorted(statuses.items()):
+            if st.state != podstate.READY:
+                groups.setdefault((st.reason, st.message), []).append(node)
+        for key, nodes in groups.items():
+            if shown.get(key) != tuple(nodes):
+                shown[key] = tuple(nodes)
+                self.notify(NodesWaiting(tuple(nodes), *key))
+
     def _drain(self, events: queue.Queue[tuple[str, dict[str, Any]]]) -> None:
+        """Apply every queued pod event (waiting a tick for the first)."""
         try:
             kind, pod = events.get(timeout=_TICK_S)
         except queue.Empty:
@@ -172,22 +188,20 @@ class Rollout:
         while True:
             node = podstate.node_index(pod)
             current = self.pods.get(node)
-            same = current is not None and current["metadata"]["name"] == pod["metadata"]["name"]
-            if kind == "DELETED":
-                if same:
-                    self.pods[node] = {
-                        **pod,
-                        "metadata": {**pod["metadata"], "deletionTimestamp": "now"},
-                    }
-            elif node >= 0:
+            if kind != "DELETED":
                 self.pods[node] = pod
+            elif current is not None and current["metadata"]["name"] == pod["metadata"]["name"]:
+                gone = {**pod["metadata"], "deletionTimestamp": "deleted"}
+                self.pods[node] = {**pod, "metadata": gone}  # a lost pod is fatal here
             try:
                 kind, pod = events.get_nowait()
             except queue.Empty:
                 return
 
     def _check_job_and_group(
-        self, shown: dict[int, tuple[str, str]], statuses: dict[int, podstate.NodeStatus]
+        self,
+        statuses: dict[int, podstate.NodeStatus],
+        shown: dict[tuple[str, str], tuple[int, ...]],
     ) -> None:
         with api_errors("reading the Job"):
             job = self._call("read", self.objects[0])
@@ -195,9 +209,9 @@ class Rollout:
         if failure:
             self.fail(f"the Job failed ({failure})", statuses.values())
         message = self._group_message()
-        if message and shown.get(-1) != (message, ""):
-            shown[-1] = (message, "")
-            self.notify(NodeWaiting(-1, message))
+        if message and (message, "") not in shown:
+            shown[(message, "")] = ()
+            self.notify(NodesWaiting((), message))
 
     def _group_message(self) -> str | None:
         from kubernetes.client import ApiException
@@ -246,7 +260,6 @@ class Rollout:
                         f"pods of {self.names.job} were still terminating after {wait:g} s"
                     )
                 time.sleep(_TICK_S)
-
 
     def _pods_left(self) -> list[dict[str, Any]]:
         listed = self.core.list_namespaced_pod(

@@ -1,0 +1,73 @@
+"""``%%cluster --backend kubernetes`` in a real kernel, against the test API server.
+
+The test kubelet runs each pod's container command (``python -m jupyter_mn.rank.pod``) as a
+local process with the pod's environment (downward API resolved), so this checks the container
+command, the env contract, the TLS Secret, readiness, cluster DNS between pods and the
+port-forward back to the kernel, without a real cluster. ``%cluster down`` must delete every
+object and stop every process.
+"""
+
+from __future__ import annotations
+
+import ast
+import socket
+from collections.abc import Iterator
+
+import pytest
+from kube.cluster import FakeCluster
+
+from kernels import Kernel
+
+CELL = """%%cluster --backend kubernetes --nodes 2 --gpus 2 --image registry.example/agent:1 {extra}
+import os
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print("host", os.environ["HOSTNAME"], "node", os.environ["NODE_RANK"], "sum", t.item())
+(t.item(), dist.get_rank(), dist.get_world_size(), os.environ["JUPYTER_MN_BACKEND"])
+"""
+
+
+def free_port() -> int:
+    """A free port whose successor is free too (the pod's readiness port)."""
+    while True:
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch) -> Iterator[FakeCluster]:
+    with FakeCluster(tmp_path, processes=True) as fake:
+        monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig))  # the kernel inherits it
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield fake
+
+
+def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
+    kernel = Kernel()
+    try:
+        reply = kernel.run(CELL.format(extra=f"--dask-port {free_port()}"), timeout=300)
+        assert reply.status == "ok", reply.error_text
+        assert ast.literal_eval(reply.result) == (6.0, 0, 4, "kubernetes")
+        job = next(o for o in cluster.ours() if o["kind"] == "Job")
+        for rank in range(4):
+            node = rank // 2
+            line = f"[node {node} rank {rank}] host {job['metadata']['name']}-{node} node {node}"
+            assert f"{line} sum 6.0" in reply.stdout, reply.stdout
+        assert "nodes 0-1: Starting" in reply.stdout or "node 1: Starting" in reply.stdout
+        pods = [o for o in cluster.ours() if o["kind"] == "Pod"]
+        assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+
+        again = kernel.run("%%cluster\ndist.get_rank() + 10", timeout=60)  # the warm gang
+        assert again.result == "10", again.error_text
+
+        down = kernel.run("%cluster down", timeout=120)
+        assert down.status == "ok", down.error_text
+        assert cluster.ours() == []
+    finally:
+        kernel.shutdown()
