@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from distributed.security import Security
-from kube.cluster import FakeCluster
+from kube.cluster import NAMESPACE, FakeCluster
 
 from jupyter_mn.errors import SchedulingError
 from jupyter_mn.events import NodesWaiting
@@ -152,3 +152,123 @@ def test_lease_makes_the_second_notebook_wait_and_neither_deadlocks(cluster):
     assert sorted(second.pods) == [0, 1], second.error
     second.rec.provisioner.release()
     assert cluster.ours() == []
+
+
+KUEUE = {
+    "kueue.x-k8s.io/v1beta1/localqueues": "LocalQueue",
+    "kueue.x-k8s.io/v1beta1/workloads": "Workload",
+}
+
+
+@pytest.mark.parametrize("cluster", [{"crds": KUEUE}], indirect=True)
+def test_kueue_admits_the_job_and_its_quota_message_is_shown(cluster):
+    """Kueue (played by the test) keeps the Job suspended until it admits the workload."""
+    from kubernetes import client, config
+
+    api = client.ApiClient(config.new_client_from_config(str(cluster.kubeconfig)).configuration)
+    custom, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
+    queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "LocalQueue",
+        "metadata": {"name": "team-a"},
+    }
+    custom.create_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta1", NAMESPACE, "localqueues", queue
+    )
+    notebook = Notebook("jmn-kueue001", kube_spec(schedule_timeout=60))
+    notebook.start()
+    wait_for(lambda: any(o["kind"] == "Job" for o in cluster.ours()), "the Job")
+    job = next(o for o in cluster.ours() if o["kind"] == "Job")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    workload = {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "Workload",
+        "metadata": {
+            "name": "job-jmn-kueue001-1a2b3",
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": "jmn-kueue001",
+                    "uid": job["metadata"]["uid"],
+                }
+            ],
+        },
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": "couldn't assign flavors to pod set main: "
+                    "insufficient quota for nvidia.com/gpu",
+                }
+            ]
+        },
+    }
+    custom.create_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta1", NAMESPACE, "workloads", workload
+    )
+    wait_for(
+        lambda: any("insufficient quota" in r for r in notebook.rec.reasons(None)),
+        "the quota message",
+    )
+    assert not cluster.live("pods")  # nothing runs before admission
+    assert next(o for o in cluster.ours() if o["kind"] == "Job")["spec"]["suspend"] is True
+    batch.patch_namespaced_job("jmn-kueue001", NAMESPACE, {"spec": {"suspend": False}})  # admitted
+    notebook.join(30)
+    assert sorted(notebook.pods) == [0, 1], notebook.error
+    notebook.rec.provisioner.release()
+    assert cluster.ours() == [] and not cluster.live("workloads")
+    api.close()
+
+
+def test_gc_deletes_the_gangs_of_dead_kernels_only(cluster):
+    from jupyter_mn.gang.kubernetes import gc
+
+    alive, dead = Recorder(), Recorder()
+    alive.up(kube_spec(nodes=1), "jmn-alive001")
+    dead.up(kube_spec(nodes=1), "jmn-dead0001")  # its kernel "dies": no release()
+    found = {left.gang: left for left in gc.find()}
+    assert set(found) == {"jmn-alive001", "jmn-dead0001"}
+    assert ("job", "jmn-dead0001") in found["jmn-dead0001"].objects
+    assert "pid" in found["jmn-dead0001"].owner
+    assert [left.gang for left in gc.collect(keep={"jmn-alive001"}, dry_run=True)] == [
+        "jmn-dead0001"
+    ]
+    assert {o["metadata"]["labels"]["jupyter-mn.io/gang"] for o in cluster.ours()} == {
+        "jmn-alive001",
+        "jmn-dead0001",
+    }
+    assert [left.gang for left in gc.collect(keep={"jmn-alive001"})] == ["jmn-dead0001"]
+    assert {o["metadata"]["labels"]["jupyter-mn.io/gang"] for o in cluster.ours()} == {
+        "jmn-alive001"
+    }
+    alive.provisioner.release()
+    assert cluster.ours() == []
+
+
+def test_an_expired_lease_of_a_dead_kernel_is_taken_over(cluster):
+    from kubernetes import client, config
+
+    from jupyter_mn.gang.kubernetes import lease
+
+    api = config.new_client_from_config(str(cluster.kubeconfig))
+    stale = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": lease.NAME},
+        "spec": {
+            "holderIdentity": "jmn-gone (dead kernel)",
+            "leaseDurationSeconds": 30,
+            "renewTime": "2026-01-01T00:00:00.000000Z",
+        },
+    }
+    client.CoordinationV1Api(api).create_namespaced_lease(NAMESPACE, stale)
+    rec = Recorder()
+    started = time.monotonic()
+    rec.up(kube_spec(nodes=1), "jmn-heir0001")
+    assert time.monotonic() - started < 15 and "queued" not in rec.reasons(None)
+    rec.provisioner.release()
+    assert cluster.live("leases") == []
+    api.close()

@@ -53,7 +53,7 @@ class PortForward:
                 dst.sendall(data)
         except OSError:
             pass
-        finally:  # wake the opposite pump, then close our source (each socket has one pump)
+        finally:  # streams cannot half-close: end both directions, then close our source
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
@@ -64,8 +64,9 @@ class PortForward:
     def close(self) -> None:
         """Stop accepting and cut every open connection."""
         self._closed.set()
-        with contextlib.suppress(OSError):
-            self._server.close()
+        with contextlib.suppress(OSError):  # wakes the blocked accept(); close() alone does not
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
         with self._lock:
             sockets, self._sockets = list(self._sockets), set()
         for sock in sockets:
