@@ -108,6 +108,7 @@ async def serve(env: Mapping[str, str]) -> None:
                 protocol="tls",
                 security=security,
                 dashboard=False,
+                dashboard_address=":0",  # its HTTP server must not take the readiness port
                 plugins=[guard],
             )
         worker = await Worker(

@@ -13,8 +13,11 @@ import ast
 import socket
 from collections.abc import Iterator
 
+import nbformat
+import papermill
 import pytest
 from kube.cluster import FakeCluster
+from test_papermill import ROOT, _texts
 
 from kernels import Kernel
 
@@ -59,7 +62,7 @@ def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
             node = rank // 2
             line = f"[node {node} rank {rank}] host {job['metadata']['name']}-{node} node {node}"
             assert f"{line} sum 6.0" in reply.stdout, reply.stdout
-        assert "nodes 0-1: Starting" in reply.stdout or "node 1: Starting" in reply.stdout
+        assert "jupyter_mn: gang: creating 2 pod(s) in namespace notebooks" in reply.stdout
         pods = [o for o in cluster.ours() if o["kind"] == "Pod"]
         assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
 
@@ -71,3 +74,20 @@ def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
         assert cluster.ours() == []
     finally:
         kernel.shutdown()
+
+
+def test_the_kubernetes_notebook_runs_against_the_emulated_cluster(cluster, tmp_path, no_leftovers):
+    out = tmp_path / "04-out.ipynb"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "04-kubernetes.ipynb"),
+        str(out),
+        kernel_name="jupyter_mn",
+        parameters={"gpus": 2, "flags": f"--rdma --dask-port {free_port()}"},
+        progress_bar=False,
+    )
+    text = _texts(nbformat.read(out, as_version=4))
+    assert "kind: NetworkPolicy" in text and "rdma/rdma_shared_device_a" in text  # the dry run
+    assert "gang: creating 2 pod(s) in namespace notebooks" in text
+    assert "[node 1 rank 3]" in text and "rank 3 sum 6.0" in text
+    assert "(4, 2, 'kubernetes', 'cpu')" in text
+    assert cluster.ours() == []

@@ -21,7 +21,9 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 import attrs
-import kmock
+import pytest
+
+kmock = pytest.importorskip("kmock", reason="kmock (the API server emulator) needs Python 3.11+")
 
 BUILTIN = {
     "v1/pods": "Pod",
