@@ -49,6 +49,94 @@ class GangState:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class GpuStat:
+    """One GPU at one instant (NVML). Memory in MiB; ``ranks`` are the ranks using it."""
+
+    index: int
+    name: str
+    util: int
+    mem_used: int
+    mem_total: int
+    power_w: float | None = None
+    temp_c: int | None = None
+    ranks: tuple[int, ...] = ()
+
+
+@_event
+@dataclass(frozen=True)
+class GpuSample:
+    """A node's GPUs, sampled ~1 Hz while a cell runs; ``note`` says why there are none."""
+
+    node: int
+    gpus: tuple[GpuStat, ...] = ()
+    note: str = ""
+
+
+@_event
+@dataclass(frozen=True)
+class TransportReport:
+    """How a node's ranks talk: what NCCL chose (from its INFO lines), or gloo on CPU.
+
+    ``node`` is -1 for a report built from arbitrary log files (``python -m jupyter_mn.nccl``).
+    """
+
+    node: int = -1
+    backend: str = "nccl"
+    #: "IB", "RoCE", "EFA", "Socket", another plugin's name, or "" when not known yet
+    network: str = ""
+    inter_node: tuple[str, ...] = ()
+    intra_node: tuple[str, ...] = ()
+    gdr: bool = False
+    nvls: bool = False
+    #: NCCL uses TCP sockets where RDMA was possible or asked for
+    fallback: bool = False
+    reasons: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    #: RDMA ports found on the node (``--rdma``), e.g. "mlx5_0:1 RoCE v2 GID 3 (eth1)"
+    hcas: tuple[str, ...] = ()
+
+    @property
+    def summary(self) -> str:
+        if self.backend == "gloo":
+            return "gloo (CPU)"
+        if not (self.network or self.inter_node or self.intra_node):
+            return "NCCL (no transport lines yet)"
+        parts = []
+        if self.inter_node:
+            parts.append("inter-node " + ", ".join(self.inter_node))
+        elif self.network:
+            parts.append(f"network {self.network}")
+        if self.intra_node:
+            parts.append("intra-node " + ", ".join(self.intra_node))
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's shape: keys network, inter_node, intra_node, gdr, fallback, evidence, …"""
+        out = dataclasses.asdict(self)
+        for key in ("node", "hcas"):
+            out.pop(key)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """Where one rank's time went in a cell (for the straggler hint).
+
+    ``collective`` is the last collective the rank entered during the cell (torch's flight
+    recorder), ``entered_s`` how long after the rank's cell start it got there, and
+    ``waited_s`` how long it then waited for the last rank to arrive.
+    """
+
+    rank: int
+    node: int
+    status: str
+    cell_s: float | None = None
+    collective: str = ""
+    entered_s: float | None = None
+    waited_s: float | None = None
+
+
 @_event
 @dataclass(frozen=True)
 class CellDone:
@@ -57,6 +145,7 @@ class CellDone:
     cell_id: int
     ok: bool
     elapsed: float
+    ranks: tuple[RankTiming, ...] = ()
 
 
 @_event
@@ -88,7 +177,12 @@ def _ranges(numbers: tuple[int, ...]) -> str:
     return ", ".join(parts)
 
 
-Event = LogLines | RankState | GangState | CellDone | NodesWaiting
+Event = LogLines | RankState | GangState | GpuSample | TransportReport | CellDone | NodesWaiting
+#: Fields holding nested event parts, rebuilt by ``from_msg`` after the msgpack trip.
+_NESTED: dict[type, tuple[str, type]] = {
+    GpuSample: ("gpus", GpuStat),
+    CellDone: ("ranks", RankTiming),
+}
 
 
 def to_msg(event: Any) -> dict[str, Any]:
@@ -103,4 +197,12 @@ def from_msg(msg: dict[str, Any]) -> Any:
     msg = {k: v for k, v in msg.items() if k in names}  # dask adds e.g. "worker"
     if cls is LogLines:
         msg["items"] = tuple((r, s, tuple(lines)) for r, s, lines in msg["items"])
-    return cls(**msg)
+    if cls in _NESTED:
+        name, part = _NESTED[cls]
+        msg[name] = tuple(part(**_tuples(p)) for p in msg.get(name, ()))
+    return cls(**_tuples(msg))
+
+
+def _tuples(values: dict[str, Any]) -> dict[str, Any]:
+    """msgpack turns tuples into lists; frozen events keep tuples."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}

@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import publish_display_data
-from traitlets import Dict, Float, Integer, Unicode
+from traitlets import Bool, Dict, Float, Integer, Unicode
 
 from . import kubespec
 from .spec import ClusterSpec, parse_env_pairs, spec_fields
@@ -44,8 +44,21 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
     parser.add_argument("--idle-timeout", type=float, help="release the gang after S idle seconds")
     parser.add_argument("--start-timeout", type=float, help="seconds allowed to bring the gang up")
     parser.add_argument(
-        "--rdma", action="store_true", default=None, help="use the RDMA fabric between nodes"
+        "--rdma", action="store_true", default=None, help="use the RDMA fabric (IB/RoCE/EFA)"
     )
+    parser.add_argument(
+        "--require-rdma",
+        action="store_true",
+        default=None,
+        help="fail the gang if NCCL would use TCP sockets between nodes",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=None,
+        help="NCCL_DEBUG=INFO and torch.distributed debug output in the logs",
+    )
+    parser.add_argument("--view", choices=["auto", "widget", "text"], help="how to show the cell")
     return kubespec.add_flags(parser)
 
 
@@ -82,6 +95,8 @@ class ClusterMagics(Magics):
     default_kubernetes = Dict(
         None, allow_none=True, config=True, help="Kubernetes options, e.g. {'image': …}"
     )
+    default_rdma = Bool(None, allow_none=True, config=True, help="use the RDMA fabric")
+    default_view = Unicode(None, allow_none=True, config=True, help="auto | widget | text")
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -135,21 +150,26 @@ class ClusterMagics(Magics):
 
     def _run(self, args: Any, cell: str) -> Any:
         from . import cluster
-        from .views import TextView
+        from .views import make_view
 
         spec = self.spec_from(args)
         if args.dry_run:
             return self._dry_run(spec, args.k8s_version)
         target = cluster.session(spec)
-        result = target.run(
-            cell,
-            namespace=self.shell.user_ns,
-            cell_id=self.shell.execution_count,
-            return_all=args.all,
-            pull=_names(args.pull),
-            push=_names(args.push),
-            on_event=TextView(),
-        )
+        cell_id = self.shell.execution_count
+        view = make_view(spec, title=spec.name or f"cell {cell_id}")
+        try:
+            result = target.run(
+                cell,
+                namespace=self.shell.user_ns,
+                cell_id=cell_id,
+                return_all=args.all,
+                pull=_names(args.pull),
+                push=_names(args.push),
+                on_event=view,
+            )
+        finally:
+            view.close()
         if result.ok:  # on failure the notes are part of the error
             for note in result.notes:
                 print(f"jupyter_mn: {note}")
@@ -180,8 +200,9 @@ class ClusterMagics(Magics):
         from . import cluster
         from .views import TextView
 
-        target = cluster.session(self.spec_from(args))
-        target.up(TextView())
+        spec = self.spec_from(args)
+        target = cluster.session(spec)
+        target.up(TextView(spec=spec, title=spec.name or "up"))
         return target.status()
 
     def _down(self, args: Any) -> None:
@@ -220,3 +241,5 @@ def _auto_cluster(lines: list[str]) -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(ClusterMagics)
+    if getattr(ipython, "kernel", None) is not None:
+        import ipywidgets  # noqa: F401  (registers the comm a widget frontend opens on connect)

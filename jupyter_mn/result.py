@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CellError, CellInterrupted, RankLost
+from .events import RankTiming
 
 OK, ERROR, LOST, INTERRUPTED = "ok", "error", "lost", "interrupted"
 
@@ -34,6 +35,8 @@ class RankOutcome:
     error: RemoteError | None = None
     #: Wall-clock time the rank finished (``time.time()``), to order failures across ranks.
     finished_at: float | None = None
+    #: The last collective the rank entered (``rank/timing.py``): name, key, entered_ns/_s.
+    collective: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -70,6 +73,32 @@ class CellResult:
             return (primary, r.finished_at or float("inf"), r.rank)
 
         return min(failed, key=order)
+
+    def timings(self) -> tuple[RankTiming, ...]:
+        """Per rank: cell time, last collective, and how long it waited there for the others.
+
+        Waits are comparable only between ranks whose last collective is the same one (same
+        group and sequence number); the rank that entered it last waited ~0.
+        """
+        keys = [tuple(r.collective["key"]) for r in self.ranks if r.collective]
+        common = keys[0] if keys and len(keys) == len(self.ranks) and len(set(keys)) == 1 else None
+        last = max((r.collective["entered_ns"] for r in self.ranks if r.collective), default=0)
+        out = []
+        for r in self.ranks:
+            c = r.collective or {}
+            waited = (last - c["entered_ns"]) / 1e9 if common and c else None
+            out.append(
+                RankTiming(
+                    r.rank,
+                    r.node,
+                    r.status,
+                    r.duration,
+                    c.get("name", ""),
+                    c.get("entered_s"),
+                    waited,
+                )
+            )
+        return tuple(out)
 
     def unwrap(self) -> Any:
         """Return rank 0's value (every rank's with ``--all``) or raise a ``CellError``."""

@@ -19,6 +19,8 @@ from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
 
 BACKENDS = ("local", "dask", "kubernetes")
+VIEWS = ("auto", "widget", "text")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_PREFIX = "JUPYTER_MN_"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -43,9 +45,16 @@ class ClusterSpec:
     backend: str = _gang("local")
     env: tuple[tuple[str, str], ...] = _gang(())
     scheduler: str | None = _gang(None)
+    #: use the RDMA fabric (IB/RoCE/EFA): pods get the RDMA resource, NCCL gets the HCAs
     rdma: bool = _gang(False)
+    #: fail the gang when NCCL would use TCP sockets instead of RDMA (implies ``rdma``)
+    require_rdma: bool = _gang(False)
+    #: NCCL_DEBUG=INFO and torch.distributed debug output in the node tabs
+    debug: bool = _gang(False)
     kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
     name: str | None = None
+    #: how the cell shows its gang: a widget where a frontend renders widgets, else text
+    view: str = "auto"
     timeout: float | None = None
     retries: int = 0
     seed: int | None = None
@@ -65,6 +74,13 @@ class ClusterSpec:
             raise SpecError(
                 f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
             )
+        for name in ("rdma", "require_rdma", "debug"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.require_rdma and not self.rdma:
+            object.__setattr__(self, "rdma", True)  # frozen: normalized once, here
+        if self.view not in VIEWS:
+            raise SpecError(f"unknown view {self.view!r}; choose one of {', '.join(VIEWS)}")
         if self.backend == "dask" and not self.scheduler:
             raise SpecError("backend 'dask' needs --scheduler ADDRESS (e.g. tls://host:8786)")
         if self.backend == "kubernetes" and not self.kubernetes.image:
@@ -149,6 +165,10 @@ def parse_env_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str]
 
 def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
     kind = str(f.type)
+    if kind == "bool":
+        if raw.lower() not in _TRUE + _FALSE:
+            raise SpecError(f"{var}={raw!r} is not a boolean (use 1/0, true/false)")
+        return raw.lower() in _TRUE
     try:
         if kind.startswith("int"):
             return int(raw)
@@ -156,10 +176,6 @@ def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
             return float(raw)
     except ValueError:
         raise SpecError(f"{var}={raw!r} is not a number") from None
-    if kind == "bool":
-        if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-            raise SpecError(f"{var}={raw!r} is not a boolean (1/0, true/false)")
-        return raw.lower() in ("1", "true", "yes")
     if f.name == "env":
         return parse_env_pairs([p for p in raw.split(",") if p])
     return raw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,9 @@ class Reply:
     evalue: str | None = None
     traceback: list[str] = field(default_factory=list)
     displays: list[dict[str, Any]] = field(default_factory=list)
+    #: (seconds since the request, text) for every stdout chunk: shows output arrives live
+    stream_times: list[tuple[float, str]] = field(default_factory=list)
+    elapsed: float = 0.0
 
     @property
     def error_text(self) -> str:
@@ -44,12 +48,14 @@ class Kernel:
 
     def run(self, code: str, timeout: float = 120) -> Reply:
         reply = Reply(status="?")
+        started = time.monotonic()
 
         def hook(msg: dict[str, Any]) -> None:
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 name = "stdout" if content["name"] == "stdout" else "stderr"
                 setattr(reply, name, getattr(reply, name) + content["text"])
+                reply.stream_times.append((time.monotonic() - started, content["text"]))
             elif kind == "execute_result":
                 reply.result = content["data"].get("text/plain")
             elif kind == "display_data":
@@ -60,7 +66,22 @@ class Kernel:
 
         msg = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
         reply.status = msg["content"]["status"]
+        reply.elapsed = time.monotonic() - started
         return reply
+
+    def iopub_during(self, code: str, timeout: float = 120) -> list[dict[str, Any]]:
+        """Every IOPub message (any parent: widget threads send without one) until the cell ends."""
+        msg_id = self.kc.execute(code)
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=deadline - time.monotonic())
+            msg["received"] = time.monotonic()
+            seen.append(msg)
+            ours = msg["parent_header"].get("msg_id") == msg_id
+            if ours and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return seen
+        raise TimeoutError(f"cell did not finish within {timeout} s")
 
     def shutdown(self, restart: bool = False) -> None:
         if restart:

@@ -149,3 +149,26 @@ def test_idle_gang_is_released_and_comes_back(no_leftovers):
     assert not wait_gone(procs)
     assert cluster.run("2").value == 2  # a later cell brings a fresh gang
     cluster.close()
+
+
+def test_seed_gives_each_rank_seed_plus_rank_and_env_reaches_ranks(no_leftovers):
+    with Cluster(nodes=1, gpus=2, env={"MY_SETTING": "on"}) as cluster:
+        code = (
+            "import os, random, numpy\n"
+            "(random.random(), float(numpy.random.rand()), torch.rand(1).item(), "
+            "os.environ['MY_SETTING'])"
+        )
+        first = cluster.run(code, seed=7, return_all=True).values
+        again = cluster.run(code, seed=7, return_all=True).values
+    assert first == again and first[0] != first[1]
+    for rank, (py, np_, th, setting) in enumerate(first):
+        import random
+
+        import numpy
+        import torch
+
+        random.seed(7 + rank)
+        numpy.random.seed(7 + rank)
+        torch.manual_seed(7 + rank)
+        assert (py, np_, th) == (random.random(), float(numpy.random.rand()), torch.rand(1).item())
+        assert setting == "on"

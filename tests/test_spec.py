@@ -18,6 +18,8 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"name": "Bad_Name"}, "name 'Bad_Name'"),
         ({"env": (("1BAD", "x"),)}, "not a valid environment variable name"),
         ({"nodes": 1000, "gpus": 1000}, "exceeds"),
+        ({"view": "html"}, "unknown view 'html'"),
+        ({"rdma": "yes"}, "rdma must be true or false"),
     ],
 )
 def test_bad_values_raise_a_short_spec_error(kwargs, message):
@@ -59,3 +61,16 @@ def test_from_environ_ignores_unrelated_and_empty():
     assert from_environ({"JUPYTER_MN_NODES": "", "NODES": "3", "JUPYTER_MN_BACKEND": "dask"}) == {
         "backend": "dask"
     }
+
+
+def test_rdma_flags_shape_the_gang_and_require_implies_rdma(monkeypatch):
+    strict = ClusterSpec(require_rdma=True)
+    assert strict.rdma and strict.gang_key() != ClusterSpec().gang_key()
+    assert ClusterSpec(debug=True).gang_key() != ClusterSpec().gang_key()
+    assert ClusterSpec(view="text").gang_key() == ClusterSpec().gang_key()  # display only
+    monkeypatch.setenv("JUPYTER_MN_RDMA", "true")
+    monkeypatch.setenv("JUPYTER_MN_VIEW", "text")
+    assert (ClusterSpec.build().rdma, ClusterSpec.build().view) == (True, "text")
+    monkeypatch.setenv("JUPYTER_MN_DEBUG", "maybe")
+    with pytest.raises(SpecError, match="JUPYTER_MN_DEBUG='maybe' is not a boolean"):
+        ClusterSpec.build()

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, LogLines, RankState, from_msg
+from ..events import GangState, LogLines, RankState, TransportReport, from_msg
 from ..spec import ClusterSpec
 from .state import GangStatus, allowed
+from .transport import require_rdma
 
 log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 15.0
@@ -101,6 +102,8 @@ class Gang:
         self._agent_futures: list[Any] = []
         self._generation = 0
         self._seen: dict[int, int] = {}
+        #: the latest transport report of each node
+        self.transport: dict[int, TransportReport] = {}
         self._on_event: Callable[[Any], None] | None = None
         self._lock = threading.RLock()
 
@@ -172,6 +175,8 @@ class Gang:
             client.subscribe_topic(self.topic, self._on_dask_event)
             self._transition(GangStatus.RENDEZVOUS)
             self.ranks = self._launch(addresses)
+            if self.spec.require_rdma:
+                require_rdma(self)
             self._transition(GangStatus.READY, self.device)
         except BaseException as exc:
             self.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
@@ -211,6 +216,9 @@ class Gang:
             "pg_timeout": self.spec.pg_timeout,
             "start_timeout": self.spec.start_timeout,
             "env": dict(self.spec.env),
+            "rdma": self.spec.rdma,
+            "require_rdma": self.spec.require_rdma,
+            "debug": self.spec.debug,
             **self.provisioner.launch_options(),
         }
         replies = self._call_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
@@ -250,6 +258,8 @@ class Gang:
         """Handle one event on the main thread: note log progress, then show it."""
         if isinstance(event, LogLines):
             self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
+        elif isinstance(event, TransportReport):
+            self.transport[event.node] = event
         if on_event is not None:
             on_event(event)
 

@@ -15,11 +15,12 @@ from typing import Any
 import cloudpickle
 
 from ..cell import CellPayload
-from ..errors import CellInterrupted
+from ..errors import CellInterrupted, TransportError
 from ..events import CellDone
 from ..result import ERROR, INTERRUPTED, LOST, OK, CellResult, RankOutcome, RemoteError
 from .base import _LOG_DRAIN_S, Gang, _Reply
 from .state import GangStatus
+from .transport import violation
 
 _TICK_S = 0.25
 #: After an interrupt, how long ranks get to stop before the gang is declared broken.
@@ -92,7 +93,11 @@ def run_cell(
     if interrupted_at is not None and reason.startswith("--timeout"):
         result.notes.append(f"the cell was interrupted: {reason}")
     _settle(gang, result)
-    gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed), on_event)
+    _drain_events(gang, on_event)  # the settled state (READY, BROKEN) reaches the view first
+    gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed, result.timings()), on_event)
+    if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
+        gang.close(broken=problem)
+        raise TransportError(f"--require-rdma: {problem}")
     return result
 
 
@@ -114,6 +119,19 @@ def _drain_logs(gang: Gang, replies: dict[int, _Reply], on_event: Any) -> None:
             return
         if not isinstance(item, _Reply):
             gang.consume(item, on_event)
+
+
+def _drain_events(gang: Gang, on_event: Any) -> None:
+    """Show the events already queued (no waiting); replies stay for whoever waits on them."""
+    while True:
+        try:
+            item = gang.inbox.get(timeout=0)
+        except queue.Empty:
+            return
+        if isinstance(item, _Reply):
+            gang.inbox.put_reply(item)
+            return
+        gang.consume(item, on_event)
 
 
 def _assemble(
@@ -151,6 +169,7 @@ def _assemble(
                     r.get("duration"),
                     error,
                     r.get("finished_at"),
+                    r.get("collective"),
                 )
             )
     outcomes.sort(key=lambda o: o.rank)

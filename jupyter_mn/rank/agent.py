@@ -26,7 +26,9 @@ from distributed import get_worker
 
 from ..errors import RendezvousError
 from ..events import LogLines, RankState, to_msg
+from .gpu import RankProcess
 from .runtime import SYNC_MARKER, contract_env
+from .telemetry import NodeTelemetry
 
 BATCH_S = 0.005
 TAIL_LINES = 20
@@ -217,6 +219,7 @@ class NodeAgent:
         self._seq = 0
         self._closing = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._telemetry: NodeTelemetry | None = None
 
     # ---- called from threads
     def call_soon(self, fn: Any, *args: Any) -> None:
@@ -225,6 +228,8 @@ class NodeAgent:
             self._loop.call_soon_threadsafe(fn, *args)
 
     def log(self, rank: int, stream: str, line: str) -> None:
+        if self._telemetry is not None:
+            self._telemetry.line(line)
         with self._cond:
             self._buffer.append((rank, stream, line))
             self._cond.notify()
@@ -273,6 +278,7 @@ class NodeAgent:
     async def start(self, launch: dict[str, Any]) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._loop = asyncio.get_running_loop()
+        self._telemetry = NodeTelemetry(self.node, self.job, launch, self._publish)
         threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
         gpus = launch["gpus"]
         for local in range(gpus):
@@ -294,6 +300,7 @@ class NodeAgent:
                     pg_timeout=launch["pg_timeout"],
                 ),
             }
+            env.update(self._telemetry.rank_env(rank, env))
             self._ranks.append(_Rank(self, local, rank, env, launch.get("cwd")))
             self._state(rank, "started", f"pid {self._ranks[-1].proc.pid}")
         try:
@@ -311,16 +318,29 @@ class NodeAgent:
             raise
         for info in infos:
             self._state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
+        visible = {**os.environ, **launch["env"]}.get("CUDA_VISIBLE_DEVICES", "")
+        self._telemetry.started(
+            [RankProcess(r.rank, r.local_rank, r.proc.pid, visible) for r in self._ranks],
+            {info["backend"] for info in infos},
+        )
         return infos
+
+    def transport(self) -> dict[str, Any]:
+        """This node's transport as NCCL's lines prove it so far (``--require-rdma`` checks it)."""
+        assert self._telemetry is not None
+        self._telemetry.poll()
+        return to_msg(self._telemetry.report())
 
     async def run(self, payload: Any) -> dict[str, Any]:
         """Run a cell on every rank of this node; return their replies once output is flushed."""
         for r in self._ranks:
             r.busy = True
             r.expected += 1
+        self._telemetry.cell(running=True)
         await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
         replies = await asyncio.gather(*(self._watch(r) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
+        self._telemetry.cell(running=False)
         return {"node": self.node, "seq": self.flush(), "ranks": replies}
 
     async def _watch(self, r: _Rank) -> dict[str, Any]:
@@ -354,3 +374,5 @@ class NodeAgent:
         with self._cond:
             self._cond.notify_all()
         self.flush()
+        if self._telemetry is not None:
+            self._telemetry.close()

@@ -22,6 +22,8 @@ from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+from . import timing
+
 if TYPE_CHECKING:
     from ..cell import CellPayload
     from .runtime import ClusterInfo, ProcessGroup, _CellSignals
@@ -158,7 +160,7 @@ def run(
     """Run one cell; return the reply the agent relays (value only from rank 0, or all ranks)."""
     shell.display_pub.outputs.clear()
     shell.last_traceback = []
-    started = time.perf_counter()
+    started, started_ns = time.perf_counter(), time.time_ns()
     error: dict[str, Any] | None = None
     status = "ok"
     result = None
@@ -179,8 +181,15 @@ def run(
         exc = failure
         shell.last_traceback = [f"{type(failure).__name__}: {failure}"]
     duration = time.perf_counter() - started
+    timed = exc is None and duration >= timing.MIN_CELL_S
+    collective = timing.last_collective(started_ns) if timed else None
     _from_notebook.difference_update(payload.defines)  # the cell rebound them: rank state now
-    reply: dict[str, Any] = {"op": "done", "rank": info.rank, "duration": duration}
+    reply: dict[str, Any] = {
+        "op": "done",
+        "rank": info.rank,
+        "duration": duration,
+        "collective": collective,
+    }
     if exc is not None:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
         error = {

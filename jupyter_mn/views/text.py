@@ -1,4 +1,4 @@
-"""Plain-text view: rank-labelled lines on stdout/stderr as they arrive.
+"""Plain-text view: rank-labelled lines on stdout/stderr as they arrive, a table at the end.
 
 Used under papermill and wherever no widget frontend is attached. It is called on the kernel's
 main thread, so ipykernel routes what it prints to the running cell.
@@ -9,24 +9,44 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from ..events import GangState, LogLines
+from ..events import CellDone, GangState, LogLines, TransportReport
+from ..spec import ClusterSpec
+from .state import CellState
+from .summary import evidence, final, header
 
 
 class TextView:
     """Consumes gang events; writes ``[node N rank R] line`` for every output line."""
 
-    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        *,
+        spec: ClusterSpec | None = None,
+        title: str = "cell",
+    ) -> None:
+        spec = spec or ClusterSpec()
         self._stdout = stdout
         self._stderr = stderr
-        self._started: float | None = None
+        self.state = CellState(title, spec.shape, spec.backend, spec.nodes, spec.rdma)
+        self._warned: set[int] = set()
 
     def __call__(self, event: Any) -> None:
+        self.state.apply(event)
         if isinstance(event, LogLines):
             self._lines(event)
         elif isinstance(event, GangState):
             self._gang(event)
+        elif isinstance(event, TransportReport):
+            self._transport(event)
+        elif isinstance(event, CellDone):
+            self._final()
         elif hasattr(event, "text"):
             self._note(event.text)
+
+    def close(self) -> None:
+        """Nothing to release: text is written as events arrive."""
 
     def _out(self, stream: str = "out") -> TextIO:
         if stream == "err":
@@ -49,6 +69,22 @@ class TextView:
                 self._note("no CUDA GPU: each --gpus slot is a CPU rank (gloo backend)")
         elif event.state == "BROKEN":
             self._note(f"gang broken: {event.detail}", stream="err")
+
+    def _transport(self, event: TransportReport) -> None:
+        if self.state.alarm(event.node) and event.node not in self._warned:
+            self._warned.add(event.node)
+            why = "ranks run gloo on CPU" if event.backend == "gloo" else "NCCL uses TCP sockets"
+            proof = evidence(event)
+            self._note(
+                f"WARNING node {event.node}: --rdma was asked for but {why}"
+                + (f"\n  {proof}" if proof else ""),
+                stream="err",
+            )
+
+    def _final(self) -> None:
+        with self.state.lock:
+            lines = [header(self.state), *final(self.state)]
+        self._note("\n".join(lines))
 
     def _note(self, text: str, stream: str = "out") -> None:
         out = self._out(stream)

@@ -30,6 +30,7 @@ def running_ranks(since: float = 0.0) -> list:
         ("%%cluster --gpus -1\n1", "SpecError: gpus must be ≥ 1, got -1"),
         ("%%cluster --nodez 2\n1", "unrecognized arguments: --nodez 2"),
         ("%%cluster --nodes two\n1", "argument --nodes: invalid int value: 'two'"),
+        ("%%cluster --view html\n1", "argument --view: invalid choice: 'html'"),
         ("%%cluster\n", "cell body is empty"),
         ("%%cluster\n   \n\n", "the cell is empty"),
         ("%%cluster\nx = 1\ny = (2 +\n", "SyntaxError in the cell, line 2"),
@@ -72,6 +73,26 @@ def test_cell_values_state_pull_and_labelled_output(kernel):
 
 def status(kernel: Kernel) -> dict:
     return ast.literal_eval(kernel.run("%cluster status").result)
+
+
+def test_output_streams_while_the_cell_runs(kernel):
+    reply = kernel.run(
+        "%%cluster --nodes 1 --gpus 2\nimport time\nprint('early', flush=True)\n"
+        "time.sleep(3)\nprint('late')"
+    )
+    assert reply.status == "ok", reply.error_text
+    early = min(t for t, text in reply.stream_times if "early" in text)
+    assert reply.elapsed - early > 2, "the first line only arrived when the cell ended"
+
+
+def test_config_and_environment_defaults(kernel):
+    kernel.run("%config ClusterMagics.default_gpus = 3")
+    spec = kernel.run("%cluster down\n%cluster config")
+    assert "gpus=3" in spec.result
+    kernel.run("%config ClusterMagics.default_gpus = None")
+    kernel.run("import os\nos.environ['JUPYTER_MN_IDLE_TIMEOUT'] = '77'")
+    assert "idle_timeout=77.0" in kernel.run("%cluster config").result
+    kernel.run("del os.environ['JUPYTER_MN_IDLE_TIMEOUT']")
 
 
 def test_warm_reuse_same_shape_replace_other_shape(kernel):

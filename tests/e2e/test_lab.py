@@ -6,11 +6,11 @@ from conftest import run_command, wait_kernel_idle
 from playwright.sync_api import expect
 
 
-def test_cluster_cell_streams_labelled_output_into_the_notebook(lab, page):
+def test_text_view_streams_labelled_output_into_the_notebook(lab, page):
     url = lab.notebook(
         "lab-quick.ipynb",
         [
-            "%%cluster --nodes 2 --gpus 1\nt = torch.ones(1) * (dist.get_rank() + 1)\n"
+            "%%cluster --nodes 2 --gpus 1 --view text\nt = torch.ones(1) * (dist.get_rank() + 1)\n"
             "dist.all_reduce(t)\nprint('sum is', t.item())\nt.item()",
             "%cluster down",
         ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -49,9 +50,9 @@ def _notebook(cells: list[tuple[str | None, str]], path: Path) -> Path:
     return path
 
 
-def _texts(nb: nbformat.NotebookNode) -> str:
+def _texts(nb: nbformat.NotebookNode | list) -> str:
     out = []
-    for cell in nb.cells:
+    for cell in nb if isinstance(nb, list) else nb.cells:
         for o in cell.get("outputs", []):
             out.append(o.get("text") or o.get("data", {}).get("text/plain", "") or "")
     return "\n".join(out)
@@ -106,3 +107,31 @@ def test_failing_cell_fails_the_run_with_the_rank_and_its_traceback(tmp_path, no
     assert any("line 2" in line for line in err.traceback)
     out = nbformat.read(tmp_path / "out.ipynb", 4)
     assert out.cells[-1].metadata.papermill.status == "failed"
+
+
+def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path, no_leftovers):
+    src = _notebook(
+        [
+            (None, "%%cluster --nodes 2 --gpus 1\nfor i in range(30):\n    print('step', i)\n"),
+            (None, "%%cluster --view widget\nprint('from the widget cell')\n1 + 1"),
+            (None, "%cluster down"),
+        ],
+        tmp_path / "views.ipynb",
+    )
+    nb = papermill.execute_notebook(
+        str(src), str(tmp_path / "out.ipynb"), kernel_name="jupyter_mn", progress_bar=False
+    )
+    text = _texts(nb.cells[0:1])
+    assert "[node 1 rank 1] step 29" in text  # every line, as text
+    assert re.search(r"jupyter_mn: cell \d+ · READY · 2×1 local · [\d.]+ s · ok", text)
+    assert "node 1: no GPU" in text and "node 1: gloo (CPU)" in text
+    assert " rank  node  status" in text
+    widget_out = nb.cells[1].outputs
+    shown = next(o for o in widget_out if o["output_type"] == "display_data")
+    assert "application/vnd.jupyter.widget-view+json" in shown["data"]
+    plain = shown["data"]["text/plain"]  # the final text, from update_display_data
+    assert "[rank 1] from the widget cell" in plain and "node 0: gloo (CPU)" in plain
+    assert "· READY ·" in plain
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    values = [m["state"].get("value", "") for m in state.values()]
+    assert any("[rank 0] from the widget cell" in v for v in values if isinstance(v, str))

@@ -169,11 +169,10 @@ class Rollout:
         statuses: dict[int, podstate.NodeStatus],
         shown: dict[tuple[str, str], tuple[int, ...]],
     ) -> None:
-        """One event per distinct pending reason, naming its nodes, when that set changes."""
+        """One event per distinct reason (Ready too), naming its nodes, when that set changes."""
         groups: dict[tuple[str, str], list[int]] = {}
         for node, st in sorted(statuses.items()):
-            if st.state != podstate.READY:
-                groups.setdefault((st.reason, st.message), []).append(node)
+            groups.setdefault((st.reason, st.message), []).append(node)
         for key, nodes in groups.items():
             if shown.get(key) != tuple(nodes):
                 shown[key] = tuple(nodes)

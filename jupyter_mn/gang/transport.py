@@ -1,0 +1,45 @@
+"""``--require-rdma``: the gang fails, with NCCL's own line as evidence, when it would use TCP.
+
+Checked when the gang comes up (NCCL has chosen its network by then: the process group is
+initialized eagerly) and after every cell (a new communicator may connect differently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import TransportError
+from ..events import TransportReport, from_msg
+
+if TYPE_CHECKING:
+    from .base import Gang
+
+_ASK_TIMEOUT_S = 30.0
+
+
+def violation(reports: Iterable[TransportReport]) -> str | None:
+    """Why these nodes do not use RDMA, with the line that shows it; None when they do."""
+    for report in sorted(reports, key=lambda r: r.node):
+        where = f"node {report.node}"
+        if report.backend == "gloo":
+            return f"{where}: the ranks run gloo on CPU (RDMA needs CUDA ranks with NCCL)"
+        if report.fallback:
+            proof = next((line for line in report.evidence if "Socket" in line), "")
+            why = f" ({'; '.join(report.reasons)})" if report.reasons else ""
+            return f"{where}: NCCL uses TCP sockets{why}" + (f"\n  {proof}" if proof else "")
+    return None
+
+
+def require_rdma(gang: Gang) -> None:
+    """Ask every node what NCCL chose; raise ``TransportError`` on a socket fallback."""
+    replies = gang._call_all(lambda agent: agent.transport(), _ASK_TIMEOUT_S)
+    failed = next((r.error for r in replies if r.error is not None), None)
+    if failed is not None:
+        raise TransportError(f"--require-rdma: could not ask the nodes: {failed}")
+    reports = [from_msg(r.value) for r in replies]
+    for report in reports:
+        gang.consume(report, gang._on_event)
+    problem = violation(reports)
+    if problem:
+        raise TransportError(f"--require-rdma: {problem}")

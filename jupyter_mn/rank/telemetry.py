@@ -1,0 +1,170 @@
+"""What a node reports besides output: GPU samples, the NCCL transport, and the ``--rdma`` setup.
+
+The node agent owns one ``NodeTelemetry``. It adds the ranks' NCCL/torch debug variables (NCCL's
+INFO lines go to a file per rank, so the user's stream stays clean unless they asked for
+``--debug`` or set ``NCCL_DEBUG`` themselves), samples GPUs about once a second while a cell
+runs, and publishes a ``TransportReport`` whenever NCCL's lines prove something new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import TransportError
+from ..events import GpuSample, TransportReport
+from . import rdma
+from .gpu import GpuSampler, RankProcess
+from .nccl import NcclLog
+from .timing import FR_BUFFER_SIZE
+
+SAMPLE_S = 1.0
+DEBUG_ENV = {
+    "NCCL_DEBUG": "INFO",
+    "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+    "TORCH_SHOW_CPP_STACKTRACES": "1",
+}
+
+
+class NodeTelemetry:
+    """Per-node GPU and transport reporting; ``publish`` sends an event (any thread)."""
+
+    def __init__(
+        self, node: int, job: str, launch: dict[str, Any], publish: Callable[[Any], None]
+    ) -> None:
+        self.node, self.publish = node, publish
+        self.debug = bool(launch.get("debug"))
+        self.plan = (
+            rdma.plan(nccl_version=rdma.installed_nccl_version()) if launch.get("rdma") else None
+        )
+        if self.plan is not None and launch.get("require_rdma") and not self.plan.usable:
+            raise TransportError(
+                f"--require-rdma: node {node} has no usable RDMA port: "
+                + "; ".join(self.plan.labels)
+            )
+        user_env = {**os.environ, **launch.get("env", {})}
+        #: NCCL lines come through the ranks' pipes (shown) rather than a file (hidden)
+        self.from_streams = self.debug or "NCCL_DEBUG" in user_env
+        self.dir = Path(tempfile.mkdtemp(prefix=f"jupyter-mn-{job}-node{node}-"))
+        self._log = NcclLog()
+        self._lock = threading.Lock()
+        self._offsets: dict[Path, int] = {}
+        self._ranks: list[RankProcess] = []
+        self._backend = "nccl"
+        self._published: TransportReport | None = None
+        self._sampler: GpuSampler | None = None
+        self._noted = False
+        self._running = threading.Event()
+        self._wake = threading.Event()
+        self._due = ""
+        self._poll_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- before the ranks start
+    def rank_env(self, rank: int, env: dict[str, str]) -> dict[str, str]:
+        """Variables to add for one rank (never overriding what the user or node set)."""
+        extra = {"TORCH_FR_BUFFER_SIZE": FR_BUFFER_SIZE}
+        if self.plan is not None:
+            extra.update(self.plan.env)
+        if self.debug:
+            extra.update(DEBUG_ENV)
+        elif not self.from_streams:
+            extra.update(
+                NCCL_DEBUG="INFO",
+                NCCL_DEBUG_SUBSYS="INIT,NET",
+                NCCL_DEBUG_FILE=str(self.dir / f"nccl-rank{rank}.log"),
+            )
+        return {k: v for k, v in extra.items() if k not in env}
+
+    # ---- once the ranks are up
+    def started(self, ranks: list[RankProcess], backends: set[str]) -> None:
+        self._ranks = ranks
+        self._backend = "nccl" if "nccl" in backends else "gloo"
+        self._sampler = GpuSampler()
+        self._sample()
+        self.poll(force=True)
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="jupyter-mn-telemetry")
+        self._thread.start()
+
+    def line(self, text: str) -> None:
+        """A line a rank printed (any thread); NCCL's are parsed when they come this way."""
+        if self.from_streams and "NCCL" in text:
+            with self._lock:
+                self._log.feed(text)
+
+    def cell(self, running: bool) -> None:
+        """A cell starts or ends; the sampling thread does the work (off the cell's path)."""
+        if running:
+            self._running.set()
+        else:
+            self._running.clear()
+        self._due = "announce" if running else "final"
+        self._wake.set()
+
+    def report(self) -> TransportReport:
+        hcas = self.plan.labels if self.plan is not None else ()
+        if self._backend == "gloo":
+            return TransportReport(node=self.node, backend="gloo", hcas=hcas)
+        with self._lock:
+            return self._log.report(self.node, hcas)
+
+    def poll(self, force: bool = False) -> None:
+        """Read what NCCL appended to the rank files; publish the report if it changed."""
+        with self._poll_lock:
+            if not self.from_streams:
+                for path in sorted(self.dir.glob("nccl-rank*.log")):
+                    self._read(path)
+            report = self.report()
+            if force or report != self._published:
+                self._published = report
+                self.publish(report)
+
+    def _read(self, path: Path) -> None:
+        offset = self._offsets.get(path, 0)
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size < offset:  # a relaunched rank truncated its file
+                offset = 0
+            f.seek(offset)
+            data = f.read()
+            complete = data.rfind(b"\n") + 1  # leave a half-written line for next time
+            self._offsets[path] = offset + complete
+            with self._lock:
+                self._log.feed_all(data[:complete].decode("utf-8", "replace").splitlines())
+
+    def _sample(self) -> None:
+        sampler = self._sampler
+        if sampler is None or (sampler.note and self._noted):
+            return  # "no GPU" is said once
+        self._noted = bool(sampler.note)
+        self.publish(GpuSample(self.node, sampler.sample(self._ranks), sampler.note))
+
+    def _loop(self) -> None:
+        """~1 Hz while a cell runs; at a cell's start everything is re-sent (a new cell's view
+        starts empty), at its end one last look."""
+        while not self._closed.is_set():
+            self._wake.wait(SAMPLE_S)
+            self._wake.clear()
+            due, self._due = self._due, ""
+            if self._closed.is_set():
+                return
+            if due == "announce":
+                self._noted = False
+            if due or self._running.is_set():
+                self._sample()
+                self.poll(force=due == "announce")
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(SAMPLE_S * 2)
+        if self._sampler is not None:
+            self._sampler.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,113 @@
+"""What a view knows about one cell's gang, built from events; both views read the same state.
+
+Log lines are kept bounded per rank (the widget shows the tail; text mode prints every line as it
+arrives), GPU samples and transport reports keep the latest per node plus the peak per GPU, and
+``dirty`` tells the widget which parts changed since it last drew them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..events import CellDone, GangState, GpuSample, LogLines, NodesWaiting, TransportReport
+
+#: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
+TAIL_LINES = 100
+
+
+@dataclass
+class NodeLog:
+    """A node's recent lines, per rank, in the order they arrived."""
+
+    ranks: dict[int, deque[tuple[int, int, str, str]]] = field(default_factory=dict)
+    total: int = 0
+
+    def add(self, rank: int, stream: str, lines: tuple[str, ...]) -> None:
+        tail = self.ranks.setdefault(rank, deque(maxlen=TAIL_LINES))
+        tail.extend((self.total + i, rank, stream, line) for i, line in enumerate(lines))
+        self.total += len(lines)
+
+    @property
+    def lines(self) -> list[tuple[int, str, str]]:
+        """(rank, stream, text) of every rank's tail, merged back into arrival order."""
+        return [(rank, stream, text) for _, rank, stream, text in heapq.merge(*self.ranks.values())]
+
+
+class CellState:
+    """Accumulates one cell's events; thread-safe (events on the main thread, drawing elsewhere)."""
+
+    def __init__(self, title: str, shape: str, backend: str, nodes: int, rdma: bool) -> None:
+        self.title, self.shape, self.backend, self.rdma = title, shape, backend, rdma
+        self.state, self.detail = "PENDING", ""
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.logs = {n: NodeLog() for n in range(nodes)}
+        self.gpus: dict[int, GpuSample] = {}
+        self.peaks: dict[tuple[int, int], tuple[int, int]] = {}
+        self.transport: dict[int, TransportReport] = {}
+        self.done: CellDone | None = None
+        #: why each node (-1: the gang) is not up yet, while the gang comes up
+        self.waiting: dict[int, NodesWaiting] = {}
+        self.dirty: set[str] = {"header"}
+        self.lock = threading.Lock()
+
+    @property
+    def elapsed(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+    def apply(self, event: Any) -> None:
+        with self.lock:
+            self._apply(event)
+
+    def _apply(self, event: Any) -> None:
+        if isinstance(event, LogLines):
+            log = self.logs.setdefault(event.node, NodeLog())
+            for rank, stream, lines in event.items:
+                log.add(rank, stream, lines)
+            self.dirty.add(f"log{event.node}")
+        elif isinstance(event, GangState):
+            self.state, self.detail = event.state, event.detail
+            if event.state not in ("PENDING", "SCHEDULING"):
+                self.waiting.clear()
+            self.dirty.add("header")
+        elif isinstance(event, NodesWaiting):
+            for node in event.nodes or (-1,):
+                self.waiting[node] = event
+            self.dirty.add("header")
+        elif isinstance(event, GpuSample):
+            self.gpus[event.node] = event
+            for g in event.gpus:
+                util, mem = self.peaks.get((event.node, g.index), (0, 0))
+                self.peaks[(event.node, g.index)] = (max(util, g.util), max(mem, g.mem_used))
+            self.dirty.add("gpu")
+        elif isinstance(event, TransportReport):
+            self.transport[event.node] = event
+            self.dirty.add("transport")
+        elif isinstance(event, CellDone):
+            self.done, self.ended = event, time.monotonic()
+            self.dirty.update({"header", "summary"})
+
+    def waiting_lines(self) -> list[str]:
+        """The current pending reasons, one line per reason naming its nodes."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for node, event in sorted(self.waiting.items()):
+            groups.setdefault((event.reason, event.message), []).append(node)
+        return [
+            NodesWaiting(tuple(n for n in nodes if n >= 0), *key).text
+            for key, nodes in groups.items()
+        ]
+
+    def take_dirty(self) -> set[str]:
+        with self.lock:
+            dirty, self.dirty = self.dirty, set()
+            return dirty
+
+    def alarm(self, node: int) -> bool:
+        """The node was asked to use RDMA and does not (the widget turns red)."""
+        report = self.transport.get(node)
+        return self.rdma and report is not None and (report.fallback or report.backend == "gloo")

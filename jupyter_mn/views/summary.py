@@ -1,0 +1,111 @@
+"""A cell's gang as plain text: the text view's final table and the widget's ``text/plain``.
+
+Saved notebooks and papermill outputs keep only this text (widgets need a live kernel), so it
+says everything the widget shows: state, per-node log tail, GPUs, transport with NCCL's evidence
+line, the per-rank table and straggler hints.
+"""
+
+from __future__ import annotations
+
+from ..events import CellDone, TransportReport
+from .state import CellState
+from .straggler import hints
+
+MAX_TABLE_RANKS = 32
+
+
+def header(state: CellState) -> str:
+    outcome = ""
+    if state.done is not None:
+        outcome = " · ok" if state.done.ok else " · failed"
+    return (
+        f"{state.title} · {state.state} · {state.shape} {state.backend} · "
+        f"{state.elapsed:.1f} s{outcome}"
+    )
+
+
+def gpu_lines(state: CellState) -> list[str]:
+    out = []
+    for node in sorted(state.gpus):
+        sample = state.gpus[node]
+        if not sample.gpus:
+            out.append(f"node {node}: {sample.note or 'no GPU'}")
+        for g in sample.gpus:
+            peak_util, peak_mem = state.peaks.get((node, g.index), (g.util, g.mem_used))
+            extras = [f"{g.power_w:.0f} W" if g.power_w is not None else ""]
+            extras.append(f"{g.temp_c}°C" if g.temp_c is not None else "")
+            ranks = ",".join(str(r) for r in g.ranks) or "-"
+            out.append(
+                f"node {node} GPU {g.index} ({g.name}): {g.util}% (peak {peak_util}%), "
+                f"{g.mem_used / 1024:.1f}/{g.mem_total / 1024:.1f} GiB (peak "
+                f"{peak_mem / 1024:.1f}) {' '.join(e for e in extras if e)} · ranks {ranks}"
+            )
+    return out
+
+
+def transport_line(report: TransportReport) -> str:
+    text = report.summary
+    if report.inter_node:
+        text += " · GPUDirect RDMA" if report.gdr else " · no GPUDirect"
+    return text
+
+
+def evidence(report: TransportReport) -> str:
+    """The NCCL line that proves the inter-node path (else the network NCCL chose)."""
+    wanted = [f"via {'/'.join(p.split('/')[:2])}" for p in report.inter_node[:1]]
+    wanted.append(f"Using network {report.network}" if report.network else "Using network")
+    for needle in wanted:
+        line = next((e for e in report.evidence if needle in e), "")
+        if line:
+            return line
+    return report.evidence[0] if report.evidence else ""
+
+
+def transport_lines(state: CellState) -> list[str]:
+    out = []
+    for node in sorted(state.transport):
+        report = state.transport[node]
+        out.append(f"node {node}: {transport_line(report)}")
+        if state.alarm(node):
+            why = "ranks run gloo on CPU" if report.backend == "gloo" else "NCCL uses TCP sockets"
+            out.append(f"  WARNING: --rdma was asked for but {why}")
+        proof = evidence(report)
+        if proof:
+            out.append(f"  evidence: {proof}")
+        out += [f"  rdma: {hca}" for hca in report.hcas]
+    return out
+
+
+def rank_table(done: CellDone) -> list[str]:
+    rows = [" rank  node  status       cell s  last collective             entered s  waited s"]
+    for t in done.ranks[:MAX_TABLE_RANKS]:
+        rows.append(
+            f"{t.rank:5d} {t.node:5d}  {t.status:<11} {_s(t.cell_s)}  {t.collective or '-':<26}"
+            f" {_s(t.entered_s)} {_s(t.waited_s)}"
+        )
+    if len(done.ranks) > MAX_TABLE_RANKS:
+        rows.append(f"  … {len(done.ranks) - MAX_TABLE_RANKS} more ranks")
+    return rows
+
+
+def _s(value: float | None) -> str:
+    return f"{value:8.2f}" if value is not None else "       -"
+
+
+def final(state: CellState) -> list[str]:
+    """The end-of-cell table: GPUs, transport, per-rank times, straggler hints."""
+    lines = gpu_lines(state) + transport_lines(state)
+    if state.done is not None:
+        lines += rank_table(state.done) + hints(state.done.ranks)
+    return lines
+
+
+def summary(state: CellState, tail: int = 3) -> str:
+    """Everything in a few dozen lines (the widget's ``text/plain``): each rank's last lines."""
+    with state.lock:
+        lines = [f"jupyter_mn: {header(state)}"]
+        for node, log in sorted(state.logs.items()):
+            lines.append(f"node {node}: {log.total} lines" + (", last:" if log.total else ""))
+            for rank in sorted(log.ranks):
+                lines += [f"  [rank {rank}] {entry[3]}" for entry in list(log.ranks[rank])[-tail:]]
+        return "\n".join(lines + final(state))

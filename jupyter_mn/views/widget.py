@@ -1,0 +1,256 @@
+"""The cell's live widget: header with Cancel, a log tab per node, GPU grid, transport panel.
+
+Events update a ``CellState`` on the kernel's main thread; a drawing thread turns what changed
+into widget updates at most 10 times a second and within a byte budget, because Jupyter drops
+IOPub messages past 1000 msg/s or 1 MB/s (measured: shared notes, toolchain §5) and every update
+of a log resends the whole bounded tail. Its ``text/plain`` is the text summary, so a saved
+notebook or a papermill output stays readable without a kernel.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+import time
+from typing import Any
+
+import anywidget
+import ipywidgets as W
+import traitlets
+from IPython.display import display
+
+from ..spec import ClusterSpec
+from .state import CellState
+from .straggler import hints
+from .summary import evidence, gpu_lines, header, rank_table, summary, transport_line
+
+FRAME_S = 0.1
+#: IOPub data budget for this widget (Jupyter's limit is 1 MB/s averaged over 3 s).
+BYTES_PER_S = 400_000
+_STATE_COLORS = {"RUNNING": "#1a73e8", "READY": "#188038", "BROKEN": "#d93025"}
+
+STYLE = """<style>
+.jp-mn-log { max-height: 22em; overflow-y: auto; display: flex; flex-direction: column-reverse;
+  border: 1px solid var(--jp-border-color2, #ddd); }
+.jp-mn-log pre { margin: 0; padding: 4px; flex-shrink: 0; overflow: visible;
+  font-size: var(--jp-code-font-size, 12px); }
+.jp-mn-log .jp-mn-err { color: var(--jp-error-color1, #d32f2f); }
+.jp-mn-table { border-collapse: collapse; font-size: 12px; }
+.jp-mn-table td, .jp-mn-table th { padding: 1px 8px; text-align: left; }
+.jp-mn-alarm { background: #fdecea; color: #b71c1c; padding: 2px 6px; }
+.jp-mn-evidence { font-family: var(--jp-code-font-family, monospace); font-size: 11px;
+  color: var(--jp-ui-font-color2, #666); }
+</style>"""
+
+CANCEL_ESM = """
+function pageConfig() {
+  const el = document.getElementById("jupyter-config-data");
+  try { return el ? JSON.parse(el.textContent) : {}; } catch (e) { return {}; }
+}
+function xsrf() {
+  const m = document.cookie.match(/(?:^|;\\s*)_xsrf=([^;]*)/);
+  return m ? decodeURIComponent(m[1]) : "";
+}
+export default {
+  render({ model, el }) {
+    const button = document.createElement("button");
+    button.className = "jupyter-button jp-mn-cancel";
+    button.textContent = "Cancel";
+    const sync = () => { button.disabled = !model.get("running") || !model.get("kernel_id"); };
+    sync();
+    model.on("change:running", sync);
+    button.addEventListener("click", async () => {
+      // The kernel is busy running the cell, so a comm message would wait for it to finish:
+      // interrupt through the Jupyter server instead, like the toolbar's stop button does.
+      button.disabled = true;
+      button.textContent = "Cancelling…";
+      const config = pageConfig();
+      const base = (config.baseUrl || "/").replace(/\\/?$/, "/");
+      const headers = { "X-XSRFToken": xsrf() };
+      if (config.token) { headers["Authorization"] = "token " + config.token; }
+      try {
+        const url = base + "api/kernels/" + model.get("kernel_id") + "/interrupt";
+        const reply = await fetch(url, { method: "POST", headers, credentials: "same-origin" });
+        button.textContent = reply.ok ? "Cancelled" : "Cancel failed (" + reply.status + ")";
+      } catch (e) {
+        button.textContent = "Cancel failed";
+      }
+    });
+    el.appendChild(button);
+  }
+};
+"""
+
+
+class CancelButton(anywidget.AnyWidget):
+    """Interrupts the kernel (and so the cell's ranks) while the cell runs."""
+
+    _esm = CANCEL_ESM
+    running = traitlets.Bool(False).tag(sync=True)
+    kernel_id = traitlets.Unicode("").tag(sync=True)
+
+
+def kernel_id() -> str:
+    """This kernel's id on the Jupyter server ("" outside one): its connection file's name."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        found = re.search(r"kernel-([0-9a-f-]+)\.json$", get_connection_file())
+    except Exception:  # not an ipykernel, or no connection file
+        return ""
+    return found.group(1) if found else ""
+
+
+class ClusterWidget:
+    """One per ``%%cluster`` cell; call it with events, ``show()`` it, ``close()`` it."""
+
+    def __init__(self, spec: ClusterSpec, title: str = "cell") -> None:
+        self.state = CellState(title, spec.shape, spec.backend, spec.nodes, spec.rdma)
+        self._header = W.HTML()
+        self._cancel = CancelButton(kernel_id=kernel_id(), running=True)
+        self._logs = [W.HTML() for _ in range(spec.nodes)]
+        self._tabs = W.Tab(children=self._logs, titles=[f"node {n}" for n in range(spec.nodes)])
+        self._gpu = W.HTML()
+        self._transport = W.HTML()
+        self._notes = W.HTML()
+        self.root = W.VBox(
+            [
+                W.HTML(STYLE),
+                W.HBox([self._header, self._cancel]),
+                self._tabs,
+                self._gpu,
+                self._transport,
+                self._notes,
+            ]
+        )
+        self.updates = 0
+        self._handle: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drawn_at = 0.0
+        self._draw_lock = threading.Lock()
+
+    # ---- display
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = self.root._repr_mimebundle_(**kwargs) or {}
+        bundle["text/plain"] = summary(self.state)
+        return bundle
+
+    def show(self) -> None:
+        self._draw({"header", "gpu", "transport"} | {f"log{n}" for n in range(len(self._logs))})
+        self._handle = display(self, display_id=True)
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="jupyter-mn-widget")
+        self._thread.start()
+
+    def __call__(self, event: Any) -> None:
+        if self._handle is None:  # shown with the first event: refused input shows no widget
+            self.show()
+        self.state.apply(event)
+
+    def close(self) -> None:
+        """Final draw of everything and the text summary; the Cancel button goes grey."""
+        if self._handle is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.state.ended = self.state.ended or time.monotonic()
+        self._draw(self.state.take_dirty() | {"header", "summary"})
+        self._cancel.running = False
+        if self._handle is not None:
+            self._handle.update(self)
+
+    # ---- drawing thread
+    def _loop(self) -> None:
+        delay = FRAME_S
+        while not self._stop.wait(delay):
+            dirty = self.state.take_dirty()
+            if time.monotonic() - self._drawn_at >= 1.0:
+                dirty.add("header")  # the elapsed time ticks
+            sent = self._draw(dirty)
+            delay = max(FRAME_S, sent / BYTES_PER_S)
+
+    def _draw(self, dirty: set[str]) -> int:
+        """Redraw the parts named in ``dirty``; return the bytes it sent."""
+        if not dirty:
+            return 0
+        with self._draw_lock, self.state.lock:
+            changes: list[tuple[W.HTML, str]] = []
+            if "header" in dirty:
+                changes.append((self._header, self._header_html()))
+                self._drawn_at = time.monotonic()
+            for node, widget in enumerate(self._logs):
+                if f"log{node}" in dirty:
+                    changes.append((widget, self._log_html(node)))
+            if "gpu" in dirty:
+                changes.append((self._gpu, self._gpu_html()))
+            if "transport" in dirty:
+                changes.append((self._transport, self._transport_html()))
+            if "summary" in dirty:
+                changes.append((self._notes, self._notes_html()))
+        sent = 0
+        for widget, value in changes:
+            if widget.value != value:
+                widget.value = value
+                sent += len(value)
+                self.updates += 1
+        return sent
+
+    def _header_html(self) -> str:
+        state = self.state
+        color = _STATE_COLORS.get(state.state, "#5f6368")
+        text = html.escape(header(state))
+        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(state.state)}</b>'
+        waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())
+        return (
+            f'<span class="jp-mn-header">{text.replace(html.escape(state.state), badge, 1)}</span>'
+            + (f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else "")
+        )
+
+    def _log_html(self, node: int) -> str:
+        log = self.state.logs[node]
+        rows = []
+        lines = log.lines
+        for rank, stream, text in lines:
+            line = f"[rank {rank}] {html.escape(text)}"
+            rows.append(f'<span class="jp-mn-err">{line}</span>' if stream == "err" else line)
+        shown = len(lines)
+        note = f"last {shown} of {log.total} lines" if log.total > shown else f"{log.total} lines"
+        body = "\n".join(rows)
+        log_div = f'<div class="jp-mn-log"><pre data-node="{node}">{body}</pre></div>'
+        return f"{log_div}<small>{note}</small>"
+
+    def _gpu_html(self) -> str:
+        lines = gpu_lines(self.state) or ["waiting for the first GPU sample …"]
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+        return f'<div class="jp-mn-gpu"><b>GPUs</b><ul>{items}</ul></div>'
+
+    def _transport_html(self) -> str:
+        rows = []
+        for node in sorted(self.state.transport):
+            report = self.state.transport[node]
+            text = html.escape(f"node {node}: {transport_line(report)}")
+            if self.state.alarm(node):
+                why = (
+                    "ranks run gloo on CPU" if report.backend == "gloo" else "NCCL uses TCP sockets"
+                )
+                text = f'<span class="jp-mn-alarm">{text} — --rdma asked for, but {why}</span>'
+            proof = evidence(report)
+            if proof:
+                text += f'<div class="jp-mn-evidence">{html.escape(proof)}</div>'
+            rows.append(f"<li>{text}</li>")
+        body = "".join(rows) or "<li>waiting for the ranks …</li>"
+        return f'<div class="jp-mn-transport"><b>Transport</b><ul>{body}</ul></div>'
+
+    def _notes_html(self) -> str:
+        done = self.state.done
+        if done is None:
+            return ""
+        lines = hints(done.ranks)
+        items = "".join(f"<li><b>{html.escape(line)}</b></li>" for line in lines)
+        table = html.escape("\n".join(rank_table(done)))
+        return (
+            f'<div class="jp-mn-notes"><ul>{items}</ul><details><summary>per-rank times'
+            f"</summary><pre>{table}</pre></details></div>"
+        )
