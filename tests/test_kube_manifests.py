@@ -254,3 +254,16 @@ def test_the_validators_do_reject_bad_objects():
     group = build(spec_for(2, rdma=False), GANG, Target(policy="volcano"))[-1]
     with pytest.raises(jsonschema.ValidationError, match="minMembers"):
         validate({**group, "spec": {"minMembers": 2}}, LATEST_MINOR)
+
+
+def test_the_documented_agent_image_runs_what_the_pods_run():
+    """docs/agent.Dockerfile: same entrypoint as the pods, jupyter_mn and the verbs libraries in."""
+    import json
+    from pathlib import Path
+
+    dockerfile = (Path(__file__).parents[1] / "docs" / "agent.Dockerfile").read_text()
+    cmd = next(line for line in dockerfile.splitlines() if line.startswith("CMD "))
+    container = pod_of(build(spec_for(1, rdma=False), GANG, Target()))["spec"]["containers"][0]
+    assert json.loads(cmd[4:]) == container["command"]
+    assert "pip install --no-cache-dir /src/jupyter_mn" in dockerfile
+    assert "libibverbs1" in dockerfile and "ibverbs-providers" in dockerfile
