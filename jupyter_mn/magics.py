@@ -155,6 +155,8 @@ class ClusterMagics(Magics):
         spec = self.spec_from(args)
         if args.dry_run:
             return self._dry_run(spec, args.k8s_version)
+        if args.k8s_version:
+            raise UsageError("--k8s-version only shapes a --dry-run; the cluster says its version")
         target = cluster.session(spec)
         cell_id = self.shell.execution_count
         view = make_view(spec, title=spec.name or f"cell {cell_id}")

@@ -28,6 +28,11 @@ COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 NATIVE_API = {35: "v1alpha1", 36: "v1alpha2", 37: "v1beta1"}
 NATIVE_MIN_MINOR = min(NATIVE_API)
 DEFAULT_SCHEDULER = {"volcano": "volcano", "coscheduling": "scheduler-plugins-scheduler"}
+#: policy → (PodGroup API, where the pod template names its group, under which key)
+_POD_GROUPS = {
+    "volcano": (VOLCANO_API, "pod_annotations", VOLCANO_GROUP_ANNOTATION),
+    "coscheduling": (COSCHEDULING_API, "pod_labels", COSCHEDULING_LABEL),
+}
 _TEMPLATE = "ranks"
 
 
@@ -59,43 +64,28 @@ def parts(spec: ClusterSpec, name: str, target: Target, labels: dict[str, str]) 
             raise SpecError("--gang kueue needs --queue LOCALQUEUE")
         return GangParts(job_labels={KUEUE_QUEUE_LABEL: opts.queue})
     if target.policy == "volcano":
-        group_spec: dict[str, Any] = {"minMember": spec.nodes}
+        body: dict[str, Any] = {"minMember": spec.nodes}
         if opts.gpu_resource:
-            group_spec["minResources"] = {opts.gpu_resource: str(spec.nodes * spec.gpus)}
+            body["minResources"] = {opts.gpu_resource: str(spec.nodes * spec.gpus)}
         if opts.queue:
-            group_spec["queue"] = opts.queue
-        return GangParts(
-            objects=[
-                {
-                    "apiVersion": VOLCANO_API,
-                    "kind": "PodGroup",
-                    "metadata": meta,
-                    "spec": group_spec,
-                }
-            ],
-            pod_annotations={VOLCANO_GROUP_ANNOTATION: name},
-            pod_spec={"schedulerName": DEFAULT_SCHEDULER["volcano"]},
-        )
+            body["queue"] = opts.queue
+        return _pod_group("volcano", meta, body)
     if target.policy == "coscheduling":
-        group_spec = {
-            "minMember": spec.nodes,
-            "scheduleTimeoutSeconds": int(opts.schedule_timeout),
-        }
-        return GangParts(
-            objects=[
-                {
-                    "apiVersion": COSCHEDULING_API,
-                    "kind": "PodGroup",
-                    "metadata": meta,
-                    "spec": group_spec,
-                }
-            ],
-            pod_labels={COSCHEDULING_LABEL: name},
-            pod_spec={"schedulerName": DEFAULT_SCHEDULER["coscheduling"]},
-        )
+        body = {"minMember": spec.nodes, "scheduleTimeoutSeconds": int(opts.schedule_timeout)}
+        return _pod_group("coscheduling", meta, body)
     if target.policy == "native":
         return _native(spec.nodes, meta, native_api(target.minor))
     return GangParts()
+
+
+def _pod_group(policy: str, meta: dict[str, Any], body: dict[str, Any]) -> GangParts:
+    """A scheduler's PodGroup, the pods marked as its members and handed to that scheduler."""
+    api, where, key = _POD_GROUPS[policy]
+    return GangParts(
+        objects=[{"apiVersion": api, "kind": "PodGroup", "metadata": meta, "spec": body}],
+        pod_spec={"schedulerName": DEFAULT_SCHEDULER[policy]},
+        **{where: {key: meta["name"]}},
+    )
 
 
 def _native(nodes: int, meta: dict[str, Any], version: str) -> GangParts:
