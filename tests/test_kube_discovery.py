@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -160,4 +161,27 @@ def test_cli_manifests_refuses_bad_input_with_a_short_error():
     assert proc.stderr.strip() == (
         "jupyter mn manifests: --toleration 'x:Sometimes': effect must be one of "
         "NoSchedule, PreferNoSchedule, NoExecute"
+    )
+
+
+def test_an_unreachable_cluster_is_a_short_error(tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u"}}],
+        "current-context": "c",
+    }
+    (tmp_path / "config").write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "jupyter_mn.cli", "manifests", "--image", "a:1"]
+    env = {"PATH": "", "KUBECONFIG": str(tmp_path / "config")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "jupyter mn manifests: asking the API server what it offers: "
+        "cannot reach the API server ([Errno 111] Connection refused)"
     )

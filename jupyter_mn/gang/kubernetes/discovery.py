@@ -19,6 +19,7 @@ from ...errors import SchedulingError, SpecError
 from ...spec import ClusterSpec
 from . import gangs
 from .manifests import LATEST_MINOR, Target, build, to_yaml
+from .rollout import api_errors
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 GROUPS = {
@@ -145,7 +146,8 @@ def plan(
     api, namespace = load_api()
     namespace = opts.namespace or namespace
     try:
-        facts = discover(api, namespace)
+        with api_errors("asking the API server what it offers"):
+            facts = discover(api, namespace)
     finally:
         api.close()
     policy, queue = choose(spec, facts)

@@ -15,15 +15,9 @@ from typing import Any
 
 from .discovery import load_api
 from .manifests import GANG_LABEL, MANAGED_BY, MANAGER, OWNER_ANNOTATION
-from .rollout import api_errors
+from .rollout import BUILTIN_KINDS, api_errors
 
-#: (API class, plural in method names) of the kinds a gang is made of, Job first.
-_KINDS = (
-    ("BatchV1Api", "job"),
-    ("CoreV1Api", "service"),
-    ("CoreV1Api", "secret"),
-    ("NetworkingV1Api", "network_policy"),
-)
+_KINDS = tuple(BUILTIN_KINDS.values())
 _CLASS = {plural: cls for cls, plural in _KINDS}
 
 

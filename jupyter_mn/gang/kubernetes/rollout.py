@@ -27,8 +27,8 @@ _POLL_S = 2.0
 _SHOW_S = 1.0
 _WATCH_READ_S = 10.0
 _DELETE_WAIT_S = 90.0
-#: Built-in kinds: (API class, plural for create/delete method names).
-_BUILTIN = {
+#: The built-in kinds of a gang, Job first: (API class, the name in its method names).
+BUILTIN_KINDS = {
     "Job": ("BatchV1Api", "job"),
     "Service": ("CoreV1Api", "service"),
     "Secret": ("CoreV1Api", "secret"),
@@ -49,7 +49,8 @@ def api_errors(what: str) -> contextlib.AbstractContextManager[None]:
         except ApiException as exc:
             raise SchedulingError(f"{what}: {_api_message(exc)}") from None
         except HTTPError as exc:
-            raise SchedulingError(f"{what}: cannot reach the API server ({exc})") from None
+            why = str(getattr(exc, "reason", None) or exc).rsplit(": ", 1)[-1]
+            raise SchedulingError(f"{what}: cannot reach the API server ({why})") from None
 
     return convert()
 
@@ -102,15 +103,18 @@ class Rollout:
         if self.policy != "kueue":  # Kueue unsuspends the Job when it admits the workload
             with api_errors("starting the Job"):
                 self.batch.patch_namespaced_job(
-                    self.names.job, self.namespace, {"spec": {"suspend": False}}
+                    self.names.job,
+                    self.namespace,
+                    {"spec": {"suspend": False}},
+                    _preload_content=False,
                 )
 
     def _call(self, verb: str, obj: dict[str, Any], **kw: Any) -> dict[str, Any]:
         from kubernetes import client
 
         kind, meta = obj["kind"], obj["metadata"]
-        if kind in _BUILTIN:
-            cls, plural = _BUILTIN[kind]
+        if kind in BUILTIN_KINDS:
+            cls, plural = BUILTIN_KINDS[kind]
             method = getattr(getattr(client, cls)(self.api), f"{verb}_namespaced_{plural}")
             args = (self.namespace, obj) if verb == "create" else (meta["name"], self.namespace)
             result = method(*args, _preload_content=False, **kw)
