@@ -108,7 +108,12 @@ def discover(api: Any, namespace: str) -> ServerFacts:
 
 def load_api() -> tuple[Any, str]:
     """An ``ApiClient`` from the kubeconfig (or the pod's service account) and its namespace."""
-    from kubernetes import client, config
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise SchedulingError(
+            "the kubernetes backend needs the official client: pip install 'jupyter_mn[k8s]'"
+        ) from None
 
     cfg = client.Configuration()
     try:
