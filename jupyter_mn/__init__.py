@@ -38,6 +38,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'jupyter_mn' has no attribute {name!r}")
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The prebuilt Lab extension (the Clusters panel) shipped inside this package."""
+    return [{"src": "labextension", "dest": "jupyter-mn"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """The REST API the panel reads (``jupyter_mn/server``)."""
+    return [{"module": "jupyter_mn.server"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_mn``: register ``%%cluster`` and ``%cluster``."""
     from .magics import load_ipython_extension as load

@@ -62,7 +62,165 @@ def _manifests(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (_add_config, _add_manifests)
+# ---- jobs in the registry (the same ones the Clusters panel shows)
+FOLLOW_POLL_S = 0.5
+
+
+def _add_list(sub: Any) -> None:
+    p = sub.add_parser("list", help="jobs of this user: state, shape, age, cells, notebook")
+    p.add_argument("--json", action="store_true", help="print the job models as JSON")
+    p.set_defaults(func=_list)
+
+
+def _list(args: argparse.Namespace) -> int:
+    import time
+
+    from .registry import Registry
+
+    jobs = Registry().jobs()
+    if args.json:
+        print(json.dumps([job.to_json() for job in jobs], indent=2))
+        return 0
+    if not jobs:
+        print("no jobs (a %%cluster cell or Cluster(...).up() starts one)")
+        return 0
+    now = time.time()
+    rows = [("JOB", "STATE", "SHAPE", "BACKEND", "AGE", "CELLS", "NOTEBOOK / LAUNCHER")]
+    rows += [
+        (
+            job.id,
+            job.state,
+            job.shape,
+            job.backend,
+            _duration((job.ended or now) - job.started),
+            str(job.cells),
+            job.notebook or job.launcher,
+        )
+        for job in jobs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]))
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _add_logs(sub: Any) -> None:
+    p = sub.add_parser("logs", help="a job's rank-labelled output, as in the notebook")
+    p.add_argument("job", help="job id, unique id prefix or name")
+    p.add_argument("--node", type=int, help="only this node")
+    p.add_argument("--rank", type=int, help="only this (global) rank")
+    p.add_argument("--tail", type=int, default=200, help="last lines to show (default 200)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.set_defaults(func=_logs)
+
+
+def _logs(args: argparse.Namespace) -> int:
+    import time
+
+    from .errors import SpecError
+    from .joblogs import read_logs
+    from .registry import Registry
+
+    registry = Registry()
+    job = registry.resolve(args.job)
+    if args.node is not None and not 0 <= args.node < len(job.nodes):
+        raise SpecError(f"--node {args.node}: job {job.id} has nodes 0–{len(job.nodes) - 1}")
+    if args.rank is not None and not 0 <= args.rank < job.world_size:
+        raise SpecError(f"--rank {args.rank}: job {job.id} has ranks 0–{job.world_size - 1}")
+    filters = {"node": args.node, "rank": args.rank}
+    lines, cursor = read_logs(registry.log_dir(job.id), tail=max(args.tail, 0), **filters)
+    try:
+        while True:
+            for line in lines:
+                print(line.labelled, flush=True)
+            if not args.follow or (registry.job(job.id).finished and not lines):
+                return 0
+            time.sleep(FOLLOW_POLL_S)  # follow mode: poll the files like `tail -f`
+            lines, cursor = read_logs(
+                registry.log_dir(job.id), tail=10_000, after=cursor, **filters
+            )
+    except KeyboardInterrupt:
+        return 0
+
+
+def _add_request(sub: Any, action: str, help: str) -> None:
+    p = sub.add_parser(action, help=help)
+    p.add_argument("job", help="job id, unique id prefix or name")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for it (default 30)")
+    p.set_defaults(func=_request)
+
+
+def _add_cancel(sub: Any) -> None:
+    _add_request(sub, "cancel", "stop the job's running cell (the gang stays up)")
+
+
+def _add_release(sub: Any) -> None:
+    _add_request(sub, "release", "stop the job's gang now and free its GPUs")
+
+
+def _request(args: argparse.Namespace) -> int:
+    """Leave the request for the owning kernel (it polls), then report what it did."""
+    import time
+
+    from .registry import Registry
+
+    registry = Registry()
+    job = registry.resolve(args.job)
+    request = registry.request(job.id, args.command, "cli")
+    deadline = time.monotonic() + args.wait
+    outcome = registry.outcome(request)
+    while outcome is None or (args.command == "release" and not registry.job(job.id).finished):
+        if time.monotonic() > deadline:
+            state = registry.job(job.id).state
+            print(
+                f"{job.id}: no confirmation within {args.wait:g} s ({outcome or 'not answered'};"
+                f" state {state})",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(0.1)  # the kernel answers within its poll interval
+        outcome = registry.outcome(request)
+    print(f"{job.id}: {'released' if args.command == 'release' else outcome}")
+    return 0
+
+
+def _add_gc(sub: Any) -> None:
+    p = sub.add_parser("gc", help="clean up after dead kernels and forget old finished jobs")
+    p.add_argument(
+        "--older-than",
+        type=float,
+        default=7.0,
+        metavar="DAYS",
+        help="forget finished jobs that ended this many days ago (default 7)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be done")
+    p.set_defaults(func=_gc)
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from .reaper import collect
+    from .registry import Registry
+
+    report = collect(Registry(), keep_s=args.older_than * 86400, dry_run=args.dry_run)
+    print("\n".join(report) if report else "nothing to clean up")
+    return 0
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (
+    _add_config,
+    _add_list,
+    _add_logs,
+    _add_cancel,
+    _add_release,
+    _add_gc,
+    _add_manifests,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,6 +47,7 @@ class Cluster:
     def up(self, on_event: Callable[[Any], None] | None = None) -> Any:
         """Bring the gang up (all ranks or none); a no-op when it is already up."""
         from .gang import make_gang
+        from .recorder import track
 
         with self._lock:
             if self.gang is not None and self.gang.status.usable:
@@ -54,6 +55,7 @@ class Cluster:
             self._drop_gang()
             gang = make_gang(self.spec)
             self.gang = gang
+            track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release requests
             gang.start(on_event)
             self.released = ""
             self._arm_idle_timer()
@@ -64,6 +66,20 @@ class Cluster:
         with self._lock:
             self._cancel_idle_timer()
             self._drop_gang()
+
+    def cancel(self, reason: str) -> bool:
+        """Stop the running cell, from any thread (the gang stays up); False if none runs."""
+        gang = self.gang
+        return gang is not None and gang.request_cancel(reason)
+
+    def release(self, reason: str) -> None:
+        """Free the gang now, from any thread: stop a running cell, then every process."""
+        self.cancel(reason)
+        with self._lock:
+            self._cancel_idle_timer()
+            if self.gang is not None:
+                self._drop_gang()
+                self.released = reason
 
     def _drop_gang(self) -> None:
         if self.gang is not None:

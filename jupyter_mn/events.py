@@ -146,6 +146,8 @@ class CellDone:
     ok: bool
     elapsed: float
     ranks: tuple[RankTiming, ...] = ()
+    #: the root cause in one line when the cell failed ("rank 1 (node 0) raised …")
+    error: str = ""
 
 
 @_event

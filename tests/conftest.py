@@ -7,6 +7,9 @@ and never confused with processes of anyone else on the machine.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -14,6 +17,14 @@ import pytest
 from procs import ours, wait_gone
 
 from jupyter_mn import Cluster
+
+#: Kernels, Jupyter servers, papermill runs and the job registry of this test session share one
+#: private runtime dir: the user's own registry is never touched, nor another session's.
+RUNTIME_DIR = os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="jmn-test-runtime-")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(RUNTIME_DIR, ignore_errors=True)
 
 
 @pytest.fixture

@@ -106,6 +106,8 @@ class Gang:
         self.transport: dict[int, TransportReport] = {}
         self._on_event: Callable[[Any], None] | None = None
         self._lock = threading.RLock()
+        #: set from any thread (the registry's cancel request) to stop the running cell
+        self.cancel_reason = ""
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -115,7 +117,17 @@ class Gang:
             if not allowed(self.status, status):
                 raise JupyterMNError(f"gang {self.id}: cannot go from {self.status} to {status}")
             self.status, self.detail = status, detail
+            if status == GangStatus.RUNNING:
+                self.cancel_reason = ""
         self._dispatch(GangState(status.value, detail))
+
+    def request_cancel(self, reason: str) -> bool:
+        """Ask the running cell to stop, from any thread; False when no cell is running."""
+        with self._lock:
+            if self.status != GangStatus.RUNNING:
+                return False
+            self.cancel_reason = reason
+            return True
 
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``listener(event)`` (from a dask thread) for every event; returns unsubscribe."""
@@ -124,9 +136,14 @@ class Gang:
 
     def _dispatch(self, event: Any) -> None:
         self.inbox.put_event(event)
-        self._tell_listeners(event)
+        self._notify(event)
 
-    def _tell_listeners(self, event: Any) -> None:
+    def announce(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
+        """An event made on the main thread (e.g. ``CellDone``): show it and tell listeners."""
+        self.consume(event, on_event)
+        self._notify(event)
+
+    def _notify(self, event: Any) -> None:
         for listener in list(self._listeners):
             try:
                 listener(event)
@@ -139,9 +156,7 @@ class Gang:
         with contextlib.suppress(queue.Empty):
             while True:
                 self.consume(self.inbox.get(timeout=0), self._on_event)
-        self._tell_listeners(event)
-        if self._on_event is not None:
-            self._on_event(event)
+        self.announce(event, self._on_event)
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         self._dispatch(from_msg(event[1]))

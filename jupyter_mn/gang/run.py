@@ -63,6 +63,8 @@ def run_cell(
     while len(replies) < len(gang.agents):
         try:
             now = time.monotonic()
+            if gang.cancel_reason:
+                interrupt(gang.cancel_reason)
             if deadline is not None and now >= deadline:
                 interrupt(f"--timeout {timeout:g} s reached")
             if interrupted_at is not None and now - interrupted_at > STOP_AFTER_INTERRUPT_S:
@@ -90,11 +92,15 @@ def run_cell(
             interrupt("interrupted by the user")
     _drain_logs(gang, replies, on_event)
     result = _assemble(gang, payload, replies, time.monotonic() - started)
-    if interrupted_at is not None and reason.startswith("--timeout"):
+    said_why = reason.startswith("--timeout") or bool(reason and reason == gang.cancel_reason)
+    if interrupted_at is not None and said_why:  # the ranks only say "KeyboardInterrupt"
         result.notes.append(f"the cell was interrupted: {reason}")
     _settle(gang, result)
     _drain_events(gang, on_event)  # the settled state (READY, BROKEN) reaches the view first
-    gang.consume(CellDone(payload.cell_id, result.ok, result.elapsed, result.timings()), on_event)
+    cause = result.root_cause
+    error = "" if cause is None or cause.error is None else f"{cause.label}: {cause.error.line()}"
+    done = CellDone(payload.cell_id, result.ok, result.elapsed, result.timings(), error)
+    gang.announce(done, on_event)
     if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
         gang.close(broken=problem)
         raise TransportError(f"--require-rdma: {problem}")

@@ -5,6 +5,7 @@ Screenshots go to ``test-artifacts/`` (kept by CI as evidence; ignored by git).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -48,12 +49,13 @@ class Lab:
         workspace = uuid.uuid4().hex[:8]  # a fresh workspace: no state from other tests
         return f"{self.url}/lab/workspaces/{workspace}/tree/{name}?reset&token={self.token}"
 
-    def api(self, path: str) -> object:
-        req = urllib.request.Request(
-            f"{self.url}{path}", headers={"Authorization": f"token {self.token}"}
-        )
+    def api(self, path: str, method: str = "GET", token: bool = True) -> object:
+        """Call the REST API with the token header (no token: as an anonymous client)."""
+        headers = {"Authorization": f"token {self.token}"} if token else {}
+        req = urllib.request.Request(f"{self.url}{path}", method=method, headers=headers)
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
+            body = resp.read()
+            return json.loads(body) if body else None
 
 
 def _free_port() -> int:
@@ -62,19 +64,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    root = tmp_path_factory.mktemp("lab")
+@contextlib.contextmanager
+def jupyter_server(root: Path, *args: str, module: str = "jupyterlab") -> Iterator[Lab]:
+    """A real Jupyter server (``python -m <module>``) on a free port; always stopped."""
     settings = root / ".settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
+    settings.mkdir(parents=True, exist_ok=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     token, port = uuid.uuid4().hex, _free_port()
-    log = (root / "lab.log").open("w")
+    log_path = root / f"{module}-{port}.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "jupyterlab",
+            module,
             "--no-browser",
             "--allow-root",
             "--ip=127.0.0.1",
@@ -82,32 +85,43 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={root}",
-            f"--LabApp.workspaces_dir={root / '.ws'}",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--LabApp.expose_app_in_browser=True",
+            *args,
         ],
         env={**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(root / ".settings")},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    lab = Lab(f"http://127.0.0.1:{port}", token, root)
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            lab.api("/api/status")
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("jupyter lab did not start:\n" + (root / "lab.log").read_text())
-            time.sleep(0.2)  # polling for the port to answer
-    yield lab
-    proc.terminate()
+    server = Lab(f"http://127.0.0.1:{port}", token, root)
     try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                server.api("/api/status")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"{module} did not start:\n" + log_path.read_text())
+                time.sleep(0.2)  # polling for the port to answer
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    root = tmp_path_factory.mktemp("lab")
+    with jupyter_server(
+        root,
+        f"--LabApp.workspaces_dir={root / '.ws'}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.expose_app_in_browser=True",
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

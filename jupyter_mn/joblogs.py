@@ -1,0 +1,199 @@
+"""Per-node log files of a job: every line its ranks wrote, rotated, readable while written.
+
+One file per node (``logs/<job>/node-<N>.log``, rotated to ``node-<N>.log.1`` past ``MAX_BYTES``,
+so a chatty job keeps at most twice that per node). Each line is
+``seq<TAB>time<TAB>rank<TAB>stream<TAB>text``; ``seq`` grows per node across rotations, so a reader
+that follows (the sidebar's follow mode, ``jupyter mn logs -f``) asks for lines after a cursor and
+reads files backwards from their end, never whole.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from .events import LogLines
+from .registry import open_private, private_dir
+
+MAX_BYTES = 8 * 2**20
+_BLOCK = 1 << 16
+_NODE_FILE = re.compile(r"^node-(\d+)\.log$")
+
+
+@dataclass(frozen=True)
+class LogLine:
+    node: int
+    seq: int
+    time: float
+    rank: int
+    stream: str
+    text: str
+
+    @property
+    def labelled(self) -> str:
+        return f"[node {self.node} rank {self.rank}] {self.text}"
+
+
+class _NodeFile:
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path, self.max_bytes = path, max_bytes
+        self.seq = 0
+        self._file, self._size = self._open()
+
+    def _open(self) -> tuple[BinaryIO, int]:
+        fd = open_private(self.path)
+        return os.fdopen(fd, "ab"), os.fstat(fd).st_size
+
+    def write(self, rank: int, stream: str, lines: tuple[str, ...], now: float) -> None:
+        for text in lines:
+            self.seq += 1
+            record = f"{self.seq}\t{now:.3f}\t{rank}\t{stream}\t{text}\n".encode(errors="replace")
+            if self._size and self._size + len(record) > self.max_bytes:
+                self._file.close()
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self._file, self._size = self._open()
+            self._file.write(record)
+            self._size += len(record)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class JobLogWriter:
+    """Appends a job's ``LogLines`` events to its node files (one writer: the owning kernel)."""
+
+    def __init__(self, directory: Path, max_bytes: int = MAX_BYTES) -> None:
+        self.directory = private_dir(directory)
+        self.max_bytes = max_bytes
+        self._nodes: dict[int, _NodeFile] = {}
+
+    def write(self, event: LogLines, now: float | None = None) -> None:
+        node = self._nodes.get(event.node)
+        if node is None:
+            node = self._nodes[event.node] = _NodeFile(
+                self.directory / f"node-{event.node}.log", self.max_bytes
+            )
+        for rank, stream, lines in event.items:
+            node.write(rank, stream, lines, now or time.time())
+
+    def flush(self) -> None:
+        for node in self._nodes.values():
+            node.flush()
+
+    def close(self) -> None:
+        for node in self._nodes.values():
+            node.close()
+        self._nodes.clear()
+
+
+def read_logs(
+    directory: Path,
+    *,
+    node: int | None = None,
+    rank: int | None = None,
+    tail: int = 200,
+    after: dict[int, int] | None = None,
+) -> tuple[list[LogLine], dict[int, int]]:
+    """The last ``tail`` lines (of ``node``/``rank`` when given) newer than the cursor ``after``.
+
+    Returns them oldest first, with the cursor to pass next time (per node, the last ``seq`` seen,
+    whether or not the rank filter kept that line).
+    """
+    after = after or {}
+    found: list[LogLine] = []
+    cursor: dict[int, int] = {}
+    for number in nodes_with_logs(directory):
+        if node is not None and number != node:
+            continue
+        start = after.get(number, 0)
+        lines, last = _newest(directory, number, rank, tail, start)
+        cursor[number] = max(last, start)
+        found += lines
+    found.sort(key=lambda line: (line.time, line.node, line.seq))
+    return found[-tail:] if tail else [], cursor
+
+
+def nodes_with_logs(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(m[1]) for p in directory.iterdir() if (m := _NODE_FILE.match(p.name)))
+
+
+def parse_cursor(text: str | None) -> dict[int, int]:
+    """``"0:12,1:40"`` → ``{0: 12, 1: 40}`` (the form the REST API and the CLI pass around)."""
+    cursor: dict[int, int] = {}
+    for part in (text or "").split(","):
+        if part:
+            node, _, seq = part.partition(":")
+            cursor[int(node)] = int(seq)
+    return cursor
+
+
+def format_cursor(cursor: dict[int, int]) -> str:
+    return ",".join(f"{node}:{seq}" for node, seq in sorted(cursor.items()))
+
+
+def _newest(
+    directory: Path, node: int, rank: int | None, tail: int, start: int
+) -> tuple[list[LogLine], int]:
+    path = directory / f"node-{node}.log"
+    found: list[LogLine] = []
+    seen: set[int] = set()
+    last = 0
+    for raw in _chain(path, path.with_name(path.name + ".1")):
+        line = _parse(node, raw)
+        if line is None or line.seq in seen:
+            continue  # a line rotated while we read shows up twice
+        seen.add(line.seq)
+        last = max(last, line.seq)
+        if line.seq <= start or len(found) >= tail:
+            break
+        if rank is None or line.rank == rank:
+            found.append(line)
+    found.reverse()
+    return found, last
+
+
+def _chain(*paths: Path) -> Iterator[bytes]:
+    for path in paths:
+        try:
+            with path.open("rb") as f:
+                yield from _reversed_lines(f)
+        except FileNotFoundError:
+            continue
+
+
+def _reversed_lines(f: BinaryIO) -> Iterator[bytes]:
+    """Complete lines from the end of ``f`` backwards (a line still being written is skipped)."""
+    pos, rest, trailing = f.seek(0, os.SEEK_END), b"", True
+    while pos > 0:
+        size = min(_BLOCK, pos)
+        pos -= size
+        f.seek(pos)
+        parts = (f.read(size) + rest).split(b"\n")
+        rest = parts.pop(0)
+        if trailing and parts:
+            parts.pop()  # what follows the last newline: nothing, or a line being written
+            trailing = False
+        yield from reversed(parts)
+    if rest and not trailing:
+        yield rest
+
+
+def _parse(node: int, raw: bytes) -> LogLine | None:
+    parts = raw.decode("utf-8", "replace").split("\t", 4)
+    if len(parts) != 5:
+        return None
+    seq, when, rank, stream, text = parts
+    try:
+        return LogLine(node, int(seq), float(when), int(rank), stream, text)
+    except ValueError:
+        return None

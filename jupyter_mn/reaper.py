@@ -1,0 +1,68 @@
+"""``jupyter mn gc``: clean up what dead kernels left behind, and forget old finished jobs.
+
+A kernel that dies without closing its gang leaves an ORPHANED job. Its ranks normally follow
+within a second (they watch their node agent, which watches the kernel), but a rank that is
+stopped or stuck in C code can hold a GPU forever; ``gc`` kills those. It only touches a process
+that still carries the job's ``JUPYTER_MN_JOB`` mark, so a recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from .registry import HOST, ORPHANED, JobModel, Registry
+
+_KILL_WAIT_S = 5.0
+
+
+def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[str]:
+    """Clean orphaned jobs and forget finished ones older than ``keep_s``; say what was done."""
+    registry.reap()
+    report: list[str] = []
+    now = time.time()
+    for job in registry.jobs():
+        if job.state == ORPHANED:
+            cleaner = _CLEANERS.get(job.backend)
+            if cleaner is None:
+                report.append(f"{job.id}: no automatic cleanup for the {job.backend} backend")
+            else:
+                report += cleaner(job, dry_run)
+        if job.finished and now - (job.ended or job.started) > keep_s:
+            if not dry_run:
+                registry.forget(job.id)
+            days = (now - (job.ended or job.started)) / 86400
+            report.append(f"{job.id}: forgot the job and its logs (ended {days:.1f} days ago)")
+    return report
+
+
+def _local(job: JobModel, dry_run: bool) -> list[str]:
+    import psutil
+
+    if job.host != HOST:
+        return [f"{job.id}: ran on {job.host}; run jupyter mn gc there"]
+    left = []
+    for pid in (p for node in job.nodes for p in node.pids):
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if proc.environ().get("JUPYTER_MN_JOB") == job.gang:
+                left.append(proc)
+    if not left:
+        return []
+    pids = ", ".join(str(p.pid) for p in left)
+    if dry_run:
+        return [f"{job.id}: would kill {len(left)} leftover rank process(es): {pids}"]
+    for proc in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a rank leads its session: its children go too
+    _, alive = psutil.wait_procs(left, timeout=_KILL_WAIT_S)
+    report = [f"{job.id}: killed {len(left) - len(alive)} leftover rank process(es): {pids}"]
+    report += [f"{job.id}: pid {p.pid} survived SIGKILL (uninterruptible?)" for p in alive]
+    return report
+
+
+#: How each backend's leftovers are found and removed.
+_CLEANERS: dict[str, Callable[[JobModel, bool], list[str]]] = {"local": _local}

@@ -1,0 +1,234 @@
+"""Kernel side of the registry: keep each gang's ``JobModel`` and logs current, obey requests.
+
+``track(cluster, gang)`` subscribes to the gang's events (they arrive on dask's thread) and hands
+them to one recorder thread per process, which writes the registry and the log files, beats the
+heartbeat and polls the ``requests`` table. Polling from a thread is what lets the Clusters panel
+and ``jupyter mn cancel`` reach a kernel that is busy running a cell as well as an idle one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import re
+import sys
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .events import CellDone, GangState, GpuSample, LogLines, RankState, TransportReport
+from .joblogs import JobLogWriter
+from .registry import HEARTBEAT_S, JobModel, NodeModel, Registry, Request
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .gang import Gang
+
+log = logging.getLogger(__name__)
+POLL_S = 0.25
+_SOURCES = {"panel": "the Clusters panel", "cli": "jupyter mn"}
+_DONE = {"cancel": "cancelled", "release": "released"}
+
+
+class JobRecord:
+    """One gang's row and log files; only the recorder thread touches it."""
+
+    def __init__(self, registry: Registry, cluster: Cluster, gang: Gang) -> None:
+        import uuid
+
+        spec = gang.spec
+        self.registry = registry
+        self.cluster = weakref.ref(cluster)
+        self.gang = gang
+        job_id = f"{spec.name}-{uuid.uuid4().hex[:4]}" if spec.name else gang.id
+        self.model = JobModel(
+            id=job_id,
+            name=spec.name or gang.id,
+            gang=gang.id,
+            backend=spec.backend,
+            shape=spec.shape,
+            gpus=spec.gpus,
+            world_size=spec.world_size,
+            state=gang.status.value,
+            started=gang.started_at,
+            heartbeat=time.time(),
+            pid=os.getpid(),
+            kernel_id=_kernel_id(),
+            notebook=_notebook(),
+            launcher=_launcher(),
+            nodes=[NodeModel(node=n, ranks=["pending"] * spec.gpus) for n in range(spec.nodes)],
+        )
+        self.logs = JobLogWriter(registry.log_dir(job_id))
+        self.registry.save(self.model)
+
+    def handle(self, event: Any) -> bool:
+        """Apply one event; True when the registry row changed."""
+        if isinstance(event, LogLines):
+            self.logs.write(event)
+            return False
+        model = self.model
+        if isinstance(event, GangState):
+            model.state, model.detail = event.state, event.detail
+            if event.state == "READY":
+                self._ranks_up()
+            elif event.state == "BROKEN":
+                model.error = event.detail
+            elif event.state == "CLOSED":
+                model.ended = time.time()
+        elif isinstance(event, RankState):
+            node = model.nodes[event.node]
+            node.ranks[event.rank - event.node * model.gpus] = event.state
+        elif isinstance(event, GpuSample):
+            utils = [g.util for g in event.gpus]
+            model.nodes[event.node].gpu_util = sum(utils) / len(utils) if utils else None
+        elif isinstance(event, TransportReport) and event.node >= 0:
+            model.nodes[event.node].transport = event.summary
+        elif isinstance(event, CellDone):
+            model.cells += 1
+            model.last_cell = {"id": event.cell_id, "ok": event.ok, "elapsed": event.elapsed}
+            model.error = None if event.ok else (event.error or f"cell {event.cell_id} failed")
+        else:
+            return False
+        return True
+
+    def _ranks_up(self) -> None:
+        for info in self.gang.ranks:
+            node = self.model.nodes[info["rank"] // self.model.gpus]
+            node.host = info.get("host", "")
+            gpu = info["device"].startswith("cuda")
+            node.transport = f"{info['backend']} ({'GPU' if gpu else 'CPU'})"
+            if info.get("pid") and info["pid"] not in node.pids:
+                node.pids.append(info["pid"])
+
+    def save(self) -> None:
+        self.model.heartbeat = time.time()
+        self.registry.save(self.model)
+
+    def obey(self, request: Request) -> str:
+        """Carry out a cancel/release request; returns what happened (stored as its outcome)."""
+        cluster = self.cluster()
+        why = f"{_DONE[request.action]} from {_SOURCES.get(request.source, request.source)}"
+        if cluster is None or cluster.gang is not self.gang:
+            return "the job had already ended"
+        if request.action == "cancel":
+            if cluster.cancel(why):
+                return "cancelling the running cell"
+            return "no cell was running"
+        threading.Thread(
+            target=cluster.release, args=(why,), name="jupyter-mn-release", daemon=True
+        ).start()
+        return "releasing the gang"
+
+
+class Recorder:
+    """The per-process writer thread; jobs are added by ``track`` and leave when CLOSED."""
+
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry or Registry()
+        self._queue: queue.SimpleQueue[tuple[JobRecord, Any]] = queue.SimpleQueue()
+        self._records: dict[str, JobRecord] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="jupyter-mn-recorder", daemon=True)
+        self._thread.start()
+
+    def track(self, cluster: Cluster, gang: Gang) -> JobRecord:
+        record = JobRecord(self.registry, cluster, gang)
+        with self._lock:
+            self._records[record.model.id] = record
+
+        def listener(event: Any) -> None:
+            self._queue.put((record, event))
+            self._wake.set()
+            if isinstance(event, GangState) and event.state == "CLOSED":
+                self.drain()  # synchronously: the process may be exiting (atexit close)
+
+        gang.subscribe(listener)
+        return record
+
+    def drain(self) -> None:
+        """Apply every queued event and write what changed (any thread)."""
+        with self._lock:
+            changed: dict[str, JobRecord] = {}
+            while True:
+                try:
+                    record, event = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    if record.handle(event):
+                        changed[record.model.id] = record
+                except Exception:
+                    log.exception("jupyter_mn: could not record %r", event)
+            for record in self._records.values():
+                record.logs.flush()
+            for job_id, record in changed.items():
+                record.save()
+                if record.model.finished and job_id in self._records:
+                    record.logs.close()
+                    del self._records[job_id]
+
+    def _loop(self) -> None:
+        last_beat = 0.0
+        while True:
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            try:
+                self.drain()
+                with self._lock:
+                    records = dict(self._records)
+                for request in self.registry.open_requests(list(records)):
+                    self.registry.answer(request.id, records[request.job].obey(request))
+                if time.monotonic() - last_beat > HEARTBEAT_S:
+                    self.registry.beat(list(records))
+                    last_beat = time.monotonic()
+            except Exception:
+                log.exception("jupyter_mn: the job recorder failed (retrying)")
+
+
+_recorder: Recorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def track(cluster: Cluster, gang: Gang) -> None:
+    """Record ``gang`` (not started yet) in the registry; never fails the cell."""
+    global _recorder
+    try:
+        with _recorder_lock:
+            if _recorder is None:
+                _recorder = Recorder()
+        _recorder.track(cluster, gang)
+    except Exception:
+        log.exception("jupyter_mn: the job registry is not available; the job is not recorded")
+
+
+def _kernel_id() -> str | None:
+    """The Jupyter kernel id, from the connection file name (``kernel-<id>.json``)."""
+    if "ipykernel" not in sys.modules:
+        return None
+    with contextlib.suppress(Exception):
+        from ipykernel.connect import get_connection_file
+
+        match = re.fullmatch(r"kernel-(.+)\.json", os.path.basename(get_connection_file()))
+        return match[1] if match else None
+    return None
+
+
+def _notebook() -> str | None:
+    """Jupyter server tells a kernel its notebook in ``JPY_SESSION_NAME`` (an absolute path)."""
+    return os.environ.get("JPY_SESSION_NAME") or None
+
+
+def _launcher() -> str:
+    """What started this process (``papermill … in.ipynb out.ipynb``, ``jupyter-lab``, …)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        parent = psutil.Process().parent()
+        command = parent.cmdline() if parent is not None else []
+        if command:
+            return " ".join([os.path.basename(command[0]), *command[1:]])[:300]
+    return ""

@@ -1,0 +1,337 @@
+"""The job registry: one ``JobModel`` per gang, written by kernels, read by the server and the CLI.
+
+SQLite in WAL mode under the Jupyter runtime dir (``jupyter --runtime-dir``/jupyter-mn), so the
+sidebar and ``jupyter mn list`` see the jobs of every kernel of this user — interactive and
+papermill — without a daemon. The directory is 0700 and every file in it 0600: job names,
+notebook paths and logs are private. Cancel/release travel the other way, as rows in
+``requests`` that the owning kernel polls (``recorder.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import JupyterMNError
+
+#: A live job whose kernel has not written a heartbeat for this long is ORPHANED.
+ORPHAN_AFTER_S = 30.0
+HEARTBEAT_S = 5.0
+ORPHANED = "ORPHANED"
+#: Gang states (gang/state.py) after which nothing of the job runs any more, plus ORPHANED.
+FINISHED = frozenset({"CLOSED", ORPHANED})
+ACTIONS = ("cancel", "release")
+HOST = socket.gethostname()
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, state TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+    heartbeat REAL NOT NULL, model TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, action TEXT NOT NULL,
+    source TEXT NOT NULL, created REAL NOT NULL, handled REAL, outcome TEXT);
+CREATE INDEX IF NOT EXISTS requests_open ON requests (job) WHERE handled IS NULL;
+"""
+
+
+class RegistryError(JupyterMNError):
+    """A job reference or request the registry cannot serve (unknown job, finished job, …)."""
+
+
+class JobNotFound(RegistryError, LookupError):
+    pass
+
+
+@dataclass
+class NodeModel:
+    """One node of a job as the sidebar shows it."""
+
+    node: int
+    host: str = ""
+    #: state of each of the node's ranks, by local rank ("started", "ready", "error", "lost", …)
+    ranks: list[str] = field(default_factory=list)
+    #: rank process ids (this node's host), so ``gc`` can clean up after a dead kernel
+    pids: list[int] = field(default_factory=list)
+    gpu_util: float | None = None
+    transport: str = ""
+
+
+@dataclass
+class JobModel:
+    """The one JSON shape of a job (mirrored by ``labextension/src/model.ts``)."""
+
+    id: str
+    name: str
+    gang: str
+    backend: str
+    shape: str
+    gpus: int
+    world_size: int
+    state: str
+    started: float
+    detail: str = ""
+    ended: float | None = None
+    heartbeat: float = 0.0
+    host: str = HOST
+    pid: int = 0
+    kernel_id: str | None = None
+    notebook: str | None = None
+    launcher: str = ""
+    cells: int = 0
+    last_cell: dict[str, Any] | None = None
+    error: str | None = None
+    nodes: list[NodeModel] = field(default_factory=list)
+    #: requested actions the kernel has not answered yet (filled when read)
+    pending: list[str] = field(default_factory=list)
+    #: the notebook's path relative to the Jupyter server's root (filled by the server)
+    link: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobModel:
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in data.items() if k in names}
+        node_names = {f.name for f in dataclasses.fields(NodeModel)}
+        known["nodes"] = [
+            NodeModel(**{k: v for k, v in n.items() if k in node_names})
+            for n in known.get("nodes", [])
+        ]
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int
+    job: str
+    action: str
+    source: str
+
+
+def default_root() -> Path:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return Path(jupyter_runtime_dir()) / "jupyter-mn"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700 even if it existed with wider bits."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
+    """Open (creating 0600) a file in the registry; returns the descriptor."""
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+class Registry:
+    """Access to the registry directory; one SQLite connection, safe to share between threads."""
+
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = private_dir(Path(root) if root else default_root())
+        self.logs_root = private_dir(self.root / "logs")
+        db = self.root / "jobs.sqlite"
+        os.close(open_private(db, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal/-shm these bits
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(db, timeout=10, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def log_dir(self, job_id: str) -> Path:
+        return self.logs_root / job_id
+
+    # ---- written by the owning kernel
+    def save(self, job: JobModel) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO jobs (id, state, host, pid, heartbeat, model) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    job.id,
+                    job.state,
+                    job.host,
+                    job.pid,
+                    job.heartbeat,
+                    json.dumps(job.to_json()),
+                ),
+            )
+
+    def beat(self, job_ids: list[str], now: float | None = None) -> None:
+        if not job_ids:
+            return
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE jobs SET heartbeat = ? WHERE id = ? AND state != ?",
+                [(now or time.time(), j, ORPHANED) for j in job_ids],
+            )
+
+    def open_requests(self, job_ids: list[str]) -> list[Request]:
+        if not job_ids:
+            return []
+        marks = ",".join("?" * len(job_ids))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT id, job, action, source FROM requests "
+                f"WHERE handled IS NULL AND job IN ({marks}) ORDER BY id",
+                job_ids,
+            ).fetchall()
+        return [Request(*row) for row in rows]
+
+    def answer(self, request_id: int, outcome: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE requests SET handled = ?, outcome = ? WHERE id = ?",
+                (time.time(), outcome, request_id),
+            )
+
+    # ---- read by the server and the CLI
+    def jobs(self) -> list[JobModel]:
+        """Every job, live ones first, newest first; stale live jobs are marked ORPHANED."""
+        self.reap()
+        with self._lock:
+            rows = self._db.execute("SELECT model, heartbeat FROM jobs").fetchall()
+            pending = self._pending()
+        jobs = [_load(model, beat, pending) for model, beat in rows]
+        return sorted(jobs, key=lambda j: (j.finished, -j.started))
+
+    def job(self, job_id: str) -> JobModel:
+        self.reap()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT model, heartbeat FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            pending = self._pending()
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r} (jupyter mn list shows the jobs)")
+        return _load(*row, pending)
+
+    def resolve(self, ref: str) -> JobModel:
+        """A job by id, by name (its newest job, live ones first) or by unique id prefix."""
+        jobs = self.jobs()  # live first, newest first
+        for match in ([j for j in jobs if j.id == ref], [j for j in jobs if j.name == ref]):
+            if match:
+                return match[0]
+        matches = [j for j in jobs if j.id.startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise JobNotFound(f"no job {ref!r} (jupyter mn list shows the jobs)")
+        raise RegistryError(
+            f"{ref!r} matches {len(matches)} jobs ({', '.join(j.id for j in matches[:5])}); "
+            "use the full id"
+        )
+
+    def request(self, job_id: str, action: str, source: str) -> int:
+        """Ask the job's kernel to ``cancel`` or ``release``; returns the request id."""
+        if action not in ACTIONS:
+            raise RegistryError(f"unknown action {action!r}; choose {' or '.join(ACTIONS)}")
+        job = self.job(job_id)
+        if job.finished:
+            raise RegistryError(f"job {job.id} is {job.state}: nothing to {action}")
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO requests (job, action, source, created) VALUES (?, ?, ?, ?)",
+                (job.id, action, source, time.time()),
+            )
+        return int(cur.lastrowid or 0)
+
+    def outcome(self, request_id: int) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT outcome FROM requests WHERE id = ? AND handled IS NOT NULL", (request_id,)
+            ).fetchone()
+        return row[0] if row else None
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job and its logs (a live job must be released first)."""
+        job = self.job(job_id)
+        if not job.finished:
+            raise RegistryError(f"job {job.id} is {job.state}; release it before forgetting it")
+        with self._tx() as db:
+            db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+            db.execute("DELETE FROM requests WHERE job = ?", (job.id,))
+        shutil.rmtree(self.log_dir(job.id), ignore_errors=True)
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Mark live jobs ORPHANED whose kernel stopped beating (or died on this host)."""
+        now = now or time.time()
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, host, pid, heartbeat, model FROM jobs WHERE state NOT IN (?, ?)",
+                tuple(FINISHED),
+            ).fetchall()
+        dead = [
+            (job_id, model)
+            for job_id, host, pid, beat, model in rows
+            if now - beat > ORPHAN_AFTER_S or (host == HOST and not _running(pid))
+        ]
+        for job_id, model in dead:
+            job = JobModel.from_json(json.loads(model))
+            job.state, job.ended = ORPHANED, job.ended or now
+            job.detail = f"its kernel (pid {job.pid} on {job.host}) stopped without closing it"
+            with self._tx() as db:
+                db.execute(
+                    "UPDATE jobs SET state = ?, model = ? WHERE id = ? AND state NOT IN (?, ?)",
+                    (job.state, json.dumps(job.to_json()), job_id, *FINISHED),
+                )
+        return [job_id for job_id, _ in dead]
+
+    def _pending(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for job, action in self._db.execute(
+            "SELECT job, action FROM requests WHERE handled IS NULL ORDER BY id"
+        ):
+            out.setdefault(job, []).append(action)
+        return out
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _load(model: str, heartbeat: float, pending: dict[str, list[str]]) -> JobModel:
+    job = JobModel.from_json(json.loads(model))
+    job.heartbeat = heartbeat
+    job.pending = pending.get(job.id, [])
+    return job

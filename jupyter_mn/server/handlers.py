@@ -1,0 +1,150 @@
+"""REST handlers under ``/jupyter-mn/api/``: list and read jobs, read logs, cancel/release/forget.
+
+Every handler requires Jupyter authentication and authorization (resource ``jupyter_mn``: reads
+are "read", POST and DELETE are "write"); POST and DELETE also need the XSRF token or a token
+header, as every Jupyter API does. Cancel and release become rows the owning kernel polls; the
+handler waits briefly for the kernel's answer so the panel can say what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from ..joblogs import format_cursor, parse_cursor, read_logs
+from ..registry import JobModel, JobNotFound, Registry, RegistryError
+
+#: How long a cancel/release POST waits for the kernel's answer before replying 202.
+ANSWER_WAIT_S = 3.0
+MAX_TAIL = 5000
+
+
+class _JobAPI(APIHandler):
+    auth_resource = "jupyter_mn"
+
+    def initialize(self, registry: Registry, root_dir: str) -> None:
+        self.registry = registry
+        self.root_dir = os.path.realpath(root_dir)
+
+    def _model(self, job: JobModel) -> dict[str, Any]:
+        """The job as JSON, with the notebook as a link when it lies under the server root."""
+        if job.notebook and os.path.isabs(job.notebook):
+            path = os.path.realpath(job.notebook)
+            if os.path.commonpath([path, self.root_dir]) == self.root_dir:
+                job.link = os.path.relpath(path, self.root_dir).replace(os.sep, "/")
+        return job.to_json()
+
+    def _job(self, job_id: str) -> JobModel:
+        try:
+            return self.registry.job(job_id)
+        except JobNotFound as exc:
+            raise web.HTTPError(404, str(exc)) from None
+
+    def _int(self, name: str, default: int | None, low: int = 0, high: int = 2**31) -> int | None:
+        raw = self.get_query_argument(name, None)
+        if raw in (None, ""):
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise web.HTTPError(400, f"{name} must be an integer, got {raw!r}") from None
+        if not low <= value <= high:
+            raise web.HTTPError(400, f"{name} must be between {low} and {high}, got {value}")
+        return value
+
+
+class JobsHandler(_JobAPI):
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        jobs = [self._model(job) for job in self.registry.jobs()]
+        self.finish(json.dumps({"jobs": jobs, "now": time.time()}))
+
+
+class JobHandler(_JobAPI):
+    @web.authenticated
+    @authorized
+    def get(self, job_id: str) -> None:
+        self.finish(json.dumps(self._model(self._job(job_id))))
+
+    @web.authenticated
+    @authorized
+    def delete(self, job_id: str) -> None:
+        """Forget a finished job and its logs."""
+        self._job(job_id)
+        try:
+            self.registry.forget(job_id)
+        except RegistryError as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        self.set_status(204)
+        self.finish()
+
+
+class LogsHandler(_JobAPI):
+    @web.authenticated
+    @authorized
+    def get(self, job_id: str) -> None:
+        """``?node=&rank=&tail=&after=``: the newest lines; ``after`` is the last reply's cursor."""
+        job = self._job(job_id)
+        try:
+            after = parse_cursor(self.get_query_argument("after", ""))
+        except ValueError:
+            raise web.HTTPError(400, "after must look like 0:12,1:40") from None
+        lines, cursor = read_logs(
+            self.registry.log_dir(job.id),
+            node=self._int("node", None),
+            rank=self._int("rank", None),
+            tail=self._int("tail", 500, high=MAX_TAIL) or 0,
+            after=after,
+        )
+        self.finish(
+            json.dumps(
+                {
+                    "lines": [vars(line) for line in lines],
+                    "cursor": format_cursor(cursor),
+                    "state": job.state,
+                }
+            )
+        )
+
+
+class ActionHandler(_JobAPI):
+    @web.authenticated
+    @authorized
+    async def post(self, job_id: str, action: str) -> None:
+        """Ask the job's kernel to cancel its running cell or release its gang."""
+        job = self._job(job_id)
+        try:
+            request = self.registry.request(job.id, action, "panel")
+        except RegistryError as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        outcome = self.registry.outcome(request)
+        while outcome is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            outcome = self.registry.outcome(request)
+        self.set_status(200 if outcome else 202)
+        self.finish(json.dumps({"request": request, "outcome": outcome}))
+
+
+def setup_handlers(web_app: Any, registry: Registry, root_dir: str) -> None:
+    base = url_path_join(web_app.settings["base_url"], "jupyter-mn", "api", "jobs")
+    job = r"/(?P<job_id>[\w.-]+)"
+    options = {"registry": registry, "root_dir": root_dir}
+    web_app.add_handlers(
+        ".*$",
+        [
+            (base, JobsHandler, options),
+            (base + job, JobHandler, options),
+            (base + job + "/logs", LogsHandler, options),
+            (base + job + "/(?P<action>cancel|release)", ActionHandler, options),
+        ],
+    )

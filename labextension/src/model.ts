@@ -1,0 +1,71 @@
+/**
+ * The one JSON shape of a job, mirrored from `jupyter_mn/registry.py` (`JobModel`, `NodeModel`).
+ * tests/test_registry.py checks that both declare the same fields.
+ */
+
+export interface INodeModel {
+  node: number;
+  host: string;
+  /** state of each rank of the node, by local rank ("ready", "error", "lost", ...) */
+  ranks: string[];
+  pids: number[];
+  gpu_util: number | null;
+  transport: string;
+}
+
+export interface IJobModel {
+  id: string;
+  name: string;
+  gang: string;
+  backend: string;
+  shape: string;
+  gpus: number;
+  world_size: number;
+  /** a gang state (PENDING ... READY, RUNNING, BROKEN, CLOSED) or ORPHANED */
+  state: string;
+  started: number;
+  detail: string;
+  ended: number | null;
+  heartbeat: number;
+  host: string;
+  pid: number;
+  kernel_id: string | null;
+  notebook: string | null;
+  launcher: string;
+  cells: number;
+  last_cell: { id: number; ok: boolean; elapsed: number } | null;
+  error: string | null;
+  nodes: INodeModel[];
+  /** actions requested from the panel or the CLI that the kernel has not answered yet */
+  pending: string[];
+  /** the notebook's path relative to the server root, when it is under it */
+  link: string | null;
+}
+
+/** GET jupyter-mn/api/jobs */
+export interface IJobList {
+  jobs: IJobModel[];
+  /** the server's clock, so elapsed times do not depend on the browser's */
+  now: number;
+}
+
+/** One log line as GET jupyter-mn/api/jobs/{id}/logs returns it. */
+export interface ILogLine {
+  node: number;
+  seq: number;
+  time: number;
+  rank: number;
+  stream: string;
+  text: string;
+}
+
+export interface ILogPage {
+  lines: ILogLine[];
+  /** pass back as `after` to get only newer lines (follow mode) */
+  cursor: string;
+  state: string;
+}
+
+/** Job states the panel groups under "running", "idle" and "finished". */
+export const FINISHED_STATES = ['CLOSED', 'ORPHANED'];
+export const IDLE_STATES = ['READY'];

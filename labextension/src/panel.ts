@@ -1,0 +1,214 @@
+import { showErrorMessage } from '@jupyterlab/apputils';
+import { ServerConnection } from '@jupyterlab/services';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Poll } from '@lumino/polling';
+import { Widget } from '@lumino/widgets';
+
+import { el, elapsed } from './format';
+import { FINISHED_STATES, IDLE_STATES, IJobList, IJobModel } from './model';
+import { requestAPI } from './request';
+
+const ICON_SVG =
+  '<svg xmlns="http://www.w3.org/2000/svg" width="16" viewBox="0 0 24 24">' +
+  '<g class="jp-icon3" fill="#616161"><rect x="2" y="3" width="9" height="8" rx="1"/>' +
+  '<rect x="13" y="3" width="9" height="8" rx="1"/><rect x="2" y="13" width="9" height="8" rx="1"/>' +
+  '<rect x="13" y="13" width="9" height="8" rx="1"/></g></svg>';
+
+export const clustersIcon = new LabIcon({ name: 'jupyter-mn:clusters', svgstr: ICON_SVG });
+
+export interface IPanelActions {
+  openLogs(job: IJobModel): void;
+  openNotebook(path: string): void;
+}
+
+const GROUPS: Array<[string, string, (job: IJobModel) => boolean]> = [
+  ['running', 'Running', job => !FINISHED_STATES.includes(job.state) && !IDLE_STATES.includes(job.state)],
+  ['idle', 'Idle', job => IDLE_STATES.includes(job.state)],
+  ['finished', 'Finished', job => FINISHED_STATES.includes(job.state)]
+];
+
+/**
+ * The left-sidebar "Clusters" panel: every jupyter_mn job of this server, grouped as running,
+ * idle and finished. It polls every 2 s while visible (backing off on errors, pausing while
+ * hidden) and redraws only the jobs whose model changed.
+ */
+export class ClustersPanel extends Widget {
+  constructor(
+    private _settings: ServerConnection.ISettings,
+    private _actions: IPanelActions
+  ) {
+    super();
+    this.id = 'jupyter-mn-clusters';
+    this.addClass('jp-mn-ClustersPanel');
+    this.title.icon = clustersIcon;
+    this.title.caption = 'Clusters (jupyter_mn)';
+    this.node.appendChild(el('h2', 'jp-mn-ClustersPanel-title', 'Clusters'));
+    for (const [key, label] of GROUPS) {
+      const section = el('section', `jp-mn-Group jp-mn-Group-${key}`);
+      section.appendChild(el('h3', '', label));
+      const list = el('ul', 'jp-mn-JobList');
+      section.appendChild(list);
+      this._lists.set(key, list);
+      this.node.appendChild(section);
+    }
+    this._status = el('div', 'jp-mn-ClustersPanel-status');
+    this.node.appendChild(this._status);
+    this._poll = new Poll({
+      factory: () => this.refresh(),
+      frequency: { interval: 2000, backoff: true, max: 30000 },
+      standby: () => !this.isVisible || 'when-hidden',
+      name: 'jupyter-mn:clusters'
+    });
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+    super.dispose();
+  }
+
+  protected onAfterShow(): void {
+    void this._poll.refresh();
+  }
+
+  async refresh(): Promise<void> {
+    let data: IJobList;
+    try {
+      data = await requestAPI<IJobList>('jobs', {}, this._settings);
+    } catch (error) {
+      this._status.textContent = `Cannot reach the jupyter_mn server extension: ${error}`;
+      throw error; // the poll backs off
+    }
+    this._status.textContent = data.jobs.length ? '' : 'No jobs yet: run a %%cluster cell.';
+    const seen = new Set<string>();
+    for (const [key, , member] of GROUPS) {
+      const list = this._lists.get(key)!;
+      const jobs = data.jobs.filter(member);
+      list.parentElement!.classList.toggle('jp-mod-empty', jobs.length === 0);
+      jobs.forEach((job, index) => {
+        seen.add(job.id);
+        const item = this._item(job);
+        if (list.children[index] !== item) {
+          list.insertBefore(item, list.children[index] ?? null);
+        }
+        const end = job.ended ?? data.now;
+        item.querySelector('.jp-mn-Job-elapsed')!.textContent = elapsed(end - job.started);
+      });
+      while (list.children.length > jobs.length) {
+        list.lastChild!.remove();
+      }
+    }
+    for (const id of [...this._items.keys()]) {
+      if (!seen.has(id)) {
+        this._items.delete(id);
+      }
+    }
+  }
+
+  /** The list item of a job: reused while its model is unchanged, so clicks are never lost. */
+  private _item(job: IJobModel): HTMLElement {
+    const key = JSON.stringify({ ...job, heartbeat: 0 });
+    const cached = this._items.get(job.id);
+    if (cached && cached.key === key) {
+      return cached.node;
+    }
+    const node = this._render(job);
+    cached?.node.remove();
+    this._items.set(job.id, { key, node });
+    return node;
+  }
+
+  private _render(job: IJobModel): HTMLElement {
+    const item = el('li', 'jp-mn-Job');
+    item.dataset.jobId = job.id;
+    item.dataset.state = job.state;
+    const head = el('div', 'jp-mn-Job-head');
+    head.appendChild(el('span', 'jp-mn-Job-name', job.name));
+    head.appendChild(el('span', `jp-mn-State jp-mn-State-${job.state}`, job.state));
+    item.appendChild(head);
+
+    const facts = el('div', 'jp-mn-Job-facts');
+    facts.appendChild(el('span', 'jp-mn-Job-shape', `${job.shape} · ${job.backend}`));
+    facts.appendChild(el('span', 'jp-mn-Job-elapsed'));
+    facts.appendChild(el('span', 'jp-mn-Job-cells', `${job.cells} cell${job.cells === 1 ? '' : 's'}`));
+    item.appendChild(facts);
+
+    const badges = el('div', 'jp-mn-Job-badges');
+    const util = job.nodes.map(n => n.gpu_util).filter((u): u is number => u !== null);
+    const gpu = util.length
+      ? `GPU ${Math.round(util.reduce((a, b) => a + b, 0) / util.length)}%`
+      : 'no GPU';
+    badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-gpu', gpu));
+    const transports = [...new Set(job.nodes.map(n => n.transport).filter(t => t))];
+    if (transports.length) {
+      badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-transport', transports.join(', ')));
+    }
+    item.appendChild(badges);
+
+    if (job.link) {
+      const link = el('a', 'jp-mn-Job-notebook', job.link);
+      link.href = '#';
+      link.title = `Open ${job.link}`;
+      link.addEventListener('click', event => {
+        event.preventDefault();
+        this._actions.openNotebook(job.link!);
+      });
+      item.appendChild(link);
+    } else if (job.notebook || job.launcher) {
+      const origin = el('div', 'jp-mn-Job-origin', job.notebook ?? job.launcher);
+      origin.title = origin.textContent!;
+      item.appendChild(origin);
+    }
+    if (job.error) {
+      item.appendChild(el('div', 'jp-mn-Job-error', job.error));
+    } else if (job.detail && FINISHED_STATES.includes(job.state)) {
+      item.appendChild(el('div', 'jp-mn-Job-detail', job.detail));
+    }
+    if (job.pending.length) {
+      item.appendChild(el('div', 'jp-mn-Job-pending', `${job.pending.join(', ')} requested…`));
+    }
+
+    const buttons = el('div', 'jp-mn-Job-actions');
+    const button = (label: string, run: () => Promise<void> | void) => {
+      const b = el('button', `jp-Button jp-mn-Action jp-mn-Action-${label.toLowerCase()}`, label);
+      b.addEventListener('click', () => void this._act(label, run));
+      buttons.appendChild(b);
+    };
+    button('Logs', () => this._actions.openLogs(job));
+    const finished = FINISHED_STATES.includes(job.state);
+    if (job.state === 'RUNNING') {
+      button('Cancel', () => this._post(job, 'cancel'));
+    }
+    if (!finished) {
+      button('Release', () => this._post(job, 'release'));
+    } else {
+      button('Forget', async () => {
+        await requestAPI(`jobs/${encodeURIComponent(job.id)}`, { method: 'DELETE' }, this._settings);
+      });
+    }
+    item.appendChild(buttons);
+    return item;
+  }
+
+  private async _post(job: IJobModel, action: string): Promise<void> {
+    const reply = await requestAPI<{ outcome: string | null }>(
+      `jobs/${encodeURIComponent(job.id)}/${action}`,
+      { method: 'POST' },
+      this._settings
+    );
+    this._status.textContent = `${job.name}: ${reply.outcome ?? `${action} requested`}`;
+  }
+
+  private async _act(label: string, run: () => Promise<void> | void): Promise<void> {
+    try {
+      await run();
+    } catch (error) {
+      void showErrorMessage(`${label} failed`, String(error));
+    }
+    await this._poll.refresh();
+  }
+
+  private _lists = new Map<string, HTMLUListElement>();
+  private _items = new Map<string, { key: string; node: HTMLElement }>();
+  private _status: HTMLElement;
+  private _poll: Poll;
+}

@@ -1,0 +1,151 @@
+"""The Clusters panel and log viewer in a real JupyterLab, driven by chromium."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+from conftest import ARTIFACTS, run_command, wait_kernel_idle
+from playwright.sync_api import expect
+
+from jupyter_mn.registry import Registry
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03-papermill.ipynb"
+XSS = '<img src=x onerror="window.__xss=1">'
+
+
+def open_panel(page):
+    tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-mn-clusters"]')
+    expect(tab).to_be_visible(timeout=60_000)
+    tab.click()
+    return page.locator("#jupyter-mn-clusters")
+
+
+def job_item(panel, name: str):
+    return panel.locator("li.jp-mn-Job").filter(
+        has=panel.page.locator(".jp-mn-Job-name", has_text=name)
+    )
+
+
+def test_panel_follows_a_job_and_the_log_viewer_shows_rank_labelled_text(lab, page):
+    (lab.root / "work").mkdir()
+    page.goto(
+        lab.notebook(
+            "work/panel.ipynb",
+            [
+                "%%cluster --nodes 2 --gpus 1 --name panel\nimport time\n"
+                "print('step', dist.get_rank())\n"
+                f"print({XSS!r})\ntime.sleep(3)\nprint('done', dist.get_rank())"
+            ],
+        )
+    )
+    wait_kernel_idle(page)
+    panel = open_panel(page)
+    run_command(page, "notebook:run-all-cells")
+    item = job_item(panel, "panel")
+    expect(item).to_have_attribute("data-state", "RUNNING", timeout=90_000)
+    expect(panel.locator(".jp-mn-Group-running")).to_contain_text("panel")
+    expect(item.locator(".jp-mn-Job-shape")).to_have_text("2×1 · local")
+    expect(item).to_have_attribute("data-state", "READY", timeout=30_000)
+    expect(panel.locator(".jp-mn-Group-idle")).to_contain_text("panel")
+    expect(item.locator(".jp-mn-Badge-gpu")).to_have_text("no GPU")
+    expect(item.locator(".jp-mn-Badge-transport")).to_have_text("gloo (CPU)")
+    expect(item.locator(".jp-mn-Job-notebook")).to_have_text("work/panel.ipynb")
+
+    item.get_by_role("button", name="Logs").click()
+    viewer = page.locator(".jp-mn-LogViewer")
+    text = viewer.locator(".jp-mn-LogViewer-text")
+    expect(text).to_contain_text("[node 1 rank 1] done 1", timeout=20_000)
+    expect(text).to_contain_text("[node 0 rank 0] step 0")
+    shown = text.locator(".jp-mn-LogLine", has_text="onerror")
+    expect(shown).to_have_count(2)
+    expect(shown.first).to_contain_text(XSS)  # the markup shows as text …
+    assert text.locator("img").count() == 0  # … no element was made of it
+    assert page.evaluate("window.__xss") is None  # … and no script ran
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "sidebar-log-viewer.png"))
+
+    node, rank = (viewer.locator(f"select.jp-mn-LogViewer-{s}") for s in ("node", "rank"))
+    node.select_option("1")
+    expect(text.locator(".jp-mn-LogLine")).to_have_count(3)
+    expect(text.locator('.jp-mn-LogLine[data-node="0"]')).to_have_count(0)
+    expect(rank.locator("option")).to_have_text(["All ranks", "Rank 1"])  # node 1's ranks
+    node.select_option("")
+    rank.select_option("0")
+    expect(text.locator(".jp-mn-LogLine")).to_have_count(3)
+    expect(text.locator('.jp-mn-LogLine[data-rank="1"]')).to_have_count(0)
+
+    item.locator(".jp-mn-Job-notebook").click()  # the link brings the notebook back to front
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.context?.path === 'work/panel.ipynb'"
+    )
+    item.get_by_role("button", name="Release").click()
+    expect(item).to_have_attribute("data-state", "CLOSED", timeout=30_000)
+
+
+def test_cancel_stops_a_long_cell_and_release_frees_the_idle_gang(lab, page):
+    page.goto(
+        lab.notebook(
+            "cancel.ipynb",
+            [
+                "%%cluster --nodes 1 --gpus 2 --name cancel\nimport time\n"
+                "print('sleeping', dist.get_rank())\ntime.sleep(300)"
+            ],
+        )
+    )
+    wait_kernel_idle(page)
+    panel = open_panel(page)
+    run_command(page, "notebook:run-all-cells")
+    item = job_item(panel, "cancel")
+    expect(item).to_have_attribute("data-state", "RUNNING", timeout=90_000)
+    item.get_by_role("button", name="Cancel").click()
+    output = page.locator(".jp-OutputArea-output")
+    expect(output.filter(has_text="CellInterrupted")).to_have_count(1, timeout=30_000)
+    expect(output.filter(has_text="cancelled from the Clusters panel")).to_have_count(1)
+    expect(item).to_have_attribute("data-state", "READY", timeout=30_000)
+
+    job = Registry().resolve("cancel")
+    ranks = [psutil.Process(p) for node in job.nodes for p in node.pids]
+    assert len(ranks) == 2 and all(r.is_running() for r in ranks)
+    item.get_by_role("button", name="Release").click()
+    expect(item).to_have_attribute("data-state", "CLOSED", timeout=30_000)
+    expect(panel.locator(".jp-mn-Group-finished")).to_contain_text("cancel")
+    _, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive
+    item.get_by_role("button", name="Forget").click()
+    expect(item).to_have_count(0)
+
+
+def test_a_papermill_run_from_a_terminal_appears_in_the_panel(lab, page, tmp_path):
+    page.goto(f"{lab.url}/lab?token={lab.token}")
+    panel = open_panel(page)
+    papermill = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("papermill")),
+            "-k",
+            "jupyter_mn",
+            str(NOTEBOOK),
+            str(tmp_path / "out.ipynb"),
+            "-p",
+            "steps",
+            "60",
+            "-p",
+            "name",
+            "terminal",
+            "--no-progress-bar",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        item = job_item(panel, "terminal")
+        expect(item).to_have_count(1, timeout=90_000)  # while it runs (or just after, if fast)
+        expect(item.locator(".jp-mn-Job-origin")).to_contain_text("papermill")
+        assert papermill.wait(120) == 0
+        expect(item).to_have_attribute("data-state", "CLOSED", timeout=10_000)
+    finally:
+        papermill.kill()
+        papermill.wait()

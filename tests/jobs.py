@@ -1,0 +1,29 @@
+"""A job model as a kernel would write it, owned by this (live) test process."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from jupyter_mn.registry import JobModel, NodeModel
+
+
+def make_job(job_id: str = "jmn-1", **changes: Any) -> JobModel:
+    """A READY 2×1 local job; ``changes`` override any field."""
+    values: dict[str, Any] = dict(
+        id=job_id,
+        name=job_id,
+        gang=job_id,
+        backend="local",
+        shape="2×1",
+        gpus=1,
+        world_size=2,
+        state="READY",
+        started=time.time() - 5,
+        heartbeat=time.time(),
+        pid=os.getpid(),  # alive: this test process stands in for the owning kernel
+        nodes=[NodeModel(0, ranks=["ready"]), NodeModel(1, ranks=["ready"])],
+    )
+    values.update(changes)
+    return JobModel(**values)

@@ -1,0 +1,122 @@
+"""A real gang in this process writes its job to the registry and obeys cancel/release rows."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from polling import wait_until
+
+from jupyter_mn import Cluster
+from jupyter_mn.joblogs import read_logs
+from jupyter_mn.registry import JobModel, Registry
+
+
+@pytest.fixture(scope="module")
+def registry() -> Iterator[Registry]:
+    reg = Registry()
+    yield reg
+    reg.close()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(nodes=2, gpus=1)
+    c.up()
+    yield c
+    c.close()
+
+
+def _job(registry: Registry, cluster: Cluster) -> JobModel:
+    return next(j for j in registry.jobs() if j.gang == cluster.gang.id)
+
+
+def _when(registry: Registry, cluster: Cluster, check, what: str) -> JobModel:
+    def matching() -> JobModel | None:
+        job = _job(registry, cluster)
+        return job if check(job) else None
+
+    return wait_until(matching, 20, what)
+
+
+def test_job_has_state_nodes_and_rank_labelled_logs(registry, cluster):
+    cluster.run("print('hello from', dist.get_rank())")
+    job = _when(registry, cluster, lambda j: j.cells == 1 and j.state == "READY", "cell recorded")
+    assert (job.backend, job.shape, job.world_size, job.pid) == ("local", "2×1", 2, job.pid)
+    assert job.last_cell["ok"] is True and job.error is None
+    for node in job.nodes:
+        assert node.ranks == ["ready"] and node.transport == "gloo (CPU)"
+        assert node.host and all(psutil.pid_exists(p) for p in node.pids) and node.pids
+    logs = registry.log_dir(job.id)
+    lines = wait_until(lambda: read_logs(logs)[0], 10, "log lines")
+    assert {x.labelled for x in lines} >= {
+        "[node 0 rank 0] hello from 0",
+        "[node 1 rank 1] hello from 1",
+    }
+
+
+def test_a_failed_cell_records_its_root_cause(registry, cluster):
+    result = cluster.run("if dist.get_rank() == 1:\n    raise RuntimeError('boom')")
+    assert not result.ok
+    job = _when(registry, cluster, lambda j: j.last_cell and not j.last_cell["ok"], "failure")
+    assert job.error == "rank 1 (node 1): RuntimeError: boom"
+
+
+def test_cancel_request_stops_a_running_cell_and_the_gang_stays_up(registry, cluster):
+    results = []
+    runner = threading.Thread(
+        target=lambda: results.append(cluster.run("import time\ntime.sleep(60)"))
+    )
+    started = time.monotonic()
+    runner.start()
+    job = _when(registry, cluster, lambda j: j.state == "RUNNING", "RUNNING")
+    request = registry.request(job.id, "cancel", "cli")
+    outcome = wait_until(lambda: registry.outcome(request), 10, "the kernel's answer")
+    assert outcome == "cancelling the running cell"
+    runner.join(30)
+    assert time.monotonic() - started < 20
+    (result,) = results
+    assert {r.status for r in result.ranks} == {"interrupted"}
+    assert "the cell was interrupted: cancelled from jupyter mn" in result.notes
+    assert cluster.run("dist.get_world_size()").value == 2
+
+
+def test_cancel_when_no_cell_runs_says_so(registry, cluster):
+    job = _when(registry, cluster, lambda j: j.state == "READY", "READY")
+    request = registry.request(job.id, "cancel", "panel")
+    assert wait_until(lambda: registry.outcome(request), 10, "answer") == "no cell was running"
+
+
+def test_release_request_frees_the_idle_gang(registry, cluster):
+    job = _when(registry, cluster, lambda j: j.state == "READY", "READY")
+    pids = [p for node in job.nodes for p in node.pids]
+    request = registry.request(job.id, "release", "panel")
+    assert wait_until(lambda: registry.outcome(request), 10, "answer") == "releasing the gang"
+    wait_until(lambda: registry.job(job.id).state == "CLOSED", 30, "CLOSED")
+    assert registry.job(job.id).ended is not None
+    assert cluster.gang is None
+    assert cluster.status()["detail"] == "released from the Clusters panel"
+    assert len(pids) == 2
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
+    assert not alive
+
+
+def test_gpu_samples_and_transport_reports_reach_the_job(registry, cluster):
+    """Telemetry events (issue 4) feed the sidebar's GPU and transport badges."""
+    from jupyter_mn.events import GpuSample, GpuStat, TransportReport
+    from jupyter_mn.recorder import JobRecord
+
+    gang = cluster.up()  # an earlier test may have released it
+    record = JobRecord(registry, cluster, gang)  # fed by hand: no live events race it
+    gpus = (GpuStat(0, "H100", 80, 1000, 80000), GpuStat(1, "H100", 40, 1000, 80000))
+    assert record.handle(GpuSample(node=1, gpus=gpus))
+    report = TransportReport(node=1, network="IB", inter_node=("NET/IB/GDRDMA",), gdr=True)
+    assert record.handle(report)
+    assert not record.handle(TransportReport(node=-1))  # from log files, not a node of the job
+    job = JobModel.from_json(record.model.to_json())  # the shape the sidebar reads
+    assert job.nodes[1].gpu_util == 60 and job.nodes[0].gpu_util is None
+    assert job.nodes[1].transport == "inter-node NET/IB/GDRDMA"
+    record.logs.close()
