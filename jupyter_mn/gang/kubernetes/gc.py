@@ -91,13 +91,21 @@ def delete(leftovers: Collection[Leftover], api: Any = None) -> None:
 
 
 def collect(
-    namespace: str | None = None, keep: Collection[str] = (), dry_run: bool = False
+    namespace: str | None = None,
+    keep: Collection[str] = (),
+    only: Collection[str] | None = None,
+    dry_run: bool = False,
 ) -> list[Leftover]:
-    """Delete every gang in ``namespace`` except those in ``keep`` (live kernels' gangs).
+    """Delete the gangs in ``namespace`` named in ``only`` (default: all) except ``keep``.
 
-    Returns what was deleted (with ``dry_run``: what would be).
+    ``keep``: gangs of live kernels; ``only``: e.g. one dead kernel's gang (its ``Gang.id``, the
+    registry's ``JobModel.gang``). Returns what was deleted (with ``dry_run``: what would be).
     """
-    doomed = [left for left in find(namespace) if left.gang not in set(keep)]
+    doomed = [
+        left
+        for left in find(namespace)
+        if left.gang not in set(keep) and (only is None or left.gang in set(only))
+    ]
     if not dry_run:
         delete(doomed)
     return doomed
