@@ -236,6 +236,8 @@ def test_gc_deletes_the_gangs_of_dead_kernels_only(cluster):
     assert [left.gang for left in gc.collect(keep={"jmn-alive001"}, dry_run=True)] == [
         "jmn-dead0001"
     ]
+    only = gc.collect(only={"jmn-dead0001"}, dry_run=True)
+    assert [left.gang for left in only] == ["jmn-dead0001"]
     assert {o["metadata"]["labels"]["jupyter-mn.io/gang"] for o in cluster.ours()} == {
         "jmn-alive001",
         "jmn-dead0001",
