@@ -17,6 +17,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import publish_display_data
 from traitlets import Bool, Dict, Float, Integer, Unicode
 
+from . import kubespec
 from .node_magics import node_verbs
 from .spec import ClusterSpec, parse_env_pairs, spec_fields
 
@@ -60,7 +61,7 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
         help="NCCL_DEBUG=INFO and torch.distributed debug output in the logs",
     )
     parser.add_argument("--view", choices=["auto", "widget", "text"], help="how to show the cell")
-    return _preflight_flags(parser)
+    return kubespec.add_flags(_preflight_flags(parser))
 
 
 def _preflight_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
@@ -104,6 +105,10 @@ def _cell_parser() -> MagicArgumentParser:
     parser.add_argument("--all", action="store_true", help="return every rank's value (a list)")
     parser.add_argument("--pull", help="copy these names (a,b) from rank 0 into the notebook")
     parser.add_argument("--push", help="send these notebook names (a,b) even if skipped")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the Kubernetes objects instead of running"
+    )
+    parser.add_argument("--k8s-version", help="with --dry-run: build for 1.MINOR, ask no cluster")
     return parser
 
 
@@ -125,6 +130,9 @@ class ClusterMagics(Magics):
     default_timeout = Float(None, allow_none=True, config=True, help="per-cell timeout (s)")
     default_idle_timeout = Float(None, allow_none=True, config=True, help="idle release (s)")
     default_env = Dict(None, allow_none=True, config=True, help="env for every rank")
+    default_kubernetes = Dict(
+        None, allow_none=True, config=True, help="Kubernetes options, e.g. {'image': …}"
+    )
     default_rdma = Bool(None, allow_none=True, config=True, help="use the RDMA fabric")
     default_view = Unicode(None, allow_none=True, config=True, help="auto | widget | text")
 
@@ -156,6 +164,9 @@ class ClusterMagics(Magics):
         running = cluster.current()
         if running is not None:
             base = base.replace(**{k: getattr(running.spec, k) for k in _gang_fields()})
+        kube = kubespec.from_args(args)
+        if kube:
+            flags["kubernetes"] = base.kubernetes.replace(**kube)
         return base.replace(**flags)
 
     # ---- the magic
@@ -183,6 +194,10 @@ class ClusterMagics(Magics):
         from .views import make_view
 
         spec = self.spec_from(args)
+        if args.dry_run:
+            return self._dry_run(spec, args.k8s_version)
+        if args.k8s_version:
+            raise UsageError("--k8s-version only shapes a --dry-run; the cluster says its version")
         target = cluster.session(spec)
         cell_id = self.shell.execution_count
         view = make_view(spec, title=spec.name or f"cell {cell_id}")
@@ -206,6 +221,13 @@ class ClusterMagics(Magics):
         if result.ok and result.pulled:
             self.shell.user_ns.update(result.pulled)
         return result.unwrap()
+
+    def _dry_run(self, spec: ClusterSpec, k8s_version: str | None) -> None:
+        if spec.backend != "kubernetes":
+            raise UsageError("--dry-run prints Kubernetes objects: add --backend kubernetes")
+        from .gang.kubernetes.discovery import dry_run
+
+        print(dry_run(spec, k8s_version))
 
     # ---- verbs
     def _status(self, args: Any) -> dict[str, Any] | None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import SpecError
+from .kubespec import KubeOptions
+from .kubespec import from_environ as kube_from_environ
 
 BACKENDS = ("local", "dask", "kubernetes")
 VIEWS = ("auto", "widget", "text")
@@ -52,6 +54,7 @@ class ClusterSpec:
     debug: bool = _gang(False)
     #: dask backend: several workers of one host may be nodes (default: one node per host)
     same_host: bool = _gang(False)
+    kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
     name: str | None = None
     #: how the cell shows its gang: a widget where a frontend renders widgets, else text
     view: str = "auto"
@@ -94,6 +97,11 @@ class ClusterSpec:
                 "with tcp or tls (e.g. tls://10.0.0.5:8786)"
             )
         _check_preflight(self)
+        if self.backend == "kubernetes" and not self.kubernetes.image:
+            raise SpecError(
+                "backend 'kubernetes' needs --image: an image with jupyter_mn and torch "
+                "(recipe: docs/agent.Dockerfile)"
+            )
         for name in ("timeout", "idle_timeout", "start_timeout", "pg_timeout"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value <= 0):
@@ -138,7 +146,11 @@ class ClusterSpec:
         """Defaults ← environment ← each layer in order (``None`` values are skipped)."""
         values: dict[str, Any] = from_environ(os.environ)
         for layer in layers:
-            values.update({k: v for k, v in layer.items() if v is not None})
+            for key, value in layer.items():
+                if key == "kubernetes" and isinstance(value, Mapping):
+                    value = {**values.get(key, {}), **value}  # options merge across layers
+                if value is not None:
+                    values[key] = value
         return cls(**_normalize(values))
 
 
@@ -149,7 +161,12 @@ def spec_fields() -> dict[str, dataclasses.Field]:
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """Read ``JUPYTER_MN_<FIELD>`` variables, e.g. ``JUPYTER_MN_NODES=2``."""
     values: dict[str, Any] = {}
+    kube = kube_from_environ(environ)
+    if kube:
+        values["kubernetes"] = kube
     for name, f in spec_fields().items():
+        if name == "kubernetes":
+            continue
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is None or raw == "":
             continue
@@ -192,6 +209,8 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(values.get("check_paths"), (list, str)):
         paths = values["check_paths"]
         values = {**values, "check_paths": (paths,) if isinstance(paths, str) else tuple(paths)}
+    if isinstance(values.get("kubernetes"), Mapping):
+        values = {**values, "kubernetes": KubeOptions.from_mapping(values["kubernetes"])}
     env = values.get("env")
     if isinstance(env, Mapping):
         values = {**values, "env": tuple(sorted((str(k), v) for k, v in env.items()))}

@@ -155,7 +155,11 @@ class Gang:
                 log.exception("jupyter_mn event listener failed")
 
     def notify(self, event: Any) -> None:
-        """An event from the provisioner, which works on the starting (main) thread: shown now."""
+        """An event from the provisioner, which works on the starting (main) thread: shown now,
+        after the events queued before it (the SCHEDULING transition)."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.consume(self.inbox.get(timeout=0), self._on_event)
         self.announce(event, self._on_event)
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import CellDone, GangState, GpuSample, LogLines, TransportReport
+from ..events import CellDone, GangState, GpuSample, LogLines, NodesWaiting, TransportReport
 
 #: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
 TAIL_LINES = 100
@@ -51,6 +51,8 @@ class CellState:
         self.peaks: dict[tuple[int, int], tuple[int, int]] = {}
         self.transport: dict[int, TransportReport] = {}
         self.done: CellDone | None = None
+        #: why each node (-1: the gang) is not up yet, while the gang comes up
+        self.waiting: dict[int, NodesWaiting] = {}
         self.dirty: set[str] = {"header"}
         self.lock = threading.Lock()
 
@@ -70,6 +72,12 @@ class CellState:
             self.dirty.add(f"log{event.node}")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail
+            if event.state not in ("PENDING", "SCHEDULING"):
+                self.waiting.clear()
+            self.dirty.add("header")
+        elif isinstance(event, NodesWaiting):
+            for node in event.nodes or (-1,):
+                self.waiting[node] = event
             self.dirty.add("header")
         elif isinstance(event, GpuSample):
             self.gpus[event.node] = event
@@ -83,6 +91,16 @@ class CellState:
         elif isinstance(event, CellDone):
             self.done, self.ended = event, time.monotonic()
             self.dirty.update({"header", "summary"})
+
+    def waiting_lines(self) -> list[str]:
+        """The current pending reasons, one line per reason naming its nodes."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for node, event in sorted(self.waiting.items()):
+            groups.setdefault((event.reason, event.message), []).append(node)
+        return [
+            NodesWaiting(tuple(n for n in nodes if n >= 0), *key).text
+            for key, nodes in groups.items()
+        ]
 
     def take_dirty(self) -> set[str]:
         with self.lock:
