@@ -274,3 +274,34 @@ def test_an_expired_lease_of_a_dead_kernel_is_taken_over(cluster):
     rec.provisioner.release()
     assert cluster.live("leases") == []
     api.close()
+
+
+def test_jupyter_mn_gc_deletes_an_orphaned_kubernetes_job(cluster, tmp_path, monkeypatch):
+    """The registry's orphaned Kubernetes job is cleaned by label through `jupyter mn gc`."""
+    from jupyter_mn.reaper import collect as reap
+    from jupyter_mn.registry import ORPHANED, JobModel, NodeModel, Registry
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    dead = Recorder()
+    dead.up(kube_spec(nodes=1), "jmn-gone0001")  # its kernel "dies": no release()
+    registry = Registry()
+    registry.save(
+        JobModel(
+            id="jmn-gone0001",
+            name="gone",
+            gang="jmn-gone0001",
+            backend="kubernetes",
+            shape="1×2",
+            gpus=2,
+            world_size=2,
+            state=ORPHANED,
+            started=0.0,
+            nodes=[NodeModel(node=0)],
+        )
+    )
+    dry = reap(registry, keep_s=1e9, dry_run=True)
+    assert any("would delete" in line for line in dry) and cluster.ours()
+    done = reap(registry, keep_s=1e9)
+    assert any("deleted" in line and "jmn-gone0001" in line for line in done)
+    assert cluster.ours() == []
+    registry.close()
