@@ -26,6 +26,42 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_manifests(sub: Any) -> None:
+    from .kubespec import add_flags
+
+    p = sub.add_parser(
+        "manifests", help="print the Kubernetes objects a gang would be made of (a dry run)"
+    )
+    p.add_argument("--nodes", type=int, help="number of nodes (pods)")
+    p.add_argument("--gpus", type=int, help="GPUs (ranks) per node")
+    p.add_argument("--rdma", action="store_true", default=None, help="use the RDMA fabric")
+    p.add_argument("--name", help="gang name (default: a fresh jmn-… id)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="env for every rank")
+    p.add_argument("--k8s-version", help="build for 1.MINOR instead of asking the cluster")
+    add_flags(p)
+    p.set_defaults(func=_manifests)
+
+
+def _manifests(args: argparse.Namespace) -> int:
+    from .gang.kubernetes.discovery import dry_run
+    from .kubespec import from_args
+    from .spec import ClusterSpec, parse_env_pairs
+
+    spec = ClusterSpec.build(
+        {
+            "backend": "kubernetes",
+            "nodes": args.nodes,
+            "gpus": args.gpus,
+            "rdma": args.rdma,
+            "name": args.name,
+            "env": parse_env_pairs(args.env) if args.env else None,
+            "kubernetes": from_args(args),
+        }
+    )
+    sys.stdout.write(dry_run(spec, args.k8s_version))
+    return 0
+
+
 # ---- jobs in the registry (the same ones the Clusters panel shows)
 FOLLOW_POLL_S = 0.5
 
@@ -176,6 +212,31 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_doctor(sub: Any) -> None:
+    from .magics import _spec_flags
+
+    p = sub.add_parser(
+        "doctor",
+        help="check the nodes before a run: versions, GPUs, network, RDMA, /dev/shm, disk, paths",
+    )
+    _spec_flags(p)
+    p.set_defaults(func=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Claim the nodes, print the doctor's table, release them; status 1 when a check fails."""
+    from .cluster import Cluster
+    from .doctor import doctor
+    from .magics import spec_flags_of
+    from .spec import ClusterSpec
+    from .views import TextView
+
+    with Cluster(ClusterSpec.build(spec_flags_of(args))) as cluster:
+        report = doctor(cluster, TextView())
+    print(report)
+    return 0 if report.ok else 1
+
+
 COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_config,
     _add_list,
@@ -183,6 +244,8 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_cancel,
     _add_release,
     _add_gc,
+    _add_doctor,
+    _add_manifests,
 )
 
 

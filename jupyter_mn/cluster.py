@@ -15,7 +15,7 @@ import dataclasses
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .background import BackgroundCell
@@ -74,6 +74,38 @@ class Cluster:
             self._arm_idle_timer()
             self._arm_expiry(gang)
             return gang
+
+    @contextlib.contextmanager
+    def nodes(
+        self, on_event: Callable[[Any], None] | None = None, preflight: bool | None = None
+    ) -> Iterator[Any]:
+        """The gang's node agents for a one-off job (doctor, exec, a script): the warm gang's
+        when it is up, else nodes claimed for the job alone (no ranks) and released after it.
+
+        ``preflight`` overrides the spec's for freshly claimed nodes.
+        """
+        from .gang import make_gang
+
+        with self._lock:
+            self._cancel_idle_timer()
+            try:
+                if self.gang is not None:
+                    self._notes += self.gang.settle()  # a re-forming after a failure
+                if self.gang is not None and self.gang.status.usable:
+                    yield self.gang
+                    return
+                self._drop_gang()
+                spec = self.spec if preflight is None else self.spec.replace(preflight=preflight)
+                gang = make_gang(spec)
+                try:
+                    gang.start(on_event, ranks=False)
+                    yield gang
+                finally:
+                    gang.close()
+            finally:
+                self.last_used = time.time()
+                if self.gang is not None:
+                    self._arm_idle_timer()
 
     def close(self) -> None:
         """Stop every process of the gang (a background cell is interrupted). Safe twice."""

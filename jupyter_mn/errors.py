@@ -36,6 +36,17 @@ class SchedulingError(JupyterMNError):
     """The backend could not provide all nodes of the gang (all or nothing)."""
 
 
+class PreflightError(SchedulingError):
+    """A preflight check failed on some node; carries the doctor's table with a fix per ✘."""
+
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}", *str(self.report or "").splitlines()]
+
+
 class RendezvousError(JupyterMNError):
     """Ranks started but did not form a process group."""
 

@@ -154,8 +154,9 @@ class CellDone:
 
 @_event
 @dataclass(frozen=True)
-class Notice:
-    """Something the user should read: a retry, ranks restarted, a gang released."""
+class Note:
+    """A line for the user from the kernel side (waiting for workers, preflight passed, a retry,
+    ranks restarted, …)."""
 
     text: str
 
@@ -173,7 +174,46 @@ class Stacks:
     ranks: tuple[tuple[int, int, bool, tuple[str, ...], str], ...]
 
 
-Event = LogLines | RankState | GangState | GpuSample | TransportReport | CellDone | Notice | Stacks
+@_event
+@dataclass(frozen=True)
+class NodesWaiting:
+    """Nodes not up yet, and why (Kubernetes: the pods' pending reason); no nodes: the gang."""
+
+    nodes: tuple[int, ...]
+    reason: str
+    message: str = ""
+
+    @property
+    def text(self) -> str:
+        if not self.nodes:
+            who = "gang"
+        else:
+            who = ("node " if len(self.nodes) == 1 else "nodes ") + _ranges(self.nodes)
+        return f"{who}: {self.reason}" + (f" ({self.message})" if self.message else "")
+
+
+def _ranges(numbers: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` → ``"0-2, 5"``."""
+    parts: list[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
+Event = (
+    LogLines
+    | RankState
+    | GangState
+    | GpuSample
+    | TransportReport
+    | CellDone
+    | Note
+    | NodesWaiting
+    | Stacks
+)
 #: Fields holding nested event parts, rebuilt by ``from_msg`` after the msgpack trip.
 _NESTED: dict[type, tuple[str, type]] = {
     GpuSample: ("gpus", GpuStat),

@@ -6,6 +6,7 @@ are checked by ``ClusterSpec``; everything else is the Python API in ``cluster.p
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,8 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import publish_display_data
 from traitlets import Bool, Dict, Float, Integer, Unicode
 
+from . import kubespec
+from .node_magics import node_verbs
 from .spec import ClusterSpec, parse_env_pairs, spec_fields
 
 
@@ -64,6 +67,42 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
         help="NCCL_DEBUG=INFO and torch.distributed debug output in the logs",
     )
     parser.add_argument("--view", choices=["auto", "widget", "text"], help="how to show the cell")
+    return kubespec.add_flags(_preflight_flags(parser))
+
+
+def _preflight_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
+    """Where nodes come from on a dask cluster, and what the preflight doctor checks."""
+    parser.add_argument(
+        "--same-host",
+        dest="same_host",
+        action="store_const",
+        const=True,
+        help="dask: several workers of one host may be nodes",
+    )
+    parser.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_const",
+        const=False,
+        help="skip the checks before a new gang",
+    )
+    parser.add_argument(
+        "--preflight",
+        dest="preflight",
+        action="store_const",
+        const=True,
+        help="run the checks before a new gang (default on remote backends)",
+    )
+    parser.add_argument(
+        "--check-path",
+        dest="check_paths",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="preflight: this path must exist on every node (repeatable)",
+    )
+    parser.add_argument("--min-shm-gb", type=float, help="preflight: least /dev/shm size (GiB)")
+    parser.add_argument("--min-disk-gb", type=float, help="preflight: least free disk (GiB)")
     return parser
 
 
@@ -75,6 +114,10 @@ def _cell_parser() -> MagicArgumentParser:
     parser.add_argument(
         "--bg", action="store_true", help="run in the background; returns a handle at once"
     )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the Kubernetes objects instead of running"
+    )
+    parser.add_argument("--k8s-version", help="with --dry-run: build for 1.MINOR, ask no cluster")
     return parser
 
 
@@ -96,6 +139,9 @@ class ClusterMagics(Magics):
     default_timeout = Float(None, allow_none=True, config=True, help="per-cell timeout (s)")
     default_idle_timeout = Float(None, allow_none=True, config=True, help="idle release (s)")
     default_env = Dict(None, allow_none=True, config=True, help="env for every rank")
+    default_kubernetes = Dict(
+        None, allow_none=True, config=True, help="Kubernetes options, e.g. {'image': …}"
+    )
     default_rdma = Bool(None, allow_none=True, config=True, help="use the RDMA fabric")
     default_view = Unicode(None, allow_none=True, config=True, help="auto | widget | text")
 
@@ -109,7 +155,10 @@ class ClusterMagics(Magics):
             "auto": (_verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
             "config": (_verb_parser("config"), self._config),
             "stacks": (_verb_parser("stacks"), self._stacks),
+            **node_verbs(self),
         }
+        #: verbs whose text after `` -- `` is kept verbatim (a shell command)
+        self._raw_verbs = {"exec"}
         self._auto_on = False
 
     # ---- spec from config + flags
@@ -120,17 +169,14 @@ class ClusterMagics(Magics):
         """Flags given on this cell, over the running gang's shape, over configured defaults."""
         from . import cluster
 
-        flags = {
-            name: getattr(args, name, None)
-            for name in spec_fields()
-            if getattr(args, name, None) is not None
-        }
-        if "env" in flags:
-            flags["env"] = parse_env_pairs(flags["env"])
+        flags = spec_flags_of(args)
         base = ClusterSpec.build(self._config_layer())
         running = cluster.current()
         if running is not None:
             base = base.replace(**{k: getattr(running.spec, k) for k in _gang_fields()})
+        kube = kubespec.from_args(args)
+        if kube:
+            flags["kubernetes"] = base.kubernetes.replace(**kube)
         return base.replace(**flags)
 
     # ---- the magic
@@ -139,19 +185,29 @@ class ClusterMagics(Magics):
         """%%cluster [--nodes N] [--gpus G] …: run this cell on every rank; %cluster VERB …"""
         if cell is not None:
             return self._run(self._parser.parse_argstring(line), cell)
+        raw = None
+        if (line.split() or [""])[0] in self._raw_verbs:
+            line, raw = _split_command(line)
         words = shlex.split(line)
         if not words or words[0] not in self._verbs:
             raise UsageError(
                 f"%cluster needs a verb: {' | '.join(self._verbs)} (use %%cluster to run a cell)"
             )
         parser, handler = self._verbs[words[0]]
-        return handler(parser.parse_argstring(shlex.join(words[1:])))
+        args = parser.parse_argstring(shlex.join(words[1:]))
+        if raw is not None:
+            args.command = raw.strip()
+        return handler(args)
 
     def _run(self, args: Any, cell: str) -> Any:
         from . import cluster
         from .views import make_view
 
         spec = self.spec_from(args)
+        if args.dry_run:
+            return self._dry_run(spec, args.k8s_version)
+        if args.k8s_version:
+            raise UsageError("--k8s-version only shapes a --dry-run; the cluster says its version")
         target = cluster.session(spec)
         cell_id = self.shell.execution_count
         options = {
@@ -176,6 +232,13 @@ class ClusterMagics(Magics):
         if result.ok and result.pulled:
             self.shell.user_ns.update(result.pulled)
         return result.unwrap()
+
+    def _dry_run(self, spec: ClusterSpec, k8s_version: str | None) -> None:
+        if spec.backend != "kubernetes":
+            raise UsageError("--dry-run prints Kubernetes objects: add --backend kubernetes")
+        from .gang.kubernetes.discovery import dry_run
+
+        print(dry_run(spec, k8s_version))
 
     # ---- verbs
     def _status(self, args: Any) -> dict[str, Any] | None:
@@ -226,6 +289,24 @@ class ClusterMagics(Magics):
             f"jupyter_mn: auto mode {args.mode}"
             + (": every cell runs on the cluster" if self._auto_on else "")
         )
+
+
+def spec_flags_of(args: Any) -> dict[str, Any]:
+    """The spec fields given as flags (parsed by ``_spec_flags``), ``--env`` pairs split."""
+    flags = {
+        name: getattr(args, name, None)
+        for name in spec_fields()
+        if getattr(args, name, None) is not None
+    }
+    if "env" in flags:
+        flags["env"] = parse_env_pairs(flags["env"])
+    return flags
+
+
+def _split_command(line: str) -> tuple[str, str]:
+    """``exec --node 1 -- ls -l | head`` → (``exec --node 1``, ``ls -l | head``)."""
+    head, *rest = re.split(r"\s--(?:\s|$)", line, maxsplit=1)
+    return head, rest[0] if rest else ""
 
 
 def _gang_fields() -> list[str]:

@@ -64,5 +64,24 @@ def _local(job: JobModel, dry_run: bool) -> list[str]:
     return report
 
 
+def _kubernetes(job: JobModel, dry_run: bool) -> list[str]:
+    """Delete the dead kernel's Job and its objects by label (the kubeconfig's namespace)."""
+    from .errors import JupyterMNError
+    from .gang.kubernetes.gc import collect
+
+    try:
+        found = collect(only={job.gang}, dry_run=dry_run)
+    except JupyterMNError as exc:
+        return [f"{job.id}: could not clean up on Kubernetes: {exc}"]
+    verb = "would delete" if dry_run else "deleted"
+    return [
+        f"{job.id}: {verb} {len(left.objects)} Kubernetes object(s) in {left.namespace}"
+        for left in found
+    ]
+
+
 #: How each backend's leftovers are found and removed.
-_CLEANERS: dict[str, Callable[[JobModel, bool], list[str]]] = {"local": _local}
+_CLEANERS: dict[str, Callable[[JobModel, bool], list[str]]] = {
+    "local": _local,
+    "kubernetes": _kubernetes,
+}

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import SpecError
+from .kubespec import KubeOptions
+from .kubespec import from_environ as kube_from_environ
 
 BACKENDS = ("local", "dask", "kubernetes")
 VIEWS = ("auto", "widget", "text")
@@ -23,6 +25,7 @@ ENV_PREFIX = "JUPYTER_MN_"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 MAX_WORLD_SIZE = 65536
+_SCHEDULER = re.compile(r"^(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}$")
 
 
 def _gang(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
@@ -51,6 +54,9 @@ class ClusterSpec:
     require_rdma: bool = _gang(False)
     #: NCCL_DEBUG=INFO and torch.distributed debug output in the node tabs
     debug: bool = _gang(False)
+    #: dask backend: several workers of one host may be nodes (default: one node per host)
+    same_host: bool = _gang(False)
+    kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
     name: str | None = None
     #: how the cell shows its gang: a widget where a frontend renders widgets, else text
     view: str = "auto"
@@ -64,6 +70,11 @@ class ClusterSpec:
     max_runtime: float | None = None
     #: agents stop their ranks when the kernel has been silent this long (it died)
     heartbeat_timeout: float = 15.0
+    #: preflight checks (doctor.py) before a new gang's first cell; None: on for remote backends
+    preflight: bool | None = None
+    check_paths: tuple[str, ...] = ()
+    min_shm_gb: float = 1.0
+    min_disk_gb: float = 1.0
 
     def __post_init__(self) -> None:
         _check_int("nodes", self.nodes, minimum=1)
@@ -77,7 +88,7 @@ class ClusterSpec:
             raise SpecError(
                 f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
             )
-        for name in ("rdma", "require_rdma", "debug"):
+        for name in ("rdma", "require_rdma", "debug", "same_host"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.require_rdma and not self.rdma:
@@ -86,6 +97,17 @@ class ClusterSpec:
             raise SpecError(f"unknown view {self.view!r}; choose one of {', '.join(VIEWS)}")
         if self.backend == "dask" and not self.scheduler:
             raise SpecError("backend 'dask' needs --scheduler ADDRESS (e.g. tls://host:8786)")
+        if self.scheduler is not None and not _SCHEDULER.match(self.scheduler):
+            raise SpecError(
+                f"--scheduler {self.scheduler!r}: expected PROTOCOL://HOST:PORT "
+                "with tcp or tls (e.g. tls://10.0.0.5:8786)"
+            )
+        _check_preflight(self)
+        if self.backend == "kubernetes" and not self.kubernetes.image:
+            raise SpecError(
+                "backend 'kubernetes' needs --image: an image with jupyter_mn and torch "
+                "(recipe: docs/agent.Dockerfile)"
+            )
         if self.memory_limit is not None:
             _check_int("memory_limit", self.memory_limit, minimum=1)
         for name in (
@@ -110,6 +132,14 @@ class ClusterSpec:
                 raise SpecError(f"--env {key}: value must be a string, got {type(value).__name__}")
 
     @property
+    def runs_preflight(self) -> bool:
+        """Whether a new gang is checked first: always on remote nodes; on the local backend
+        (this machine, this interpreter) only when a check was asked for."""
+        if self.preflight is not None:
+            return self.preflight
+        return self.backend != "local" or bool(self.check_paths)
+
+    @property
     def world_size(self) -> int:
         return self.nodes * self.gpus
 
@@ -131,7 +161,11 @@ class ClusterSpec:
         """Defaults ← environment ← each layer in order (``None`` values are skipped)."""
         values: dict[str, Any] = from_environ(os.environ)
         for layer in layers:
-            values.update({k: v for k, v in layer.items() if v is not None})
+            for key, value in layer.items():
+                if key == "kubernetes" and isinstance(value, Mapping):
+                    value = {**values.get(key, {}), **value}  # options merge across layers
+                if value is not None:
+                    values[key] = value
         return cls(**_normalize(values))
 
 
@@ -142,7 +176,12 @@ def spec_fields() -> dict[str, dataclasses.Field]:
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """Read ``JUPYTER_MN_<FIELD>`` variables, e.g. ``JUPYTER_MN_NODES=2``."""
     values: dict[str, Any] = {}
+    kube = kube_from_environ(environ)
+    if kube:
+        values["kubernetes"] = kube
     for name, f in spec_fields().items():
+        if name == "kubernetes":
+            continue
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is None or raw == "":
             continue
@@ -165,10 +204,12 @@ def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
     kind = str(f.type)
     if f.name == "memory_limit":
         return raw  # "4GB": parsed with the other layers' values
-    if kind == "bool":
+    if kind.startswith("bool"):
         if raw.lower() not in _TRUE + _FALSE:
             raise SpecError(f"{var}={raw!r} is not a boolean (use 1/0, true/false)")
         return raw.lower() in _TRUE
+    if f.name == "check_paths":
+        return tuple(p for p in raw.split(os.pathsep) if p)
     try:
         if kind.startswith("int"):
             return int(raw)
@@ -184,12 +225,29 @@ def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(values.get("memory_limit"), str):
         values = {**values, "memory_limit": _bytes("memory_limit", values["memory_limit"])}
+    if isinstance(values.get("check_paths"), (list, str)):
+        paths = values["check_paths"]
+        values = {**values, "check_paths": (paths,) if isinstance(paths, str) else tuple(paths)}
+    if isinstance(values.get("kubernetes"), Mapping):
+        values = {**values, "kubernetes": KubeOptions.from_mapping(values["kubernetes"])}
     env = values.get("env")
     if isinstance(env, Mapping):
         values = {**values, "env": tuple(sorted((str(k), v) for k, v in env.items()))}
     elif isinstance(env, list):
         values = {**values, "env": tuple(tuple(p) for p in env)}
     return values
+
+
+def _check_preflight(spec: ClusterSpec) -> None:
+    if spec.preflight is not None and not isinstance(spec.preflight, bool):
+        raise SpecError(f"preflight must be true, false or unset, got {spec.preflight!r}")
+    for name in ("min_shm_gb", "min_disk_gb"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise SpecError(f"{name} must be a number of GiB ≥ 0, got {value!r}")
+    for path in spec.check_paths:
+        if not isinstance(path, str) or not path.strip():
+            raise SpecError(f"--check-path needs a path, got {path!r}")
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

@@ -13,7 +13,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+import dask
 import pytest
+from daskcli import DaskCLI, tls_config
 from procs import ours, wait_gone
 
 from jupyter_mn import Cluster
@@ -46,3 +48,19 @@ def gang_2x2() -> Iterator[Cluster]:
     cluster.close()
     left = wait_gone(ours(started))
     assert not left, "gang processes survived close():\n" + "\n".join(left)
+
+
+@pytest.fixture(scope="session")
+def dask_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCLI]:
+    """A user's dask cluster, started from the CLI with TLS: a scheduler and two workers on two
+    loopback "hosts" (127.0.0.1 and 127.0.0.2). Tests that add workers remove them again."""
+    cli = DaskCLI.start(tmp_path_factory.mktemp("dask-cli"), {"w0": "127.0.0.1", "w1": "127.0.0.2"})
+    yield cli
+    cli.stop()
+
+
+@pytest.fixture
+def dask_tls(dask_cli: DaskCLI) -> Iterator[str]:
+    """This process's dask config carries the cluster's TLS files; yields the scheduler address."""
+    with dask.config.set(tls_config(dask_cli.certs)):
+        yield dask_cli.address

@@ -16,6 +16,8 @@ class Reply:
     stdout: str = ""
     stderr: str = ""
     result: str | None = None
+    #: every representation of the execute_result (text/plain, text/html, …)
+    data: dict[str, Any] = field(default_factory=dict)
     ename: str | None = None
     evalue: str | None = None
     traceback: list[str] = field(default_factory=list)
@@ -58,6 +60,7 @@ class Kernel:
                 reply.stream_times.append((time.monotonic() - started, content["text"]))
             elif kind == "execute_result":
                 reply.result = content["data"].get("text/plain")
+                reply.data = content["data"]
             elif kind == "display_data":
                 reply.displays.append(content["data"])
             elif kind == "error":

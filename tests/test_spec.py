@@ -86,3 +86,22 @@ def test_rdma_flags_shape_the_gang_and_require_implies_rdma(monkeypatch):
     monkeypatch.setenv("JUPYTER_MN_DEBUG", "maybe")
     with pytest.raises(SpecError, match="JUPYTER_MN_DEBUG='maybe' is not a boolean"):
         ClusterSpec.build()
+
+
+def test_dask_and_preflight_fields_are_checked_and_read_from_the_environment():
+    with pytest.raises(SpecError, match="expected PROTOCOL://HOST:PORT"):
+        ClusterSpec(backend="dask", scheduler="10.0.0.5")
+    assert ClusterSpec(backend="dask", scheduler="tls://[::1]:8786").scheduler == "tls://[::1]:8786"
+    with pytest.raises(SpecError, match="min_shm_gb must be a number of GiB ≥ 0"):
+        ClusterSpec(min_shm_gb=-1)
+    with pytest.raises(SpecError, match="--check-path needs a path"):
+        ClusterSpec(check_paths=("",))
+    env = {"JUPYTER_MN_PREFLIGHT": "0", "JUPYTER_MN_CHECK_PATHS": "/data:/ckpt"}
+    spec = ClusterSpec.build(from_environ(env))
+    assert spec.preflight is False and spec.check_paths == ("/data", "/ckpt")
+    with pytest.raises(SpecError, match="JUPYTER_MN_SAME_HOST='maybe'"):
+        from_environ({"JUPYTER_MN_SAME_HOST": "maybe"})
+    # preflight by default on remote nodes; locally only when a check was asked for
+    assert ClusterSpec(backend="dask", scheduler="tcp://h:1").runs_preflight
+    assert not ClusterSpec().runs_preflight
+    assert ClusterSpec(check_paths=("/data",)).runs_preflight

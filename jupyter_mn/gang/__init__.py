@@ -16,4 +16,18 @@ def make_gang(spec: ClusterSpec) -> Gang:
         from .local import LocalProvisioner
 
         return Gang(spec, LocalProvisioner())
+    if spec.backend == "dask":
+        from .dask import DaskProvisioner
+
+        provisioner = DaskProvisioner()
+        gang = Gang(spec, provisioner)
+        provisioner.notify = gang.notify  # waiting for workers is shown while it lasts
+        return gang
+    if spec.backend == "kubernetes":
+        from .kubernetes.provision import KubernetesProvisioner
+
+        provisioner = KubernetesProvisioner()
+        gang = Gang(spec, provisioner)
+        provisioner.notify = gang.notify  # pending reasons are shown while the pods come up
+        return gang
     raise SpecError(f"the {spec.backend!r} backend is not available in this build")

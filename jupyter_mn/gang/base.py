@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, LogLines, RankState, TransportReport, from_msg
+from ..events import GangState, LogLines, Note, RankState, TransportReport, from_msg
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
 from .inbox import Inbox, InterruptRequest, Reply
@@ -60,6 +60,10 @@ class Gang:
         self.started_at = time.time()
         self._listeners: list[Callable[[Any], None]] = []
         self._client: Any = None
+        #: worker addresses, their hosts, and (address, port) of the master, in node order
+        self.addresses: list[str] = []
+        self.hosts: list[str] = []
+        self.master: tuple[str, int] = ("", 0)
         self._agents: list[Any] = []
         self._agent_futures: list[Any] = []
         self._generation = 0
@@ -116,6 +120,14 @@ class Gang:
             except Exception:
                 log.exception("jupyter_mn event listener failed")
 
+    def notify(self, event: Any) -> None:
+        """An event from the provisioner, which works on the starting (main) thread: shown now,
+        after the events queued before it (the SCHEDULING transition)."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.consume(self.inbox.get(timeout=0), self._on_event)
+        self.announce(event, self._on_event)
+
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         msg = from_msg(event[1])
         self._dispatch(msg)
@@ -134,10 +146,12 @@ class Gang:
         return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
 
     # ---- lifecycle
-    def start(self, on_event: Callable[[Any], None] | None = None) -> None:
+    def start(self, on_event: Callable[[Any], None] | None = None, ranks: bool = True) -> None:
         """Provision all nodes and ranks, or raise and leave nothing behind.
 
-        ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread.
+        ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread. With
+        ``ranks=False`` only the node agents come up (for doctor, exec and scripts); a new gang
+        is checked by the preflight doctor first when its spec asks for it.
         """
         self._on_event = on_event
         try:
@@ -150,19 +164,26 @@ class Gang:
                 )
             self._client = client
             client.subscribe_topic(self.topic, self._on_dask_event)
-            self._transition(GangStatus.RENDEZVOUS)
-            self.ranks = self._launch(addresses)
-            if self.spec.require_rdma:
-                require_rdma(self)
-            self._heartbeat.start()
-            self._transition(GangStatus.READY, self.device)
+            self._place_agents(addresses)
+            if self.spec.runs_preflight:
+                from ..doctor import preflight
+
+                preflight(self, lambda text: self.notify(Note(text)))
+            if ranks:
+                self._transition(GangStatus.RENDEZVOUS)
+                self.ranks = self._start_ranks()
+                if self.spec.require_rdma:
+                    require_rdma(self)
+                self._heartbeat.start()
+                self._transition(GangStatus.READY, self.device)
         except BaseException as exc:
             self.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
             raise
         finally:
             self._on_event = None
 
-    def _launch(self, addresses: list[str]) -> list[dict[str, Any]]:
+    def _place_agents(self, addresses: list[str]) -> None:
+        """One node agent (a dask actor) per node; node 0's agent names the master address."""
         from ..rank.agent import NodeAgent
 
         client = self._client
@@ -182,23 +203,31 @@ class Gang:
                 for node, addr in enumerate(addresses)
             ]
             self._agents = client.gather(self._agent_futures)
-        hosts = [client.scheduler_info(n_workers=-1)["workers"][a]["host"] for a in addresses]
-        master_addr, master_port = self._agents[0].endpoint().result()
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        self.addresses = list(addresses)
+        self.hosts = [workers[a]["host"] for a in addresses]
+        self.master = tuple(self._agents[0].endpoint().result())
+
+    def _start_ranks(self) -> list[dict[str, Any]]:
+        # A port picked now, not before the preflight: the fewer seconds between choosing it and
+        # rank 0 listening on it, the less chance another socket takes it meanwhile.
+        self.master = tuple(self._agents[0].endpoint().result())
+        master_addr, master_port = self.master
         launch = {
             "gpus": self.spec.gpus,
             "nnodes": self.spec.nodes,
             "master_addr": master_addr,
             "master_port": master_port,
             "backend": self.provisioner.backend,
-            "nodes": hosts,
+            "nodes": self.hosts,
             "pg_timeout": self.spec.pg_timeout,
             "start_timeout": self.spec.start_timeout,
-            "heartbeat_timeout": self.spec.heartbeat_timeout,
-            "memory_limit": self.spec.memory_limit,
             "env": dict(self.spec.env),
             "rdma": self.spec.rdma,
             "require_rdma": self.spec.require_rdma,
             "debug": self.spec.debug,
+            "heartbeat_timeout": self.spec.heartbeat_timeout,
+            "memory_limit": self.spec.memory_limit,
             **self.provisioner.launch_options(),
         }
         replies = self._call_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
@@ -213,8 +242,8 @@ class Gang:
     def _call_all(self, call: Callable[[Any], Any], timeout: float) -> list[Reply]:
         """Call an actor method on every agent at once; collect replies via the inbox, showing
         events meanwhile, until all answered or one failed."""
-        for node in range(self.nodes):
-            self.post(node, call)
+        for node, agent in enumerate(self._agents):
+            self.call(node, lambda agent=agent: call(agent))
         replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout
         while len(replies) < len(self._agents):
@@ -232,6 +261,26 @@ class Gang:
             else:
                 self.consume(item, self._on_event)
         return list(replies.values())
+
+    def take(
+        self, replies: dict[int, Reply], on_event: Callable[[Any], None] | None, tick: float
+    ) -> bool:
+        """One step of waiting for the agents: a reply goes into ``replies``, an event is shown.
+        True when it says a rank failed (a failed reply, or a rank's primary failure)."""
+        try:
+            item = self.inbox.get(timeout=tick)
+        except queue.Empty:
+            return False
+        if isinstance(item, Reply):
+            replies[item.node] = item
+            value = item.value
+            return item.error is not None or (
+                bool(value) and any(r["status"] != "ok" for r in value["ranks"])
+            )
+        if isinstance(item, InterruptRequest):
+            return False  # cancel requests stop cells (run.py), not scripts
+        self.consume(item, on_event)
+        return self.is_primary_failure(item)
 
     def consume(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
         """Handle one event on the main thread: note log progress, then show it."""
@@ -276,7 +325,7 @@ class Gang:
 
     def _teardown(self, broken: str | None) -> None:
         self._heartbeat.stop()
-        stops = [self.call(node, lambda agent: agent.stop()) for node in range(self.nodes)]
+        stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.nodes)]
         deadline = time.monotonic() + _STOP_TIMEOUT_S
         for future in stops:
             with contextlib.suppress(Exception):  # a lost agent: its worker goes with the cluster
@@ -298,21 +347,26 @@ class Gang:
     def generation(self) -> int:
         return self._generation
 
-    def call(self, node: int, method: Callable[[Any], Any]) -> Any:
-        """``method(agent)`` for node ``node``: a future (failed at once if the agent is gone)."""
+    def call(self, node: int, call: Callable[[], Any]) -> None:
+        """Start an actor call; its outcome reaches the inbox as a reply. The actor proxy
+        raises at once when its worker is already known lost: that is the reply then."""
+        try:
+            actor_future = call()
+        except Exception as exc:
+            self.inbox.put_reply(Reply(node, error=exc))
+            return
+        self._submit(node, actor_future)
+
+    def ask(self, node: int, method: Callable[[Any], Any]) -> Any:
+        """``method(agent)`` for node ``node``, answered by a future of its own rather than the
+        inbox (stacks, teardown and re-forming run beside a cell); failed at once if the agent
+        is known lost."""
         try:
             return method(self._agents[node])
         except Exception as exc:  # "Worker holding Actor was lost"
             failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
             failed.set_exception(exc)
             return failed
-
-    def post(self, node: int, method: Callable[[Any], Any]) -> None:
-        """Like ``call``, with the outcome posted to the inbox as a reply from ``node``."""
-        try:
-            self._submit(node, method(self._agents[node]))
-        except Exception as exc:
-            self.inbox.put_reply(Reply(node, error=exc))
 
     def begin_run(self) -> int:
         """Wait for a re-forming in progress, mark the gang RUNNING, return a new run id."""
@@ -326,7 +380,7 @@ class Gang:
 
     def stacks(self, timeout: float = 3.0) -> list[dict[str, Any]]:
         """Every rank's main-thread stack, in the cell's line numbers (direct calls, no inbox)."""
-        futures = [self.call(node, lambda agent: agent.stacks()) for node in range(self.nodes)]
+        futures = [self.ask(node, lambda agent: agent.stacks()) for node in range(self.nodes)]
         deadline = time.monotonic() + timeout
         out: list[dict[str, Any]] = []
         for node, future in enumerate(futures):
@@ -370,3 +424,15 @@ class Gang:
     def next_generation(self) -> int:
         self._generation += 1
         return self._generation
+
+    @property
+    def agents(self) -> list[Any]:
+        return self._agents
+
+    @property
+    def client(self) -> Any:
+        """The gang's ``distributed.Client`` (None once closed)."""
+        return self._client
+
+    def is_primary_failure(self, event: Any) -> bool:
+        return isinstance(event, RankState) and event.detail == "primary"

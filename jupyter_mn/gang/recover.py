@@ -38,12 +38,12 @@ def reform(gang: Gang, restart: set[int], if_dead: bool = False) -> set[int]:
     """
     deadline = time.monotonic() + gang.spec.start_timeout + _SLACK_S
     nodes = sorted(restart)
-    retiring = [gang.call(node, lambda agent: agent.retire(if_dead)) for node in nodes]
+    retiring = [gang.ask(node, lambda agent: agent.retire(if_dead)) for node in nodes]
     retired = _answers(dict(zip(nodes, retiring, strict=True)), deadline)
     restarted = {node for node, did in retired.items() if did}
     generation = gang.next_generation()
     calls = {
-        node: gang.call(node, _reform_call(node, restarted, generation))
+        node: gang.ask(node, _reform_call(node, restarted, generation))
         for node in range(gang.nodes)
     }
     replies = _answers(calls, deadline)

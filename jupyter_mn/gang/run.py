@@ -71,12 +71,12 @@ class _Stopper:
         self.since = time.monotonic()
         generation = self.gang.generation
         for node in range(self.gang.nodes):
-            self.gang.call(node, lambda agent: agent.interrupt(self.run_id, generation))
+            self.gang.ask(node, lambda agent: agent.interrupt(self.run_id, generation))
 
     def kill(self, why: str) -> None:
         self.killed_at = time.monotonic()
         for node in range(self.gang.nodes):
-            self.gang.call(node, lambda agent: agent.kill(self.run_id, why))
+            self.gang.ask(node, lambda agent: agent.kill(self.run_id, why))
 
     def tick(self, now: float) -> bool:
         """Escalate when due; True when the agents have stopped answering."""
@@ -115,8 +115,8 @@ def run_cell(
     """Run ``payload`` on every rank; return the outcome (failures as values)."""
     run_id = gang.begin_run()
     started = time.monotonic()
-    for node in range(gang.nodes):
-        gang.post(node, lambda agent: agent.run(payload, run_id))
+    for node, agent in enumerate(gang.agents):
+        gang.call(node, lambda agent=agent: agent.run(payload, run_id))
     replies: dict[int, Reply] = {}
     stopper = _Stopper(gang, run_id, on_event)
     deadline = started + timeout if timeout else None
@@ -199,6 +199,25 @@ def _drain_events(gang: Gang, on_event: Any) -> None:
 def _assemble(
     gang: Gang, payload: CellPayload, replies: dict[int, Reply], elapsed: float
 ) -> CellResult:
+    outcomes, raw = rank_outcomes(gang, replies)
+    result = CellResult(ranks=outcomes, elapsed=elapsed)
+    for r in raw.values():
+        result.notes.extend(r.get("notes") or [])
+    first = raw.get(0, {})
+    if result.ok:
+        result.value = _value(first)
+        if payload.return_all:
+            result.values = [_value(raw[rank]) for rank in sorted(raw)]
+        result.displays = first.get("displays") or []
+        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.get("pulled") or {}).items()}
+    return result
+
+
+def rank_outcomes(
+    gang: Gang, replies: dict[int, Reply]
+) -> tuple[list[RankOutcome], dict[int, dict[str, Any]]]:
+    """Each rank's outcome (a node whose agent did not answer: all its ranks lost), and the
+    raw per-rank replies by rank."""
     gpus = gang.spec.gpus
     outcomes: list[RankOutcome] = []
     raw: dict[int, dict[str, Any]] = {}
@@ -236,17 +255,7 @@ def _assemble(
                 )
             )
     outcomes.sort(key=lambda o: o.rank)
-    result = CellResult(ranks=outcomes, elapsed=elapsed)
-    for r in raw.values():
-        result.notes.extend(r.get("notes") or [])
-    first = raw.get(0, {})
-    if result.ok:
-        result.value = _value(first)
-        if payload.return_all:
-            result.values = [_value(raw[rank]) for rank in sorted(raw)]
-        result.displays = first.get("displays") or []
-        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.get("pulled") or {}).items()}
-    return result
+    return outcomes, raw
 
 
 def _value(reply: dict[str, Any]) -> Any:

@@ -17,9 +17,10 @@ import os
 import signal
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import get_worker
+from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
@@ -29,7 +30,12 @@ from .runtime import contract_env
 from .telemetry import NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
 
+if TYPE_CHECKING:
+    from .script import ScriptRun
+
 BATCH_S = 0.005
+#: How often an agent checks that dask still holds it for a client (else: stop its processes).
+_RELEASE_CHECK_S = 1.0
 
 
 def dask_setup(worker: Any) -> None:
@@ -62,6 +68,8 @@ class NodeAgent:
         self._run_id = 0
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
+        self._release_watch: PeriodicCallback | None = None
+        self.script: ScriptRun | None = None
 
     # ---- called from threads
     def call_soon(self, fn: Any, *args: Any) -> None:
@@ -117,12 +125,26 @@ class NodeAgent:
             sock.bind((host, 0))
             return host, sock.getsockname()[1]
 
+    def _begin(self) -> None:
+        """Once, from the first actor call that starts processes: the loop, the log flusher,
+        and the watch that stops them when dask releases this actor (its client is gone)."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
+        self._release_watch = PeriodicCallback(self._check_claimed, _RELEASE_CHECK_S * 1000)
+        self._release_watch.start()
+
+    def _check_claimed(self) -> None:
+        if not any(actor is self for actor in self._worker.state.actors.values()):
+            assert self._loop is not None
+            self._loop.create_task(self.stop())
+
     async def start(self, launch: dict[str, Any]) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
-        self._loop = asyncio.get_running_loop()
+        self._begin()
         self._launch = launch
         self._telemetry = NodeTelemetry(self.node, self.job, launch, self._publish)
-        threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
         infos = await self._spawn_all(generation=0)
         self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
         self._watchdog = Watchdog(launch["heartbeat_timeout"], launch.get("memory_limit"))
@@ -313,9 +335,24 @@ class NodeAgent:
         for r in self._ranks:
             self._state(r.rank, "exited", describe_exit(r.proc.returncode))
 
+    async def run_script(self, launch: dict[str, Any]) -> dict[str, Any]:
+        """Run a training script on this node's ranks (``%cluster run``); see rank/script.py."""
+        from .script import ScriptRun
+
+        self._begin()
+        self.script = ScriptRun(self, launch)
+        return await self.script.wait()
+
+    async def stop_script(self, signum: int = signal.SIGTERM, why: str = "") -> None:
+        if self.script is not None:
+            await self.script.stop(signum, why or "stopped by the kernel")
+
     async def stop(self) -> None:
+        if self._release_watch is not None:
+            self._release_watch.stop()
         if self._guard is not None and self._guard is not asyncio.current_task():
             self._guard.cancel()
+        await self.stop_script()
         await self._stop_ranks()
         self._closing.set()
         with self._cond:

@@ -52,23 +52,11 @@ class RankHandle:
     def __init__(
         self, agent: NodeAgent, local_rank: int, rank: int, env: dict[str, str], cwd: str | None
     ) -> None:
-        self.agent = agent
-        self.local_rank = local_rank
-        self.rank = rank
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        #: a fatal error report (segfault) the rank wrote: kept apart, the tail stays readable
-        self.crash: list[str] = []
+        self._watch_output(agent, local_rank, rank)
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.markers = {"out": 0, "err": 0}
-        self.expected = 0
-        self.open_streams = {"out", "err"}
-        self.stream_change = asyncio.Event()
         self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
-        #: why the agent killed it (shown with its exit status)
-        self.killed_because = ""
-        self.stopping = False
         self.report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
         parent, child = socket.socketpair()
@@ -85,18 +73,37 @@ class RankHandle:
         )
         child.close()
         self.conn = Connection(parent.detach())
+        self._read_pipes()
+        threading.Thread(
+            target=self._read_control, daemon=True, name=f"jupyter-mn-rank{rank}-control"
+        ).start()
+
+    def _watch_output(self, agent: NodeAgent, local_rank: int, rank: int) -> None:
+        """What reading its pipes needs (script ranks, ``script.py``, share it)."""
+        self.agent = agent
+        self.local_rank = local_rank
+        self.rank = rank
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        #: a fatal error report (segfault) the rank wrote: kept apart, the tail stays readable
+        self.crash: list[str] = []
+        self.markers = {"out": 0, "err": 0}
+        self.expected = 0
+        self.open_streams = {"out", "err"}
+        self.stream_change = asyncio.Event()
+        #: why the agent killed it (shown with its exit status)
+        self.killed_because = ""
+        self.stopping = False
+
+    # ---- threads: forward what the process says to the event loop
+    def _read_pipes(self) -> None:
         for stream, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
             threading.Thread(
                 target=self._read_pipe,
                 args=(pipe, stream),
                 daemon=True,
-                name=f"jupyter-mn-rank{rank}-{stream}",
+                name=f"jupyter-mn-rank{self.rank}-{stream}",
             ).start()
-        threading.Thread(
-            target=self._read_control, daemon=True, name=f"jupyter-mn-rank{rank}-control"
-        ).start()
 
-    # ---- threads: forward what the process says to the event loop
     def _read_pipe(self, pipe: Any, stream: str) -> None:
         fd, pending = pipe.fileno(), b""
         while chunk := os.read(fd, 65536):

@@ -10,6 +10,7 @@ auto-selection (simulated below, NCCL ≥ 2.21; index 0 before) would pick anoth
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class RdmaPort:
     #: RoCE only: the GID index NCCL must use from this namespace
     gid_index: int | None = None
     problem: str = ""
+    #: link rate from sysfs ("200 Gb/sec (4X HDR)" → 200.0), None when unreadable
+    rate_gbps: float | None = None
 
     @property
     def roce(self) -> bool:
@@ -157,13 +160,21 @@ def detect(root: str | os.PathLike[str] = "/") -> RdmaPlan:
 
 
 def _unusable(port: RdmaPort, problem: str) -> RdmaPort:
-    return RdmaPort(port.hca, port.port, port.state, port.link_layer, port.gids, None, problem)
+    return dataclasses.replace(port, gid_index=None, problem=problem)
 
 
 def _port(hca: str, port: int, path: Path, netdevs: set[str]) -> RdmaPort:
     state, link = _read(path / "state"), _read(path / "link_layer")
     gids = _gids(path)
-    found = RdmaPort(hca, port, state, link, gids)
+    rate = _read(path / "rate").split(" ")[0]
+    found = RdmaPort(
+        hca,
+        port,
+        state,
+        link,
+        gids,
+        rate_gbps=float(rate) if rate.replace(".", "", 1).isdigit() else None,
+    )
     if "ACTIVE" not in state:
         return _unusable(found, f"port state {state or 'unknown'}")
     if link not in ("InfiniBand", "Ethernet"):
@@ -173,7 +184,7 @@ def _port(hca: str, port: int, path: Path, netdevs: set[str]) -> RdmaPort:
     index, problem = _choose_gid(gids, netdevs)
     if problem:
         return _unusable(found, problem)
-    return RdmaPort(hca, port, state, link, gids, index)
+    return dataclasses.replace(found, gid_index=index)
 
 
 def nccl_auto_gid(gids: tuple[Gid, ...], nccl_version: tuple[int, int] | None = None) -> int:

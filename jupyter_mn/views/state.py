@@ -14,7 +14,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import CellDone, GangState, GpuSample, LogLines, Notice, Stacks, TransportReport
+from ..events import (
+    CellDone,
+    GangState,
+    GpuSample,
+    LogLines,
+    NodesWaiting,
+    Note,
+    Stacks,
+    TransportReport,
+)
 from .stacks import format_stacks
 
 #: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
@@ -54,6 +63,8 @@ class CellState:
         self.done: CellDone | None = None
         #: what the user should read besides the logs: retries, restarts, stacks on a timeout
         self.notices: list[str] = []
+        #: why each node (-1: the gang) is not up yet, while the gang comes up
+        self.waiting: dict[int, NodesWaiting] = {}
         self.dirty: set[str] = {"header"}
         self.lock = threading.Lock()
 
@@ -73,6 +84,12 @@ class CellState:
             self.dirty.add(f"log{event.node}")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail
+            if event.state not in ("PENDING", "SCHEDULING"):
+                self.waiting.clear()
+            self.dirty.add("header")
+        elif isinstance(event, NodesWaiting):
+            for node in event.nodes or (-1,):
+                self.waiting[node] = event
             self.dirty.add("header")
         elif isinstance(event, GpuSample):
             self.gpus[event.node] = event
@@ -86,12 +103,22 @@ class CellState:
         elif isinstance(event, CellDone):
             self.done, self.ended = event, time.monotonic()
             self.dirty.update({"header", "summary"})
-        elif isinstance(event, Notice):
+        elif isinstance(event, Note):
             self.notices.append(event.text)
             self.dirty.add("summary")
         elif isinstance(event, Stacks):
             self.notices.append(format_stacks(event))
             self.dirty.add("summary")
+
+    def waiting_lines(self) -> list[str]:
+        """The current pending reasons, one line per reason naming its nodes."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for node, event in sorted(self.waiting.items()):
+            groups.setdefault((event.reason, event.message), []).append(node)
+        return [
+            NodesWaiting(tuple(n for n in nodes if n >= 0), *key).text
+            for key, nodes in groups.items()
+        ]
 
     def take_dirty(self) -> set[str]:
         with self.lock:

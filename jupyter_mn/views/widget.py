@@ -202,8 +202,10 @@ class ClusterWidget:
         color = _STATE_COLORS.get(state.state, "#5f6368")
         text = html.escape(header(state))
         badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(state.state)}</b>'
+        waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())
         return (
             f'<span class="jp-mn-header">{text.replace(html.escape(state.state), badge, 1)}</span>'
+            + (f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else "")
         )
 
     def _log_html(self, node: int) -> str:

@@ -1,0 +1,114 @@
+"""Preflight doctor: the multi-node debugging checklist, on every node, before GPU-hours are spent.
+
+Each node runs a probe (``rank/probe.py``) with its ranks' environment; the facts come back here
+and every check judges them across nodes and against the kernel: same Python / torch / CUDA /
+NCCL / jupyter_mn / cloudpickle, GPUs visible for ``--gpus``, MASTER_ADDR:PORT reachable from every
+node, the interface NCCL or gloo will use, RDMA ports ACTIVE with ``--rdma``, /dev/shm size, free
+disk, ``--check-path`` paths. The result is a ✔/✘ table per check × node with a fix for each ✘.
+
+It runs as ``%cluster doctor``, ``jupyter mn doctor``, and by itself before the first cell of a
+new gang (``ClusterSpec.runs_preflight``), which then fails with ``PreflightError`` and the table.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PreflightError
+from .checks import judge
+from .report import DoctorReport
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..gang.base import Gang
+
+__all__ = ["DoctorReport", "doctor", "examine", "preflight"]
+
+#: Seconds a node's probe may take (it imports torch, which is slow on network filesystems).
+PROBE_TIMEOUT_S = 120.0
+REACH_TIMEOUT_S = 5.0
+
+
+def examine(gang: Gang) -> DoctorReport:
+    """Probe every node of ``gang`` (its agents must be up) and judge the facts."""
+    from ..rank.worker import probe
+
+    started = time.perf_counter()
+    spec = gang.spec
+    options: dict[str, Any] = {
+        "paths": list(spec.check_paths),
+        "env": dict(spec.env),
+        "cwd": gang.provisioner.launch_options().get("cwd"),
+        "timeout": PROBE_TIMEOUT_S,
+        "reach_timeout": REACH_TIMEOUT_S,
+    }
+    if gang.ranks:  # rank 0's TCPStore listens on the master port
+        master = gang.master
+    else:  # node 0 listens on a free port at the master address while the probes run
+        master = (gang.master[0], gang.agents[0].endpoint().result()[1])
+        options["listen"] = {
+            "worker": gang.addresses[0],
+            "host": master[0],
+            "port": master[1],
+            "expect": spec.nodes,
+        }
+    options["master"] = {"addr": master[0], "port": master[1]}
+    answers = gang.client.run(probe, options, workers=gang.addresses, on_error="return")
+    facts = []
+    for address in gang.addresses:
+        answer = answers.get(address)
+        facts.append(answer if isinstance(answer, dict) else {"error": repr(answer)})
+    target = f"{spec.shape} on {gang.provisioner.backend}" + (
+        f" {spec.scheduler}" if spec.scheduler else ""
+    )
+    return DoctorReport(
+        target=target,
+        nodes=[f"node {n} {host}" for n, host in enumerate(gang.hosts)],
+        checks=judge(spec, facts, kernel_facts(), master),
+        elapsed=time.perf_counter() - started,
+        facts=facts,
+    )
+
+
+def preflight(gang: Gang, note: Callable[[str], None]) -> None:
+    """Check a new gang's nodes before ranks start; raise ``PreflightError`` on a ✘ (an RDMA ✘
+    only with ``--require-rdma``: plain ``--rdma`` warns, as the transport view does)."""
+    report = examine(gang)
+    blocking = [f for f in report.failures() if f[0] != "RDMA" or gang.spec.require_rdma]
+    if blocking:
+        raise PreflightError(
+            f"preflight failed: {report.summary()}; fix it, or skip the checks with --no-preflight",
+            report,
+        )
+    for _, node, cell in report.failures():  # --rdma asks for the fabric; only --require-rdma
+        note(f"preflight: WARNING node {node}: RDMA {cell.value}: {cell.fix}")  # insists
+    note(f"preflight: {report.summary()}")
+
+
+def doctor(cluster: Cluster, on_event: Callable[[Any], None] | None = None) -> DoctorReport:
+    """Run the checks on ``cluster``'s nodes (the warm gang's, or nodes claimed for it)."""
+    with cluster.nodes(on_event, preflight=False) as gang:
+        return examine(gang)
+
+
+def kernel_facts() -> dict[str, str | None]:
+    """The versions the kernel pickles cells and values with (torch from metadata: no import)."""
+    import importlib.metadata
+
+    import cloudpickle
+
+    from .. import __version__
+
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = None
+    return {
+        "python": platform.python_version(),
+        "jupyter_mn": __version__,
+        "cloudpickle": cloudpickle.__version__,
+        "torch": torch,
+    }

@@ -1,0 +1,370 @@
+"""Pure builders: a ``ClusterSpec`` becomes the Kubernetes objects of one gang (plain dicts).
+
+One Indexed ``batch/v1`` Job (one pod per node holding all its GPUs, pod 0 also runs the dask
+scheduler), a headless Service (stable DNS before readiness), a TLS Secret for the dask control
+plane, a NetworkPolicy that keeps the unencrypted c10d/gloo/NCCL ports inside the gang, and the
+objects of the gang-scheduling policy (``gangs.py``). Nothing here talks to a cluster, so
+``jupyter mn manifests`` and ``%%cluster --dry-run`` print exactly what provisioning applies.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import SpecError
+from ...kubespec import KubeOptions, Volume, parse_toleration
+from ...spec import ClusterSpec
+from . import gangs
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "jupyter-mn"
+GANG_LABEL = "jupyter-mn.io/gang"
+OWNER_ANNOTATION = "jupyter-mn.io/owner"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+CONTAINER = "agent"
+TLS_DIR = "/etc/jupyter-mn/tls"
+TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+#: Finished Jobs (and their pods) are deleted this long after they end.
+TTL_AFTER_FINISHED_S = 300
+#: Oldest and newest Kubernetes minor versions the builders are validated against.
+MIN_MINOR, LATEST_MINOR = 28, 37
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_MAX_BASE = 44  # <base>-<index>-<5 random> pod names stay within 63 characters
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the objects are built for: the server's minor version and a concrete gang policy."""
+
+    minor: int = LATEST_MINOR
+    policy: str = "none"
+    namespace: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.policy not in gangs.POLICIES:
+            raise SpecError(
+                f"gang policy {self.policy!r} is not one of {', '.join(gangs.POLICIES)}"
+            )
+        if self.minor < MIN_MINOR:
+            raise SpecError(
+                f"Kubernetes 1.{self.minor} is too old: jupyter_mn needs 1.{MIN_MINOR} or newer"
+            )
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every name one gang uses, derived from its id (DNS-1035 labels, pod names ≤ 63 chars)."""
+
+    base: str
+
+    @classmethod
+    def of(cls, gang_id: str) -> Names:
+        base = gang_id if gang_id[:1].isalpha() else f"jmn-{gang_id}"
+        if len(base) > _MAX_BASE or not _NAME.match(base):
+            raise SpecError(
+                f"gang name {gang_id!r}: use lowercase letters, digits and '-' "
+                f"(at most {_MAX_BASE} characters)"
+            )
+        return cls(base)
+
+    @property
+    def job(self) -> str:
+        return self.base
+
+    @property
+    def service(self) -> str:
+        return self.base
+
+    @property
+    def secret(self) -> str:
+        return f"{self.base}-tls"
+
+    def host(self, node: int) -> str:
+        """Pod ``node``'s DNS name inside the namespace (``<job>-<index>.<service>``)."""
+        return f"{self.base}-{node}.{self.service}"
+
+
+def labels(gang_id: str) -> dict[str, str]:
+    return {MANAGED_BY: MANAGER, GANG_LABEL: Names.of(gang_id).base}
+
+
+def selector(gang_id: str) -> str:
+    """The label selector that finds every object of this gang."""
+    return ",".join(f"{k}={v}" for k, v in labels(gang_id).items())
+
+
+def build(
+    spec: ClusterSpec,
+    gang_id: str,
+    target: Target,
+    *,
+    tls: Mapping[str, str] | None = None,
+    owner: str = "",
+    job_owner: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """All objects of the gang, in apply order: the (suspended) Job first, then its dependents.
+
+    ``tls`` holds the PEM files (``ca.crt``, ``tls.crt``, ``tls.key``); without it the Secret shows
+    placeholders (dry runs never print key material). ``job_owner`` is an ownerReference for the
+    Job (the notebook's own pod, when the kernel runs in the same namespace).
+    """
+    opts = spec.kubernetes
+    group = gangs.parts(spec, Names.of(gang_id).base, target, labels(gang_id))
+    return [
+        _job(spec, gang_id, target, group, owner, job_owner),
+        _service(opts, gang_id, target),
+        _secret(gang_id, target, tls),
+        _network_policy(opts, gang_id, target),
+        *group.objects,
+    ]
+
+
+def _meta(name: str, gang_id: str, target: Target, **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, "namespace": target.namespace, "labels": labels(gang_id)}
+    meta.update({k: v for k, v in extra.items() if v})
+    return meta
+
+
+def _job(
+    spec: ClusterSpec,
+    gang_id: str,
+    target: Target,
+    group: gangs.GangParts,
+    owner: str,
+    job_owner: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    opts = spec.kubernetes
+    names = Names.of(gang_id)
+    meta = _meta(
+        names.job,
+        gang_id,
+        target,
+        annotations={OWNER_ANNOTATION: owner} if owner else None,
+        ownerReferences=[dict(job_owner)] if job_owner else None,
+    )
+    meta["labels"] = {**meta["labels"], **group.job_labels}
+    pod_labels = {**labels(gang_id), **group.pod_labels}
+    pod_annotations = {"sidecar.istio.io/inject": "false", **group.pod_annotations}
+    if spec.rdma and opts.networks:
+        pod_annotations["k8s.v1.cni.cncf.io/networks"] = ",".join(opts.networks)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "suspend": True,  # a gate: released once the dependents exist (Kueue releases it)
+            "completionMode": "Indexed",
+            "parallelism": spec.nodes,
+            "completions": spec.nodes,
+            "backoffLimit": 0,  # one lost pod fails the whole gang
+            "activeDeadlineSeconds": opts.lifetime,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    }
+                ]
+            },
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+                "spec": _pod_spec(spec, gang_id, group),
+            },
+        },
+    }
+
+
+def _pod_spec(spec: ClusterSpec, gang_id: str, group: gangs.GangParts) -> dict[str, Any]:
+    opts = spec.kubernetes
+    names = Names.of(gang_id)
+    pod: dict[str, Any] = {
+        "subdomain": names.service,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": bool(opts.service_account),
+        "affinity": {  # one pod per machine: a "node" of the gang is a Kubernetes node
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {GANG_LABEL: names.base}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        },
+        "containers": [_container(spec, gang_id)],
+        "volumes": _volumes(opts, names),
+        **group.pod_spec,
+    }
+    if opts.scheduler_name:
+        pod["schedulerName"] = opts.scheduler_name
+    if opts.service_account:
+        pod["serviceAccountName"] = opts.service_account
+    if opts.priority_class:
+        pod["priorityClassName"] = opts.priority_class
+    if opts.node_selector:
+        pod["nodeSelector"] = dict(opts.node_selector)
+    if opts.tolerations:
+        pod["tolerations"] = [parse_toleration(t) for t in opts.tolerations]
+    return pod
+
+
+def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
+    opts = spec.kubernetes
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": opts.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "jupyter_mn.rank.pod"],
+        "env": _env(spec, gang_id),
+        "ports": [
+            {"name": "dask", "containerPort": opts.dask_port, "protocol": "TCP"},
+            {"name": "ready", "containerPort": opts.dask_port + 1, "protocol": "TCP"},
+        ],
+        # Ready = this pod's dask worker registered with the scheduler (the port opens then).
+        "readinessProbe": {"tcpSocket": {"port": "ready"}, "periodSeconds": 2},
+        "resources": _resources(spec),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+            *(
+                {"name": f"volume-{i}", "mountPath": v.path, "readOnly": v.read_only}
+                for i, v in enumerate(map(Volume.parse, opts.volumes))
+            ),
+        ],
+    }
+    if spec.rdma:  # pinning memory for verbs needs IPC_LOCK (memlock comes from the runtime)
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    return container
+
+
+def _env(spec: ClusterSpec, gang_id: str) -> list[dict[str, Any]]:
+    opts = spec.kubernetes
+    names = Names.of(gang_id)
+    index_ref = f"metadata.annotations['{COMPLETION_INDEX}']"
+    env: list[dict[str, Any]] = [
+        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index_ref}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "NNODES", "value": str(spec.nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(spec.gpus)},
+        {"name": "JUPYTER_MN_JOB", "value": gang_id},
+        {"name": "JUPYTER_MN_SCHEDULER", "value": f"tls://{names.host(0)}:{opts.dask_port}"},
+        {"name": "JUPYTER_MN_DASK_PORT", "value": str(opts.dask_port)},
+        {"name": "JUPYTER_MN_TLS_DIR", "value": TLS_DIR},
+        {"name": "JUPYTER_MN_ORPHAN_TIMEOUT", "value": str(opts.orphan_timeout)},
+        # Before the kernel first connects, pods wait for the whole gang to be scheduled.
+        {
+            "name": "JUPYTER_MN_CONNECT_TIMEOUT",
+            "value": str(int(opts.schedule_timeout + spec.start_timeout + opts.orphan_timeout)),
+        },
+    ]
+    if spec.rdma:  # bootstrap on the pod network; the RDMA NICs carry the data
+        env += [
+            {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+            {"name": "NCCL_IB_DISABLE", "value": "0"},
+        ]
+    env += [{"name": key, "value": value} for key, value in spec.env]
+    return env
+
+
+def _resources(spec: ClusterSpec) -> dict[str, Any]:
+    opts = spec.kubernetes
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if opts.cpu:
+        requests["cpu"] = opts.cpu
+    if opts.memory:
+        requests["memory"] = limits["memory"] = opts.memory
+    if opts.gpu_resource:
+        requests[opts.gpu_resource] = limits[opts.gpu_resource] = str(spec.gpus)
+    if spec.rdma:
+        requests[opts.rdma_resource] = limits[opts.rdma_resource] = "1"
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _volumes(opts: KubeOptions, names: Names) -> list[dict[str, Any]]:
+    return [
+        # /dev/shm is 64 MiB in a container: NCCL and DataLoader workers need far more.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}},
+        {"name": "tls", "secret": {"secretName": names.secret, "defaultMode": 0o400}},
+        *(
+            {
+                "name": f"volume-{i}",
+                "persistentVolumeClaim": {"claimName": v.claim, "readOnly": v.read_only},
+            }
+            for i, v in enumerate(map(Volume.parse, opts.volumes))
+        ),
+    ]
+
+
+def _service(opts: KubeOptions, gang_id: str, target: Target) -> dict[str, Any]:
+    names = Names.of(gang_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(names.service, gang_id, target),
+        "spec": {
+            "clusterIP": "None",  # headless: one DNS record per pod
+            "publishNotReadyAddresses": True,  # records exist before readiness (rendezvous)
+            "selector": {GANG_LABEL: names.base},
+            "ports": [{"name": "dask", "port": opts.dask_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def _secret(gang_id: str, target: Target, tls: Mapping[str, str] | None) -> dict[str, Any]:
+    names = Names.of(gang_id)
+    secret: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(names.secret, gang_id, target),
+        "type": "kubernetes.io/tls",
+    }
+    if tls is None:
+        secret["stringData"] = {f: "<generated per gang when applied>" for f in TLS_FILES}
+    else:
+        secret["data"] = {f: base64.b64encode(tls[f].encode()).decode() for f in TLS_FILES}
+    return secret
+
+
+def _network_policy(opts: KubeOptions, gang_id: str, target: Target) -> dict[str, Any]:
+    """Gang pods reach each other on any port; others only the TLS dask scheduler port."""
+    names = Names.of(gang_id)
+    gang = {"matchLabels": {GANG_LABEL: names.base}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(names.base, gang_id, target),
+        "spec": {
+            "podSelector": gang,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": gang}]},
+                {"ports": [{"protocol": "TCP", "port": opts.dask_port}]},
+            ],
+        },
+    }
+
+
+def owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` with an ownerReference to ``owner`` (deleting the owner deletes it)."""
+    meta = owner["metadata"]
+    ref = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    import yaml
+
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)

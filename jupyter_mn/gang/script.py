@@ -1,0 +1,122 @@
+"""``%cluster run SCRIPT [ARGS…]``: an unchanged training script on every rank of a gang's nodes.
+
+Like torchrun: every rank runs ``python -u SCRIPT ARGS`` with the env contract, on a fresh
+rendezvous port (rank 0 of a warm gang already hosts a TCPStore on MASTER_PORT); output streams
+live like a cell's; the first rank to fail stops all of them, and the result names it with its
+traceback. The value is rank 0's exit status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import SpecError
+from ..rank.worker import find_script
+from ..result import LOST, CellResult
+from .base import Gang
+from .inbox import Reply
+from .run import _drain_logs, rank_outcomes
+from .state import GangStatus
+
+_TICK_S = 0.25
+
+
+def locate(gang: Gang, script: str) -> str:
+    """The script's path as every node sees it; raise before anything starts if a node lacks it.
+
+    Tried in order: the path as the kernel resolves it (a shared filesystem), then the path
+    as given, relative to the ranks' working directory on each node.
+    """
+    tried = [os.path.abspath(script)] if os.path.isfile(script) else []
+    tried.append(script)
+    cwd = gang.provisioner.launch_options().get("cwd")
+    found = gang.client.run(find_script, tried, cwd, workers=gang.addresses, on_error="return")
+    paths = [found.get(a) for a in gang.addresses]
+    missing = [n for n, p in enumerate(paths) if not isinstance(p, str)]
+    if missing:
+        nodes = ", ".join(str(n) for n in missing)
+        raise SpecError(
+            f"{script}: no such file on node(s) {nodes} (looked for {' and '.join(tried)}); "
+            "copy it there or use a filesystem the nodes share"
+        )
+    if len(set(paths)) == 1:
+        return paths[0]
+    return script  # differs per node: let each resolve it relative to its working directory
+
+
+def run_script(
+    gang: Gang,
+    script: str,
+    args: Sequence[str],
+    on_event: Callable[[Any], None] | None,
+    timeout: float | None = None,
+) -> CellResult:
+    """Run ``script`` on every rank; the first failure stops the rest (failures as values)."""
+    path = locate(gang, script)
+    master_addr, _ = gang.master
+    _, port = gang.agents[0].endpoint().result()
+    launch = {
+        "script": path,
+        "args": list(args),
+        "gpus": gang.spec.gpus,
+        "nnodes": gang.spec.nodes,
+        "master_addr": master_addr,
+        "master_port": port,
+        "backend": gang.provisioner.backend,
+        "nodes": gang.hosts,
+        "pg_timeout": gang.spec.pg_timeout,
+        "env": dict(gang.spec.env),
+        **gang.provisioner.launch_options(),
+    }
+    warm = gang.status.usable
+    if warm:
+        gang._transition(GangStatus.RUNNING)
+    started = time.monotonic()
+    for node, agent in enumerate(gang.agents):
+        gang.call(node, lambda agent=agent: agent.run_script(launch))
+    replies, reason = _collect(gang, on_event, timeout)
+    _drain_logs(gang, replies, on_event)
+    outcomes, raw = rank_outcomes(gang, replies)
+    result = CellResult(ranks=outcomes, elapsed=time.monotonic() - started)
+    result.value = raw.get(0, {}).get("exit_code")
+    if reason.startswith("--timeout"):
+        result.notes.append(f"the script was stopped: {reason}")
+    lost = [o for o in outcomes if o.status == LOST and o.error and o.error.ename == "NodeLost"]
+    if lost:
+        gang.close(broken=f"{lost[0].label} was lost")
+        result.notes.append("a node was lost, so the gang was torn down")
+    elif warm:
+        gang._transition(GangStatus.READY)
+    return result
+
+
+def _collect(
+    gang: Gang, on_event: Callable[[Any], None] | None, timeout: float | None
+) -> tuple[dict[int, Reply], str]:
+    """Wait for every node's reply; on a failure, timeout or Ctrl-C, stop every node's script."""
+    deadline = time.monotonic() + timeout if timeout else None
+    replies: dict[int, Reply] = {}
+    reason = ""
+
+    def stop(why: str, signum: int = signal.SIGTERM) -> None:
+        nonlocal reason
+        if not reason:
+            reason = why
+            for agent in gang.agents:
+                with contextlib.suppress(Exception):  # a lost agent's reply says so
+                    agent.stop_script(signum, why)
+
+    while len(replies) < len(gang.agents):
+        try:
+            if deadline is not None and time.monotonic() >= deadline:
+                stop(f"--timeout {timeout:g} s reached")
+            if gang.take(replies, on_event, _TICK_S):
+                stop("another rank failed")
+        except KeyboardInterrupt:
+            stop("interrupted by the user", signal.SIGINT)
+    return replies, reason

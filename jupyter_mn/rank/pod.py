@@ -1,0 +1,146 @@
+"""Container entrypoint of a Kubernetes gang pod: ``python -m jupyter_mn.rank.pod``.
+
+Each pod runs one dask worker named after its node rank (the Job completion index), which hosts
+the node agent exactly as on the local backend; pod 0 also runs the dask scheduler. Control
+traffic is TLS with the gang's certificates from its Secret. The pod reports Ready (a TCP port
+opens) once its worker has registered.
+
+Dead-man switch: the scheduler exits when no kernel has been connected for
+``JUPYTER_MN_ORPHAN_TIMEOUT`` seconds (or none ever connected within
+``JUPYTER_MN_CONNECT_TIMEOUT``); workers close when their scheduler goes, ranks exit with their
+worker, so a dead kernel leaves a finished Job that its TTL then deletes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+from distributed import Scheduler, Worker
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.security import Security
+
+log = logging.getLogger("jupyter_mn.pod")
+#: The scheduler's own bookkeeping client, not a kernel.
+_INTERNAL_CLIENTS = frozenset({"fire-and-forget"})
+
+
+class OrphanGuard(SchedulerPlugin):
+    """Close the scheduler once it has had no kernel client for ``orphan_timeout`` seconds."""
+
+    name = "jupyter-mn-orphan-guard"
+
+    def __init__(self, orphan_timeout: float, connect_timeout: float) -> None:
+        self.orphan_timeout = orphan_timeout
+        self.connect_timeout = connect_timeout
+        self.scheduler: Any = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing: asyncio.Task[Any] | None = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self._arm(self.connect_timeout)
+
+    def _kernels(self) -> list[str]:
+        return [c for c in self.scheduler.clients if c not in _INTERNAL_CLIENTS]
+
+    def add_client(self, scheduler: Any, client: str) -> None:
+        if client not in _INTERNAL_CLIENTS and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def remove_client(self, scheduler: Any, client: str) -> None:
+        if not [c for c in self._kernels() if c != client]:
+            self._arm(self.orphan_timeout)
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self._kernels():
+            log.warning("no kernel connected for %s s: shutting the gang down", self.orphan_timeout)
+            self._closing = asyncio.ensure_future(
+                self.scheduler.close(reason="jupyter-mn: the kernel is gone")
+            )
+
+
+def security_from(tls_dir: str) -> Security:
+    ca, cert, key = (os.path.join(tls_dir, f) for f in ("ca.crt", "tls.crt", "tls.key"))
+    return Security(
+        require_encryption=True,
+        tls_ca_file=ca,
+        tls_scheduler_cert=cert,
+        tls_scheduler_key=key,
+        tls_worker_cert=cert,
+        tls_worker_key=key,
+        tls_client_cert=cert,
+        tls_client_key=key,
+    )
+
+
+async def serve(env: Mapping[str, str]) -> None:
+    """Run this pod's part of the gang until the worker closes (or SIGTERM)."""
+    import dask
+
+    from ..gang.local import DASK_CONFIG
+
+    node = int(env["NODE_RANK"])
+    pod_ip = env["POD_IP"]
+    port = int(env["JUPYTER_MN_DASK_PORT"])
+    connect_timeout = float(env["JUPYTER_MN_CONNECT_TIMEOUT"])
+    security = security_from(env["JUPYTER_MN_TLS_DIR"])
+    loop = asyncio.get_running_loop()
+    with dask.config.set(DASK_CONFIG):
+        scheduler = None
+        if node == 0:  # all interfaces: a port-forward arrives on the pod's loopback
+            guard = OrphanGuard(float(env["JUPYTER_MN_ORPHAN_TIMEOUT"]), connect_timeout)
+            scheduler = await Scheduler(
+                host="0.0.0.0",
+                port=port,
+                protocol="tls",
+                security=security,
+                dashboard=False,
+                dashboard_address=":0",  # its HTTP server must not take the readiness port
+                plugins=[guard],
+            )
+        worker = await Worker(
+            env["JUPYTER_MN_SCHEDULER"],
+            name=str(node),
+            host=pod_ip,
+            nthreads=1,
+            security=security,
+            preload=["jupyter_mn.rank.agent"],
+            memory_limit=0,
+            death_timeout=connect_timeout,
+        )
+        ready = await asyncio.start_server(_hang_up, pod_ip, port + 1)
+        loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(worker.close()))
+        try:
+            await worker.finished()
+        finally:
+            ready.close()
+            if scheduler is not None:
+                await scheduler.close(reason="jupyter-mn: pod stopping")
+
+
+async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(serve(os.environ))
+
+
+if __name__ == "__main__":
+    main()

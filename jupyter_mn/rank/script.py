@@ -1,0 +1,227 @@
+"""A training script on one node's ranks (``%cluster run train.py``), the way torchrun runs it.
+
+Each rank is a fresh ``python -u SCRIPT ARGS`` process with torchrun's environment and its own
+rendezvous port (the warm gang's rank 0 keeps its TCPStore on MASTER_PORT), so an unchanged
+script that calls ``init_process_group()`` (env://) works. Output goes through the node agent's
+log path like a cell's. As torchrun does, the first rank to fail stops the others; its traceback
+comes from torchelastic's error file (``@record``) or else from its last stderr lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .process import STOP_GRACE_S, TAIL_LINES, RankHandle, describe_exit
+from .runtime import contract_env
+
+if TYPE_CHECKING:
+    from .agent import NodeAgent
+
+ERR_TAIL_LINES = 200
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+
+
+class ScriptRank(RankHandle):
+    """One script process: a rank for the agent's pipes and logs, without a control socket."""
+
+    def __init__(
+        self,
+        agent: NodeAgent,
+        local_rank: int,
+        rank: int,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+    ) -> None:
+        self._watch_output(agent, local_rank, rank)
+        self.err_tail: deque[str] = deque(maxlen=ERR_TAIL_LINES)
+        self.expected = 1  # a script writes no sync marker: synced() waits for its pipes to close
+        self.stopped_by: str = ""
+        self._outcome: dict[str, Any] | None = None
+        self.error_file = env["TORCHELASTIC_ERROR_FILE"]
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._read_pipes()
+
+    def _line(self, stream: str, text: str) -> None:
+        if stream == "err":
+            self.err_tail.append(text)
+        super()._line(stream, text)
+
+    async def finished(self) -> ScriptRank:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.proc.wait)
+        self.duration = time.perf_counter() - self.started
+        self.finished_at = time.time()
+        await self.synced()  # both pipes read to the end
+        return self
+
+    def outcome(self) -> dict[str, Any]:
+        """Status, exit code and error; fixed once the process has exited."""
+        if self._outcome is None:
+            out = self._judge()
+            if self.proc.returncode is None:
+                return out
+            self._outcome = out
+        return self._outcome
+
+    def _judge(self) -> dict[str, Any]:
+        code = self.proc.returncode
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "exit_code": code,
+            "duration": getattr(self, "duration", None),
+            "finished_at": getattr(self, "finished_at", None),
+            "error": None,
+            "status": "ok",
+        }
+        if self.stopped_by:
+            out["status"] = "interrupted"
+            out["error"] = _error("Stopped", self.stopped_by, [], secondary=True)
+        elif code is not None and code < 0:
+            out["status"] = "lost"
+            out["error"] = _error("RankLost", describe_exit(code), ["last lines:", *self.tail])
+        elif code:
+            out["status"] = "error"
+            out["error"] = self._traceback(code)
+        return out
+
+    def _traceback(self, code: int) -> dict[str, Any]:
+        """torchelastic's error file if the script wrote one (``@record``), else stderr."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            message = json.loads(Path(self.error_file).read_text())["message"]
+            lines = message["extraInfo"]["py_callstack"].rstrip().splitlines()
+            return _from_lines(lines, code, traceback=True)
+        # torch prefixes an uncaught exception's lines with "[rankN]: " (its excepthook)
+        lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+        if starts:
+            return _from_lines(lines[starts[-1] :], code, traceback=True)
+        return _from_lines(lines[-TAIL_LINES:], code, traceback=False)
+
+
+def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
+    """The exception a Python traceback ends with, else the exit code and the last line."""
+    from .execute import _SECONDARY
+
+    last = next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith(" ")), "")
+    found = _EXCEPTION_LINE.match(last) if traceback else None
+    if found:
+        ename, evalue = found.group(1), f"{found.group(2) or ''} (exit code {code})".lstrip()
+    else:
+        ename, evalue = "ScriptExit", f"exit code {code}" + (f": {last}" if last else "")
+    secondary = any(s in evalue for s in _SECONDARY)
+    return _error(ename, evalue, lines, secondary)
+
+
+def _error(ename: str, evalue: str, lines: list[str], secondary: bool = False) -> dict[str, Any]:
+    return {"ename": ename, "evalue": evalue, "traceback": lines, "secondary": secondary}
+
+
+class ScriptRun:
+    """This node's script processes: started at once, stopped together when one fails."""
+
+    def __init__(self, agent: NodeAgent, launch: dict[str, Any]) -> None:
+        self.agent = agent
+        self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
+        gpus = launch["gpus"]
+        self.ranks = [
+            ScriptRank(
+                agent,
+                local,
+                agent.node * gpus + local,
+                [sys.executable, "-u", launch["script"], *launch["args"]],
+                self._env(launch, agent.node * gpus + local, local),
+                launch.get("cwd"),
+            )
+            for local in range(gpus)
+        ]
+        for r in self.ranks:
+            agent._state(r.rank, "started", f"pid {r.proc.pid}")
+
+    def _env(self, launch: dict[str, Any], rank: int, local: int) -> dict[str, str]:
+        """torchrun's variables, plus the contract every jupyter_mn rank gets."""
+        nnodes, gpus = launch["nnodes"], launch["gpus"]
+        return {
+            **os.environ,
+            **launch["env"],
+            **contract_env(
+                rank=rank,
+                local_rank=local,
+                gpus=gpus,
+                node_rank=self.agent.node,
+                nnodes=nnodes,
+                master_addr=launch["master_addr"],
+                master_port=launch["master_port"],
+                job=self.agent.job,
+                backend=launch["backend"],
+                nodes=launch["nodes"],
+                pg_timeout=launch["pg_timeout"],
+            ),
+            "GROUP_WORLD_SIZE": str(nnodes),
+            "ROLE_NAME": "default",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(nnodes * gpus),
+            "TORCHELASTIC_RUN_ID": self.agent.job,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": os.path.join(self.folder, f"error-{rank}.json"),
+        }
+
+    async def wait(self) -> dict[str, Any]:
+        """Until every process exits; the first failure stops this node's others at once."""
+        pending = {asyncio.ensure_future(r.finished()) for r in self.ranks}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    r = task.result()
+                    outcome = r.outcome()
+                    if outcome["status"] not in ("ok", "interrupted"):
+                        self.agent._state(r.rank, outcome["status"], "primary")
+                        await self.stop(signal.SIGTERM, f"rank {r.rank} failed")
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return {
+            "node": self.agent.node,
+            "seq": self.agent.flush(),
+            "ranks": [r.outcome() for r in self.ranks],
+        }
+
+    async def stop(self, signum: int = signal.SIGTERM, why: str = "stopped by the kernel") -> None:
+        """``signum`` to the processes still running, SIGKILL after a grace period."""
+        running = [r for r in self.ranks if r.proc.poll() is None]
+        for r in running:
+            r.stopped_by = r.stopped_by or why
+            r.signal(signum)
+        await asyncio.gather(*(self._reap(r) for r in running))
+
+    @staticmethod
+    async def _reap(r: ScriptRank) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, r.proc.wait, STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            r.signal(signal.SIGKILL)

@@ -1,0 +1,162 @@
+"""Functions the kernel runs on a node's dask worker with ``client.run``.
+
+``client.run`` calls them on the worker's event loop, outside task scheduling: they take no
+thread slot from other users' tasks on a shared cluster. So they must be quick, or ``async`` and
+leave the real work to a subprocess (the probe, a shell command).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import sys
+from importlib import metadata, util
+from typing import Any
+
+from .probe import interfaces, machine_id, rdma_ports, route
+
+#: Shell commands started by ``run_command``, by token, so an interrupt can stop them.
+_commands: dict[str, asyncio.subprocess.Process] = {}
+_OUTPUT_LIMIT = 1 << 20
+
+
+def identity() -> dict[str, Any]:
+    """Where this process runs: machine and process group (what a Jupyter interrupt hits)."""
+    return {"machine": machine_id(), "pgid": os.getpgrp()}
+
+
+def worker_facts(kernel: dict[str, Any]) -> dict[str, Any]:
+    """Cheap facts for choosing nodes (nothing heavy is imported into the user's worker)."""
+    from .. import __version__
+
+    torch = None
+    if util.find_spec("torch") is not None:
+        try:
+            torch = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            torch = "unknown"
+    return {
+        "jupyter_mn": __version__,
+        "torch": torch,
+        "python": platform.python_version(),
+        "in_kernel_group": identity() == kernel,
+    }
+
+
+def link_facts(master_addr: str) -> dict[str, Any]:
+    """The links this node has (RDMA ports, interfaces, the one to the master): sysfs and
+    psutil only, so it is quick enough for the worker's event loop."""
+    nics = interfaces()
+    return {"rdma": rdma_ports(), "interfaces": nics, "route": route(master_addr, nics)}
+
+
+def ignore_sigint() -> bool:
+    """Shield a worker (or its nanny) that shares the kernel's process group from interrupts."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: this process runs its loop elsewhere
+        return False
+    return True
+
+
+def find_script(paths: list[str], cwd: str | None) -> str | None:
+    """The first of ``paths`` that is a file here (relative ones from the ranks' cwd)."""
+    for path in paths:
+        full = os.path.join(cwd or os.getcwd(), path)
+        if os.path.isfile(full):
+            return os.path.abspath(full)
+    return None
+
+
+async def _start(argv_or_shell: list[str] | str, env: dict[str, str], cwd: str | None) -> Any:
+    kwargs: dict[str, Any] = {
+        "stdin": asyncio.subprocess.DEVNULL,
+        "stdout": asyncio.subprocess.PIPE,
+        "stderr": asyncio.subprocess.STDOUT,
+        "env": {**os.environ, **env},
+        "cwd": cwd,
+        "start_new_session": True,  # never in the worker's (or kernel's) process group
+    }
+    if isinstance(argv_or_shell, str):
+        return await asyncio.create_subprocess_shell(argv_or_shell, **kwargs)
+    return await asyncio.create_subprocess_exec(*argv_or_shell, **kwargs)
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_command(
+    command: str, env: dict[str, str], cwd: str | None, timeout: float, token: str
+) -> dict[str, Any]:
+    """Run a shell command on this node; its output (stdout and stderr) and exit code."""
+    proc = await _start(command, env, cwd)
+    _commands[token] = proc
+    try:
+        output = await asyncio.wait_for(proc.stdout.read(), timeout)
+        code = await proc.wait()
+        timed_out = False
+    except asyncio.TimeoutError:
+        _kill(proc)
+        output, code, timed_out = b"", await proc.wait(), True
+    finally:
+        _commands.pop(token, None)
+    text = output[-_OUTPUT_LIMIT:].decode("utf-8", "replace")
+    return {"exit_code": code, "output": text, "timed_out": timed_out}
+
+
+def stop_command(token: str) -> bool:
+    proc = _commands.get(token)
+    if proc is not None:
+        _kill(proc)
+    return proc is not None
+
+
+async def probe(options: dict[str, Any], dask_worker: Any) -> dict[str, Any]:
+    """Run the probe subprocess with the ranks' env and cwd; return its facts.
+
+    On node 0 (``options["listen"]``) first listen on the master address, so every node's probe
+    can test that it reaches it; keep listening until all nodes connected or time is up.
+    """
+    listen = options.get("listen")
+    server = None
+    connected = asyncio.Event()
+    seen = 0
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal seen
+        await reader.read()  # the probe closes first: this side's port never lingers
+        writer.close()
+        seen += 1
+        if seen >= listen["expect"]:
+            connected.set()
+
+    if listen and listen["worker"] == dask_worker.address:
+        server = await asyncio.start_server(accept, listen["host"], listen["port"])
+    try:
+        proc = await _start(
+            [sys.executable, "-m", "jupyter_mn.rank.probe", json.dumps(options)],
+            options.get("env", {}),
+            options.get("cwd"),
+        )
+        try:
+            output = await asyncio.wait_for(proc.stdout.read(), options["timeout"])
+        except asyncio.TimeoutError:
+            _kill(proc)
+            await proc.wait()
+            return {"error": f"the probe did not finish within {options['timeout']:.0f} s"}
+        if await proc.wait() != 0:
+            tail = output.decode("utf-8", "replace").strip().splitlines()[-5:]
+            return {"error": "the probe failed: " + " | ".join(tail)}
+        if server is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(connected.wait(), options.get("reach_timeout", 5) + 1)
+        return json.loads(output.decode().strip().splitlines()[-1])
+    finally:
+        if server is not None:
+            server.close()

@@ -1,0 +1,118 @@
+"""``%%cluster --backend kubernetes`` in a real kernel, against the test API server.
+
+The test kubelet runs each pod's container command (``python -m jupyter_mn.rank.pod``) as a
+local process with the pod's environment (downward API resolved), so this checks the container
+command, the env contract, the TLS Secret, readiness, cluster DNS between pods and the
+port-forward back to the kernel, without a real cluster. ``%cluster down`` must delete every
+object and stop every process.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import nbformat
+import papermill
+import pytest
+from kube.cluster import FakeCluster
+from test_papermill import ROOT, _texts
+
+from kernels import Kernel
+
+CELL = """%%cluster --backend kubernetes --nodes 2 --gpus 2 --image registry.example/agent:1 {extra}
+import os
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print("host", os.environ["HOSTNAME"], "node", os.environ["NODE_RANK"], "sum", t.item())
+(t.item(), dist.get_rank(), dist.get_world_size(), os.environ["JUPYTER_MN_BACKEND"])
+"""
+
+
+def free_port() -> int:
+    """A free port whose successor is free too (the pod's readiness port)."""
+    while True:
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch) -> Iterator[FakeCluster]:
+    with FakeCluster(tmp_path, processes=True) as fake:
+        monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig))  # the kernel inherits it
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield fake
+
+
+def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
+    kernel = Kernel()
+    try:
+        reply = kernel.run(CELL.format(extra=f"--dask-port {free_port()}"), timeout=300)
+        assert reply.status == "ok", reply.error_text
+        assert ast.literal_eval(reply.result) == (6.0, 0, 4, "kubernetes")
+        job = next(o for o in cluster.ours() if o["kind"] == "Job")
+        for rank in range(4):
+            node = rank // 2
+            line = f"[node {node} rank {rank}] host {job['metadata']['name']}-{node} node {node}"
+            assert f"{line} sum 6.0" in reply.stdout, reply.stdout
+        assert "jupyter_mn: gang: creating 2 pod(s) in namespace notebooks" in reply.stdout
+        pods = [o for o in cluster.ours() if o["kind"] == "Pod"]
+        assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+
+        again = kernel.run("%%cluster\ndist.get_rank() + 10", timeout=60)  # the warm gang
+        assert again.result == "10", again.error_text
+
+        down = kernel.run("%cluster down", timeout=120)
+        assert down.status == "ok", down.error_text
+        assert cluster.ours() == []
+    finally:
+        kernel.shutdown()
+
+
+def test_the_kubernetes_notebook_runs_against_the_emulated_cluster(cluster, tmp_path, no_leftovers):
+    out = tmp_path / "04-out.ipynb"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "04-kubernetes.ipynb"),
+        str(out),
+        kernel_name="jupyter_mn",
+        parameters={"gpus": 2, "flags": f"--rdma --dask-port {free_port()}"},
+        progress_bar=False,
+    )
+    text = _texts(nbformat.read(out, as_version=4))
+    assert "kind: NetworkPolicy" in text and "rdma/rdma_shared_device_a" in text  # the dry run
+    assert "gang: creating 2 pod(s) in namespace notebooks" in text
+    assert "[node 1 rank 3]" in text and "rank 3 sum 6.0" in text
+    assert "(4, 2, 'kubernetes', 'cpu')" in text
+    assert cluster.ours() == []
+
+
+def test_pods_exit_by_themselves_when_the_kernel_is_killed(cluster, no_leftovers):
+    """The dead-man switch: no kernel connected for --orphan-timeout → the gang's pods exit."""
+    from jupyter_mn.gang.kubernetes import gc
+
+    kernel = Kernel()
+    try:
+        reply = kernel.run(
+            CELL.format(extra=f"--dask-port {free_port()} --orphan-timeout 5"), timeout=300
+        )
+        assert reply.status == "ok", reply.error_text
+        os.kill(kernel.pid, signal.SIGKILL)  # nobody deletes anything now
+        deadline = time.monotonic() + 90
+        while {p["status"]["phase"] for p in cluster.live("pods")} != {"Succeeded"}:
+            assert time.monotonic() < deadline, [p["status"] for p in cluster.live("pods")]
+            time.sleep(0.2)
+    finally:
+        kernel.shutdown()
+    job = next(o for o in cluster.ours() if o["kind"] == "Job")  # left for its TTL, or for gc
+    assert [left.gang for left in gc.collect()] == [job["metadata"]["name"]]
+    assert cluster.ours() == []

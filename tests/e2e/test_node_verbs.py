@@ -1,0 +1,87 @@
+"""``%cluster doctor | exec | run | bench`` in a real kernel, as a notebook user types them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from procs import ours, rank_processes
+
+from kernels import Kernel
+
+SCRIPT = """
+import argparse, torch, torch.distributed as dist
+parser = argparse.ArgumentParser()
+parser.add_argument("--scale", type=float, required=True)
+args = parser.parse_args()
+dist.init_process_group()
+t = torch.tensor([args.scale])
+dist.all_reduce(t)
+print("sum", t.item())
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    k = Kernel()
+    yield k
+    k.shutdown()
+
+
+def test_doctor_before_any_gang_shows_the_table_and_keeps_nothing(kernel):
+    reply = kernel.run("%cluster doctor --nodes 2 --gpus 2 --check-path /nonexistent/data")
+    assert reply.status == "ok", reply.error_text
+    assert "jupyter_mn doctor: 2×2 on local (FAILED" in reply.result
+    assert "✘ paths on node 1: missing on node 1" in reply.result
+    assert "<table>" in reply.data["text/html"]
+    assert not rank_processes(ours())
+    assert "'state': 'DOWN'" in kernel.run("%cluster status").result
+
+
+def test_exec_keeps_the_shell_command_verbatim(kernel):
+    reply = kernel.run('%cluster exec --all-nodes -- echo "it\'s $((40 + 2))" | tr a-z A-Z')
+    assert reply.status == "ok", reply.error_text
+    assert "[node 0] IT'S 42" in reply.stdout and "[node 1] IT'S 42" in reply.stdout
+    failed = kernel.run("%cluster exec --node 1 -- echo out; exit 3")
+    assert "[node 1] out\n[node 1] exit code 3" in failed.stdout
+    bad = kernel.run("%cluster exec --node 7 -- true")
+    assert bad.ename == "SpecError" and "the gang has nodes 0..1" in bad.evalue
+    assert kernel.run("%cluster exec --node 0").ename == "SpecError"
+
+
+def test_bench_reports_busbw_by_the_nccl_tests_formula(kernel):
+    kernel.run("%%cluster --nodes 2 --gpus 2\n0")
+    reply = kernel.run("%cluster bench --size 1M --iters 3 --warmup 1")
+    assert reply.status == "ok", reply.error_text
+    text = reply.result
+    assert "gloo on CPU" in text
+    rows = re.findall(
+        r"^\s*(.+?)\s+(\d+)\s+1 MiB\s+([\d.]+) ms\s+([\d.]+)\s+([\d.]+)\s+\S+$", text, re.M
+    )
+    scopes = [r[0] for r in rows]
+    assert scopes == [
+        "all ranks (inter-node)",
+        "intra-node (slowest of 2 nodes)",
+        "inter-node (one rank per node)",
+    ]
+    for _, ranks, ms, alg, bus in rows:
+        n, seconds = int(ranks), float(ms) / 1e3
+        assert float(alg) == pytest.approx((1 << 20) / seconds / 1e9, rel=0.01, abs=0.002)
+        assert float(bus) == pytest.approx(float(alg) * 2 * (n - 1) / n, rel=0.01, abs=0.002)
+
+
+def test_run_a_script_on_the_gang_then_doctor_reaches_its_master(kernel, tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    reply = kernel.run(f"%cluster run {tmp_path / 'train.py'} --scale 2.5")
+    assert reply.status == "ok", reply.error_text
+    assert reply.result == "0"  # rank 0's exit status
+    for rank in range(4):
+        assert f"[node {rank // 2} rank {rank}] sum 10.0" in reply.stdout
+    failing = kernel.run(f"%cluster run {tmp_path / 'train.py'}")  # --scale missing
+    assert failing.ename == "CellError" and "raised ScriptExit: exit code 2: " in failing.evalue
+    assert "the following arguments are required: --scale" in failing.evalue
+    doctor = kernel.run("%cluster doctor")
+    assert "(ok," in doctor.result and "master" in doctor.result
+    after = kernel.run("%%cluster\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+    assert after.result == "4.0"  # the TCPStore the doctor connected to still serves the gang

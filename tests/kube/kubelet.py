@@ -1,0 +1,188 @@
+"""A test-only kubelet: runs each bound pod's container command as a local process.
+
+What a node would provide, emulated on one machine: every pod gets its own IP on the loopback
+network (127.x.y.z, all routed locally), its environment as written in the manifest with the
+downward API resolved (``status.podIP``, ``metadata.annotations['…']``, …), its Secret volumes
+as files in a per-pod directory (no mount namespaces here, so environment values that name a
+mount path are pointed at that directory), cluster DNS for ``<hostname>.<subdomain>`` names (a
+hosts table the pod processes read through ``dns/sitecustomize.py``), the readiness probe
+(TCP), and the pod lifecycle: Running → Ready → Succeeded/Failed with the exit code; a deleted
+pod's process is stopped with SIGTERM, then SIGKILL after its grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kube.control import Api, condition, container_status, now
+
+DNS_DIR = Path(__file__).with_name("dns")
+_FIELD = re.compile(r"^metadata\.(annotations|labels)\['(?P<key>[^']+)'\]$")
+
+
+class ProcessKubelet:
+    def __init__(self, server: Any, root: Path) -> None:
+        self.server, self.root = server, root
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.hosts: dict[str, str] = {}
+        self.hosts_file = root / "hosts.json"
+        self.hosts_file.write_text("{}")
+        net = (random.randrange(1, 250), random.randrange(1, 250))
+        self._ips = (f"127.{net[0]}.{net[1]}.{i}" for i in range(2, 250))
+        self._ready: set[str] = set()
+        self._exited: set[str] = set()
+
+    async def sync(self, pod: dict[str, Any], api: Api) -> None:
+        name = pod["metadata"]["name"]
+        if name not in self.procs:
+            await self._start(pod, api)
+            return
+        proc = self.procs[name]
+        code = proc.poll()
+        if code is not None and name not in self._exited:
+            self._exited.add(name)
+            await self._report_exit(pod, api, code)
+        elif code is None and name not in self._ready and await self._probe(pod):
+            self._ready.add(name)
+            status = {"conditions": [condition("PodScheduled", True), condition("Ready", True)]}
+            await api.patch("pods", pod, {"status": status}, status=True)
+
+    async def _start(self, pod: dict[str, Any], api: Api) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        name = meta["name"]
+        ip = next(self._ips)
+        pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": ip}}
+        workdir = self.root / name
+        workdir.mkdir()
+        mounts = self._volumes(pod, workdir)
+        container = spec["containers"][0]
+        env = self._env(pod, container, mounts)
+        if spec.get("hostname") and spec.get("subdomain"):
+            short = f"{spec['hostname']}.{spec['subdomain']}"
+            for host in (
+                short,
+                f"{short}.{meta['namespace']}.svc",
+                f"{short}.{meta['namespace']}.svc.cluster.local",
+            ):
+                self.hosts[host] = ip
+            self.hosts_file.write_text(json.dumps(self.hosts))
+        log = (workdir / "container.log").open("wb")
+        self.procs[name] = subprocess.Popen(
+            container["command"] + container.get("args", []),
+            env=env,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "startTime": now(),
+            "conditions": [condition("PodScheduled", True), condition("Ready", False)],
+            "containerStatuses": [
+                container_status(container, {"running": {"startedAt": now()}}, False)
+            ],
+        }
+        await api.patch("pods", pod, {"status": status}, status=True)
+
+    def _volumes(self, pod: dict[str, Any], workdir: Path) -> dict[str, str]:
+        """Materialize Secret and emptyDir volumes; return mount path → directory."""
+        by_name = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        mounts: dict[str, str] = {}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
+            volume = by_name[mount["name"]]
+            target = workdir / "volumes" / mount["name"]
+            target.mkdir(parents=True)
+            if "secret" in volume:
+                secret = self.server.get(
+                    "secrets", pod["metadata"]["namespace"], volume["secret"]["secretName"]
+                )
+                for key, value in (secret.get("data") or {}).items():
+                    (target / key).write_bytes(base64.b64decode(value))
+            mounts[mount["mountPath"]] = str(target)
+        return mounts
+
+    def _env(
+        self, pod: dict[str, Any], container: dict[str, Any], mounts: dict[str, str]
+    ) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the image's python
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DNS_DIR), env.get("PYTHONPATH")]))
+        env["JUPYTER_MN_TEST_HOSTS"] = str(self.hosts_file)
+        env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        for item in container.get("env") or []:
+            value = item["value"] if "value" in item else self._field(pod, item["valueFrom"])
+            env[item["name"]] = mounts.get(value, value)
+        return env
+
+    @staticmethod
+    def _field(pod: dict[str, Any], source: dict[str, Any]) -> str:
+        path = source["fieldRef"]["fieldPath"]
+        found = _FIELD.match(path)
+        if found:
+            return pod["metadata"][found.group(1)][found["key"]]
+        if path == "status.podIP":
+            return pod["status"]["podIP"]
+        section, _, key = path.partition(".")
+        return pod[section][key]
+
+    async def _probe(self, pod: dict[str, Any]) -> bool:
+        container = pod["spec"]["containers"][0]
+        probe = (container.get("readinessProbe") or {}).get("tcpSocket")
+        if probe is None:
+            return True
+        port = probe["port"]
+        if isinstance(port, str):
+            port = next(p["containerPort"] for p in container["ports"] if p.get("name") == port)
+        try:
+            _, writer = await asyncio.open_connection(pod["status"]["podIP"], port)
+        except OSError:
+            return False
+        writer.close()
+        return True
+
+    async def _report_exit(self, pod: dict[str, Any], api: Api, code: int) -> None:
+        container = pod["spec"]["containers"][0]
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "finishedAt": now(),
+        }
+        status = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [condition("PodScheduled", True), condition("Ready", False)],
+            "containerStatuses": [container_status(container, {"terminated": terminated}, False)],
+        }
+        await api.patch("pods", pod, {"status": status}, status=True)
+
+    async def reap(self, live: set[str]) -> None:
+        for name in set(self.procs) - live:
+            await asyncio.to_thread(self._stop, self.procs.pop(name))
+
+    def _stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def shutdown(self) -> None:
+        for name in list(self.procs):
+            self._stop(self.procs.pop(name), grace=5.0)

@@ -1,0 +1,118 @@
+"""``%cluster run SCRIPT``: unchanged torchrun-style scripts on a warm 2×2 gang (real processes)."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+from procs import ours, wait_gone
+
+from jupyter_mn import Cluster
+from jupyter_mn.errors import CellError, RankLost, SpecError
+from jupyter_mn.gang.script import run_script
+from jupyter_mn.views import TextView
+
+TRAIN = """
+import argparse, os
+import torch, torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=1)
+parser.add_argument("--fail-rank", type=int, default=-1)
+args = parser.parse_args()
+
+dist.init_process_group()  # env://, as under torchrun
+rank, world = dist.get_rank(), dist.get_world_size()
+total = torch.zeros(1)
+for step in range(args.steps):
+    if rank == args.fail_rank and step == 1:
+        raise ValueError(f"bad batch on rank {rank}")
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t)
+    total += t
+print(f"rank {rank}/{world} node {os.environ['NODE_RANK']} local {os.environ['LOCAL_RANK']} "
+      f"total {total.item():g} run {os.environ['TORCHELASTIC_RUN_ID']}")
+dist.destroy_process_group()
+"""
+
+RECORDED = """
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    dist.init_process_group()
+    if dist.get_rank() == 3:
+        raise KeyError("missing shard")
+    dist.barrier()
+
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("scripts")
+    (folder / "train.py").write_text(TRAIN)
+    (folder / "recorded.py").write_text(RECORDED)
+    (folder / "killed.py").write_text(
+        "import os, signal, torch.distributed as dist\ndist.init_process_group()\n"
+        "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()\n"
+    )
+    (folder / "sleepy.py").write_text("import time\ntime.sleep(600)\n")
+    return folder
+
+
+def run(gang_2x2: Cluster, script: Path, *args: str, timeout: float | None = None):
+    out, err = io.StringIO(), io.StringIO()
+    with gang_2x2.nodes() as gang:
+        result = run_script(gang, str(script), args, TextView(out, err), timeout)
+    return result, out.getvalue(), err.getvalue()
+
+
+def test_an_unchanged_script_runs_on_every_rank_next_to_the_warm_gang(gang_2x2, scripts):
+    before = gang_2x2.run("import os\nint(os.environ['MASTER_PORT'])").value
+    result, out, _ = run(gang_2x2, scripts / "train.py", "--steps", "3")
+    assert result.ok and result.value == 0  # rank 0's exit status
+    for rank in range(4):
+        line = f"[node {rank // 2} rank {rank}] rank {rank}/4 node {rank // 2} local {rank % 2} "
+        assert line + "total 30 run " in out
+    assert gang_2x2.run("import os\nint(os.environ['MASTER_PORT'])").value == before
+    assert gang_2x2.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()").value == 4.0
+
+
+def test_a_failing_rank_stops_the_others_and_is_reported_like_a_cell(gang_2x2, scripts):
+    started = time.monotonic()
+    result, _, err = run(gang_2x2, scripts / "train.py", "--steps", "3", "--fail-rank", "2")
+    assert time.monotonic() - started < 30  # the others were stopped, not left in all_reduce
+    cause = result.root_cause
+    assert (cause.rank, cause.node, cause.status) == (2, 1, "error")
+    assert cause.error.ename == "ValueError" and "bad batch on rank 2" in cause.error.evalue
+    line = next(n for n, text in enumerate(TRAIN.splitlines(), 1) if "raise ValueError" in text)
+    assert any(f'train.py", line {line}' in text for text in cause.error.traceback)
+    with pytest.raises(CellError, match=r"rank 2 \(node 1\) raised ValueError: bad batch"):
+        result.unwrap()
+    assert "[node 1 rank 2] [rank2]: ValueError: bad batch on rank 2" in err  # live, as written
+    assert gang_2x2.run("1 + 1").value == 2  # the warm gang is untouched
+
+
+def test_torchelastic_error_file_and_a_killed_rank(gang_2x2, scripts):
+    result, _, _ = run(gang_2x2, scripts / "recorded.py")
+    cause = result.root_cause
+    assert cause.rank == 3 and cause.error.ename == "KeyError"
+    assert any("missing shard" in line for line in cause.error.traceback)
+    killed, _, _ = run(gang_2x2, scripts / "killed.py")
+    with pytest.raises(RankLost, match=r"rank 1 \(node 0\) was lost: RankLost: killed by SIGKILL"):
+        killed.unwrap()
+
+
+def test_timeout_stops_every_rank_and_missing_scripts_are_refused(gang_2x2, scripts):
+    since = time.time()
+    result, _, _ = run(gang_2x2, scripts / "sleepy.py", timeout=2)
+    assert {r.status for r in result.ranks} == {"interrupted"}
+    assert "the script was stopped: --timeout 2 s reached" in result.notes
+    assert not wait_gone([p for p in ours(since) if "sleepy.py" in " ".join(p.cmdline())])
+    with pytest.raises(SpecError, match=r"nope\.py: no such file on node\(s\) 0, 1"):
+        run(gang_2x2, scripts / "nope.py")
