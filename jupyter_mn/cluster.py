@@ -21,7 +21,7 @@ from typing import Any
 from .background import BackgroundCell
 from .cell import Captured, CellPayload, Shipper, bound_names, compile_cell
 from .errors import ClusterBusy
-from .events import Notice, Stacks
+from .events import Note, Stacks
 from .result import LOST, CellResult
 from .spec import ClusterSpec
 
@@ -208,7 +208,7 @@ class Cluster:
                     if self._expired:
                         break
                     if on_event is not None:
-                        on_event(Notice(_retry_text(attempt + 1, attempts - 1, result)))
+                        on_event(Note(_retry_text(attempt + 1, attempts - 1, result)))
             finally:
                 self.last_used = time.time()
                 self._arm_idle_timer()

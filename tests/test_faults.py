@@ -21,7 +21,7 @@ from procs import TOKEN, ours, processes, rank_processes, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, CellInterrupted, ClusterBusy, NodeLost, RankLost
-from jupyter_mn.events import LogLines, Notice
+from jupyter_mn.events import LogLines, Note
 from jupyter_mn.gang.run import KILL_AFTER_S
 from jupyter_mn.views import TextView
 
@@ -211,7 +211,7 @@ def test_retries_run_the_cell_again_on_the_recovered_gang(gang, tmp_path):
     events: list[object] = []
     result = gang.run(code, retries=1, on_event=events.append)
     assert result.value == 4.0
-    assert [e.text for e in events if isinstance(e, Notice)] == [
+    assert [e.text for e in events if isinstance(e, Note)] == [
         "retry 1/1: rank 1 (node 0) was lost; running the cell again"
     ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from ..events import CellDone, GangState, LogLines, Notice, Stacks, TransportReport
+from ..events import CellDone, GangState, LogLines, Stacks, TransportReport
 from ..spec import ClusterSpec
 from .stacks import format_stacks
 from .state import CellState
@@ -43,12 +43,12 @@ class TextView:
             self._transport(event)
         elif isinstance(event, CellDone):
             self._final()
-        elif isinstance(event, Notice):
-            self._note(event.text)
         elif isinstance(event, Stacks):
             out = self._out("err")
             out.write(format_stacks(event) + "\n")
             out.flush()
+        elif hasattr(event, "text"):  # Note, NodesWaiting
+            self._note(event.text)
 
     def close(self) -> None:
         """Nothing to release: text is written as events arrive."""
