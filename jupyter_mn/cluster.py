@@ -86,6 +86,7 @@ class Cluster:
         """
         from .gang import make_gang
 
+        self._refuse_while_background()
         with self._lock:
             self._cancel_idle_timer()
             try:
@@ -169,9 +170,7 @@ class Cluster:
         """
         from .gang.run import run_cell
 
-        bg = self._background
-        if bg is not None and not bg.done() and not bg.runs_here():
-            raise ClusterBusy(self._busy_message())
+        self._refuse_while_background()
         with self._lock:
             self.cells += 1
             cell_id = self.cells if cell_id is None else cell_id
@@ -243,6 +242,11 @@ class Cluster:
         )
         self._background = handle
         return handle
+
+    def _refuse_while_background(self) -> None:
+        bg = self._background
+        if bg is not None and not bg.done() and not bg.runs_here():
+            raise ClusterBusy(self._busy_message())
 
     def _busy_message(self) -> str:
         bg = self._background

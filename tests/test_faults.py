@@ -293,6 +293,8 @@ def test_background_cell_stacks_and_cancel(gang):
         assert f"[node {rank // 2} rank {rank}] running\n    Cell In[{handle.cell_id}]" in stacks
     with pytest.raises(ClusterBusy, match=f"background cell In\\[{handle.cell_id}\\] is still"):
         gang.run("1")
+    with pytest.raises(ClusterBusy), gang.nodes():  # %cluster exec, doctor, run: the same
+        pass
     started = time.perf_counter()
     handle.cancel()
     assert handle.wait(timeout=KILL_AFTER_S * 3)
