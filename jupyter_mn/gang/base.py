@@ -394,12 +394,12 @@ class Gang:
         self, restart: set[int], notes: list[str] | None = None, if_dead: bool = False
     ) -> None:
         """Re-form the group in the background, restarting the ranks of the ``restart`` nodes."""
-        with self._lock:
+        with self._lock:  # settle() must find the recovery started once the state says so
             if self.status not in (GangStatus.READY, GangStatus.RUNNING):
                 return
-            self._transition(GangStatus.RENDEZVOUS, "re-forming the process group")
             self._recovery = Recovery(self, restart, list(notes or []), if_dead)
-        self._recovery.start()
+            self._transition(GangStatus.RENDEZVOUS, "re-forming the process group")
+            self._recovery.start()
 
     def recovered(self, restart: set[int]) -> None:
         with self._lock:
@@ -411,11 +411,14 @@ class Gang:
 
     def settle(self) -> list[str]:
         """Wait for a re-forming in progress; return what the user should be told about it."""
-        recovery = self._recovery
+        with self._lock:
+            recovery = self._recovery
         if recovery is None:
             return []
         recovery.join()
-        self._recovery = None
+        with self._lock:
+            if self._recovery is recovery:
+                self._recovery = None
         return recovery.notes
 
     def seen(self, node: int) -> int:
