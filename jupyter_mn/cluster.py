@@ -1,8 +1,10 @@
 """``Cluster``: the public API. The magic, papermill runs, the CLI and the tests all go through it.
 
 A ``Cluster`` owns at most one gang: started on first use, kept warm between cells, released
-after ``idle_timeout`` or on close, replaced when it breaks. ``session(spec)`` keeps one
-"current" cluster per kernel for the magics: same gang shape → reuse, other shape → replace.
+after ``idle_timeout``, after ``max_runtime`` (a cost cap) or on close, replaced when it breaks.
+One cell runs at a time, in the foreground or in the background (``submit``).
+``session(spec)`` keeps one "current" cluster per kernel for the magics: same gang shape → reuse,
+other shape → replace.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .cell import CellPayload, Shipper, bound_names, compile_cell
+from .background import BackgroundCell
+from .cell import Captured, CellPayload, Shipper, bound_names, compile_cell
+from .errors import ClusterBusy
+from .events import Note, Stacks
 from .result import LOST, CellResult
 from .spec import ClusterSpec
 
@@ -41,6 +46,12 @@ class Cluster:
         self._rank_defined: set[str] = set()
         self._lock = threading.RLock()
         self._idle_timer: threading.Timer | None = None
+        self._expiry: threading.Timer | None = None
+        self._expired = ""
+        self._holders: tuple[str, int] | None = None
+        self._background: BackgroundCell | None = None
+        #: what re-forming the gang told us, for the next result
+        self._notes: list[str] = []
         _live.add(self)
 
     # ---- lifecycle
@@ -50,8 +61,10 @@ class Cluster:
         from .recorder import track
 
         with self._lock:
-            if self.gang is not None and self.gang.status.usable:
-                return self.gang
+            if self.gang is not None:
+                self._notes += self.gang.settle()  # a re-forming after a failure
+                if self.gang.status.usable:
+                    return self.gang
             self._drop_gang()
             gang = make_gang(self.spec)
             self.gang = gang
@@ -59,6 +72,7 @@ class Cluster:
             gang.start(on_event)
             self.released = ""
             self._arm_idle_timer()
+            self._arm_expiry(gang)
             return gang
 
     @contextlib.contextmanager
@@ -72,9 +86,12 @@ class Cluster:
         """
         from .gang import make_gang
 
+        self._refuse_while_background()
         with self._lock:
             self._cancel_idle_timer()
             try:
+                if self.gang is not None:
+                    self._notes += self.gang.settle()  # a re-forming after a failure
                 if self.gang is not None and self.gang.status.usable:
                     yield self.gang
                     return
@@ -92,13 +109,16 @@ class Cluster:
                     self._arm_idle_timer()
 
     def close(self) -> None:
-        """Stop every process of the gang. Safe to call twice."""
+        """Stop every process of the gang (a background cell is interrupted). Safe twice."""
+        self.cancel("the cluster is closing")
         with self._lock:
             self._cancel_idle_timer()
             self._drop_gang()
 
     def cancel(self, reason: str) -> bool:
-        """Stop the running cell, from any thread (the gang stays up); False if none runs."""
+        """Stop the running cell, from any thread (the gang stays up); False if none runs.
+
+        As Ctrl-C does: every rank's stack, SIGINT, the destroy cascade, then kill."""
         gang = self.gang
         return gang is not None and gang.request_cancel(reason)
 
@@ -112,6 +132,9 @@ class Cluster:
                 self.released = reason
 
     def _drop_gang(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self.gang is not None:
             self.gang.close()
             self.gang = None
@@ -142,17 +165,17 @@ class Cluster:
         """Run ``code`` on every rank; rank 0's value is ``.value`` (``.unwrap()`` raises).
 
         ``namespace`` is where notebook names the code reads are taken from (the magic passes
-        the kernel's ``user_ns``); nothing is captured without it.
+        the kernel's ``user_ns``); nothing is captured without it. With ``retries`` a cell whose
+        rank was lost runs again once the gang has recovered.
         """
         from .gang.run import run_cell
 
+        self._refuse_while_background()
         with self._lock:
             self.cells += 1
             cell_id = self.cells if cell_id is None else cell_id
             python = compile_cell(code, cell_id)
-            names, notes = self._shipper.capture(
-                python, namespace or {}, rank_defined=self._rank_defined, push=push
-            )
+            names, notes = self._capture(python, namespace, push)  # bad input: nothing started
             defines = bound_names(python)
             payload = CellPayload(
                 code,
@@ -165,35 +188,82 @@ class Cluster:
                 notes=notes,
             )
             self._cancel_idle_timer()
+            self._notes = []
             try:
                 attempts = 1 + (self.spec.retries if retries is None else retries)
                 for attempt in range(attempts):
                     gang = self.up(on_event)
+                    holders = (gang.id, gang.incarnation)
+                    if holders != self._holders:  # new rank processes hold no cached names
+                        self._shipper.forget()
+                        self._holders = holders
+                        fresh, _ = self._capture(python, namespace, push)
+                        payload = dataclasses.replace(payload, names=fresh)
                     result = run_cell(
                         gang, payload, on_event, self.spec.timeout if timeout is None else timeout
                     )
                     if result.ok or not _retryable(result) or attempt + 1 == attempts:
                         break
+                    if self._expired:
+                        break
                     if on_event is not None:
-                        on_event(RetryNote(attempt + 1, attempts - 1, result))
-                    payload = self._reship(payload, python, namespace, push)
+                        on_event(Note(_retry_text(attempt + 1, attempts - 1, result)))
             finally:
                 self.last_used = time.time()
                 self._arm_idle_timer()
+                if self._expired:
+                    self._drop_gang()
+                    self.released = f"torn down: {self._expired}"
+            if self._expired:
+                result.notes.append(f"the gang was torn down: {self._expired}")
+                self._expired = ""
             self._rank_defined |= defines
-            result.notes[:0] = list(notes)
+            result.notes[:0] = [*notes, *self._notes]
             return result
 
-    def _reship(
-        self,
-        payload: CellPayload,
-        python: str,
-        namespace: Mapping[str, Any] | None,
-        push: Iterable[str],
-    ) -> CellPayload:
-        """The gang was replaced: its ranks hold no cached names, so send them all again."""
-        names, _ = self._shipper.capture(python, namespace or {}, rank_defined=(), push=push)
-        return dataclasses.replace(payload, names=names)
+    def _capture(
+        self, python: str, namespace: Mapping[str, Any] | None, push: Iterable[str]
+    ) -> tuple[tuple[Captured, ...], tuple[str, ...]]:
+        return self._shipper.capture(
+            python, namespace or {}, rank_defined=self._rank_defined, push=push
+        )
+
+    def submit(self, code: str, **options: Any) -> BackgroundCell:
+        """Run ``code`` like ``run`` but in the background; returns at once with a handle.
+
+        One cell runs at a time: ``run`` or ``submit`` raise ``ClusterBusy`` meanwhile.
+        """
+        if self._background is not None and not self._background.done():
+            raise ClusterBusy(self._busy_message())
+        cell_id = options.pop("cell_id", None) or self.cells + 1
+        compile_cell(code, cell_id)  # a syntax error is the caller's, now
+        handle = BackgroundCell(
+            self, cell_id, lambda view: self.run(code, cell_id=cell_id, on_event=view, **options)
+        )
+        self._background = handle
+        return handle
+
+    def _refuse_while_background(self) -> None:
+        bg = self._background
+        if bg is not None and not bg.done() and not bg.runs_here():
+            raise ClusterBusy(self._busy_message())
+
+    def _busy_message(self) -> str:
+        bg = self._background
+        cell = f"In[{bg.cell_id}]" if bg is not None else ""
+        return (
+            f"background cell {cell} is still running on this gang (one cell at a time): "
+            "wait for it (handle.result()) or stop it (handle.cancel())"
+        )
+
+    def stacks(self) -> Stacks:
+        """Where every rank's main thread is now (``%cluster stacks``); works during a cell."""
+        gang = self.gang
+        ranks = sorted(gang.stacks(), key=lambda r: r["rank"]) if gang is not None else []
+        return Stacks(
+            "stacks on request",
+            tuple((r["node"], r["rank"], r["busy"], tuple(r["stack"]), r["note"]) for r in ranks),
+        )
 
     # ---- status and idle release
     def status(self) -> dict[str, Any]:
@@ -222,6 +292,28 @@ class Cluster:
             self._idle_timer.cancel()
             self._idle_timer = None
 
+    def _arm_expiry(self, gang: Any) -> None:
+        if self.spec.max_runtime:
+            timer = threading.Timer(self.spec.max_runtime, self._expire, args=(gang,))
+            timer.daemon = True
+            timer.start()
+            self._expiry = timer
+
+    def _expire(self, gang: Any) -> None:
+        """``max_runtime`` is up: tear the gang down now, or once its running cell is stopped."""
+        reason = f"--max-runtime {self.spec.max_runtime:g} s reached"
+        if self._lock.acquire(blocking=False):
+            try:
+                if self.gang is gang:
+                    self._expiry = None
+                    self._drop_gang()
+                    self.released = f"torn down: {reason}"
+            finally:
+                self._lock.release()
+        elif self.gang is gang:
+            self._expired = reason
+            gang.request_cancel(reason)
+
     def _release_idle(self) -> None:
         if not self._lock.acquire(blocking=False):
             return  # a cell is running: not idle
@@ -233,20 +325,15 @@ class Cluster:
             self._lock.release()
 
 
-class RetryNote:
-    """Event shown by views when ``--retries`` re-runs a cell."""
-
-    def __init__(self, attempt: int, retries: int, result: CellResult) -> None:
-        cause = result.root_cause
-        self.text = (
-            f"retry {attempt}/{retries}: "
-            f"{cause.label if cause else 'a rank'} was lost; re-running the cell"
-        )
+def _retry_text(attempt: int, retries: int, result: CellResult) -> str:
+    cause = result.root_cause
+    who = cause.label if cause else "a rank"
+    return f"retry {attempt}/{retries}: {who} was lost; running the cell again"
 
 
 def _retryable(result: CellResult) -> bool:
     cause = result.root_cause
-    return cause is not None and cause.status == LOST
+    return cause is not None and cause.status == LOST and not result.interrupted
 
 
 # ---- one current cluster per kernel, for the magics

@@ -28,6 +28,10 @@ class CaptureError(SpecError):
     """A notebook variable the cell reads cannot be sent to the ranks."""
 
 
+class ClusterBusy(JupyterMNError):
+    """A cell is already running on this gang (one at a time, e.g. a ``--bg`` cell)."""
+
+
 class SchedulingError(JupyterMNError):
     """The backend could not provide all nodes of the gang (all or nothing)."""
 
@@ -49,6 +53,10 @@ class RendezvousError(JupyterMNError):
 
 class TransportError(JupyterMNError):
     """The interconnect is not what was required (e.g. ``--require-rdma`` on a socket fallback)."""
+
+
+class CheckpointError(JupyterMNError):
+    """A checkpoint is missing, incomplete, or was written by a gang of another size."""
 
 
 class CellError(JupyterMNError):
@@ -73,6 +81,10 @@ class CellError(JupyterMNError):
 
 class RankLost(CellError):
     """A rank process died (signal, exit, OOM) while the gang was up."""
+
+
+class NodeLost(RankLost):
+    """A node's agent (its dask worker) went away, and its ranks with it: the gang is broken."""
 
 
 class CellInterrupted(CellError):

@@ -38,6 +38,8 @@ class RankState:
     rank: int
     state: str
     detail: str = ""
+    #: the cell run the state belongs to (0: none); events can arrive after the run's replies
+    run: int = 0
 
 
 @_event
@@ -153,9 +155,23 @@ class CellDone:
 @_event
 @dataclass(frozen=True)
 class Note:
-    """A line for the user from the kernel side (waiting for workers, preflight passed, …)."""
+    """A line for the user from the kernel side (waiting for workers, preflight passed, a retry,
+    ranks restarted, …)."""
 
     text: str
+
+
+@_event
+@dataclass(frozen=True)
+class Stacks:
+    """Where every rank's main thread was when a cell was interrupted or timed out.
+
+    ``ranks`` holds ``(node, rank, busy, lines, note)``; ``lines`` are in the cell's own line
+    numbers (``Cell In[5], line 3``), innermost last.
+    """
+
+    reason: str
+    ranks: tuple[tuple[int, int, bool, tuple[str, ...], str], ...]
 
 
 @_event
@@ -188,7 +204,15 @@ def _ranges(numbers: tuple[int, ...]) -> str:
 
 
 Event = (
-    LogLines | RankState | GangState | GpuSample | TransportReport | CellDone | Note | NodesWaiting
+    LogLines
+    | RankState
+    | GangState
+    | GpuSample
+    | TransportReport
+    | CellDone
+    | Note
+    | NodesWaiting
+    | Stacks
 )
 #: Fields holding nested event parts, rebuilt by ``from_msg`` after the msgpack trip.
 _NESTED: dict[type, tuple[str, type]] = {

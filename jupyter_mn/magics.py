@@ -46,6 +46,12 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
     parser.add_argument("--idle-timeout", type=float, help="release the gang after S idle seconds")
     parser.add_argument("--start-timeout", type=float, help="seconds allowed to bring the gang up")
     parser.add_argument(
+        "--max-runtime", type=float, help="tear the gang down after S seconds (a cost cap)"
+    )
+    parser.add_argument(
+        "--memory-limit", help="kill a rank whose resident memory exceeds this (e.g. 8GB)"
+    )
+    parser.add_argument(
         "--rdma", action="store_true", default=None, help="use the RDMA fabric (IB/RoCE/EFA)"
     )
     parser.add_argument(
@@ -106,6 +112,9 @@ def _cell_parser() -> MagicArgumentParser:
     parser.add_argument("--pull", help="copy these names (a,b) from rank 0 into the notebook")
     parser.add_argument("--push", help="send these notebook names (a,b) even if skipped")
     parser.add_argument(
+        "--bg", action="store_true", help="run in the background; returns a handle at once"
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print the Kubernetes objects instead of running"
     )
     parser.add_argument("--k8s-version", help="with --dry-run: build for 1.MINOR, ask no cluster")
@@ -145,6 +154,7 @@ class ClusterMagics(Magics):
             "down": (_verb_parser("down"), self._down),
             "auto": (_verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
             "config": (_verb_parser("config"), self._config),
+            "stacks": (_verb_parser("stacks"), self._stacks),
             **node_verbs(self),
         }
         #: verbs whose text after `` -- `` is kept verbatim (a shell command)
@@ -200,17 +210,18 @@ class ClusterMagics(Magics):
             raise UsageError("--k8s-version only shapes a --dry-run; the cluster says its version")
         target = cluster.session(spec)
         cell_id = self.shell.execution_count
+        options = {
+            "namespace": self.shell.user_ns,
+            "cell_id": cell_id,
+            "return_all": args.all,
+            "pull": _names(args.pull),
+            "push": _names(args.push),
+        }
+        if args.bg:  # its output, pulled names and displays stay on the handle
+            return target.submit(cell, **options)
         view = make_view(spec, title=spec.name or f"cell {cell_id}")
         try:
-            result = target.run(
-                cell,
-                namespace=self.shell.user_ns,
-                cell_id=cell_id,
-                return_all=args.all,
-                pull=_names(args.pull),
-                push=_names(args.push),
-                on_event=view,
-            )
+            result = target.run(cell, on_event=view, **options)
         finally:
             view.close()
         if result.ok:  # on failure the notes are part of the error
@@ -247,6 +258,16 @@ class ClusterMagics(Magics):
         target = cluster.session(spec)
         target.up(TextView(spec=spec, title=spec.name or "up"))
         return target.status()
+
+    def _stacks(self, args: Any) -> None:
+        from . import cluster
+        from .views.stacks import format_stacks
+
+        running = cluster.current()
+        if running is None or running.gang is None:
+            print("jupyter_mn: no gang is up")
+            return
+        print(format_stacks(running.stacks()))
 
     def _down(self, args: Any) -> None:
         from . import cluster

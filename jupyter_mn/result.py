@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CellError, CellInterrupted, RankLost
+from .errors import CellError, CellInterrupted, NodeLost, RankLost
 from .events import RankTiming
 
 OK, ERROR, LOST, INTERRUPTED = "ok", "error", "lost", "interrupted"
@@ -54,6 +54,8 @@ class CellResult:
     pulled: dict[str, Any] = field(default_factory=dict)
     elapsed: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: why the cell was stopped (``--timeout``, Ctrl-C, ``--max-runtime``); empty otherwise
+    interrupted: str = ""
 
     @property
     def ok(self) -> bool:
@@ -120,7 +122,12 @@ class CellResult:
                 f"{', …' if len(others) > 6 else ''}: {', '.join(kinds)})"
             )
         cls = {LOST: RankLost, INTERRUPTED: CellInterrupted}.get(cause.status, CellError)
-        message = f"{cause.label} {_verb(cause.status)} {cause.error.line()}"
+        what = cause.error.evalue if cause.status == LOST else cause.error.line()
+        message = f"{cause.label} {_verb(cause.status)} {what}"
+        if cause.error.ename == "NodeLost":
+            cls, message = NodeLost, f"node {cause.node} was lost: {what}"
+        if self.interrupted:
+            cls, message = CellInterrupted, f"{self.interrupted}: {message}"
         return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)
 
 

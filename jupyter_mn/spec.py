@@ -46,6 +46,8 @@ class ClusterSpec:
     backend: str = _gang("local")
     env: tuple[tuple[str, str], ...] = _gang(())
     scheduler: str | None = _gang(None)
+    #: bytes of resident memory a rank may use before its agent kills it (``"4GB"`` is accepted)
+    memory_limit: int | None = _gang(None)
     #: use the RDMA fabric (IB/RoCE/EFA): pods get the RDMA resource, NCCL gets the HCAs
     rdma: bool = _gang(False)
     #: fail the gang when NCCL would use TCP sockets instead of RDMA (implies ``rdma``)
@@ -64,6 +66,10 @@ class ClusterSpec:
     idle_timeout: float = 1800.0
     start_timeout: float = 180.0
     pg_timeout: float = 1800.0
+    #: a gang's whole life, counted from its start: a cost cap (the gang is torn down)
+    max_runtime: float | None = None
+    #: agents stop their ranks when the kernel has been silent this long (it died)
+    heartbeat_timeout: float = 15.0
     #: preflight checks (doctor.py) before a new gang's first cell; None: on for remote backends
     preflight: bool | None = None
     check_paths: tuple[str, ...] = ()
@@ -102,7 +108,16 @@ class ClusterSpec:
                 "backend 'kubernetes' needs --image: an image with jupyter_mn and torch "
                 "(recipe: docs/agent.Dockerfile)"
             )
-        for name in ("timeout", "idle_timeout", "start_timeout", "pg_timeout"):
+        if self.memory_limit is not None:
+            _check_int("memory_limit", self.memory_limit, minimum=1)
+        for name in (
+            "timeout",
+            "idle_timeout",
+            "start_timeout",
+            "pg_timeout",
+            "max_runtime",
+            "heartbeat_timeout",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value <= 0):
                 raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -187,6 +202,8 @@ def parse_env_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str]
 
 def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
     kind = str(f.type)
+    if f.name == "memory_limit":
+        return raw  # "4GB": parsed with the other layers' values
     if kind.startswith("bool"):
         if raw.lower() not in _TRUE + _FALSE:
             raise SpecError(f"{var}={raw!r} is not a boolean (use 1/0, true/false)")
@@ -206,6 +223,8 @@ def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
 
 
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(values.get("memory_limit"), str):
+        values = {**values, "memory_limit": _bytes("memory_limit", values["memory_limit"])}
     if isinstance(values.get("check_paths"), (list, str)):
         paths = values["check_paths"]
         values = {**values, "check_paths": (paths,) if isinstance(paths, str) else tuple(paths)}
@@ -236,3 +255,12 @@ def _check_int(name: str, value: Any, *, minimum: int) -> None:
         raise SpecError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise SpecError(f"{name} must be ≥ {minimum}, got {value}")
+
+
+def _bytes(name: str, text: str) -> int:
+    from dask.utils import parse_bytes
+
+    try:
+        return int(parse_bytes(text))
+    except ValueError:
+        raise SpecError(f"{name} {text!r} is not a size (e.g. 4GB, 512MiB)") from None

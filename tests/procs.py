@@ -36,14 +36,30 @@ def ours(since: float = 0.0) -> list[psutil.Process]:
 def wait_gone(procs: list[psutil.Process], timeout: float = 20.0) -> list[str]:
     """Describe the processes still alive after ``timeout`` (psutil polls; no blind sleep)."""
     _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return running(alive)
+
+
+def running(procs: list[psutil.Process]) -> list[str]:
+    """Describe those still running: zombies count as gone (their parent may not reap them)."""
     left = []
-    for p in alive:
+    for p in procs:
         try:
             if p.status() != psutil.STATUS_ZOMBIE:
                 left.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
         except psutil.NoSuchProcess:
             continue
     return left
+
+
+def processes(*pids: int) -> list[psutil.Process]:
+    """The ones of ``pids`` that still exist."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def rank_processes(procs: list[psutil.Process]) -> list[psutil.Process]:

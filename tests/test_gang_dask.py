@@ -16,7 +16,7 @@ from procs import ours, rank_processes, wait_gone
 from test_cluster import ENV_CHECK
 
 from jupyter_mn import Cluster
-from jupyter_mn.errors import RankLost, SchedulingError, SpecError
+from jupyter_mn.errors import NodeLost, SchedulingError, SpecError
 from jupyter_mn.events import Note
 from jupyter_mn.gang.dask import Candidate, candidates, preference, shortage
 from jupyter_mn.spec import ClusterSpec
@@ -215,9 +215,10 @@ def test_killing_a_node_mid_cell_breaks_the_gang_and_the_next_cell_works(
         assert time.monotonic() - started < 15
         cause = result.root_cause
         assert (cause.node, cause.status, cause.error.ename) == (1, "lost", "NodeLost")
-        with pytest.raises(RankLost, match=r"rank 1 \(node 1\) was lost"):
+        with pytest.raises(NodeLost, match=r"node 1 was lost: its agent \(a dask worker\)"):
             result.unwrap()
-        assert gang.status.value == "CLOSED" and "torn down" in " ".join(result.notes)
+        # torn down in the background: BROKEN at once, CLOSED soon after
+        assert gang.status.value in ("BROKEN", "CLOSED") and "torn down" in " ".join(result.notes)
         assert not wait_gone(ranks)
         assert cluster.run("dist.get_world_size()").value == 2  # a fresh gang
     finally:

@@ -80,7 +80,8 @@ def test_cancel_request_stops_a_running_cell_and_the_gang_stays_up(registry, clu
     assert time.monotonic() - started < 20
     (result,) = results
     assert {r.status for r in result.ranks} == {"interrupted"}
-    assert "the cell was interrupted: cancelled from jupyter mn" in result.notes
+    assert result.interrupted == "cancelled from jupyter mn"
+    assert str(result.error()).startswith("cancelled from jupyter mn: rank ")
     assert cluster.run("dist.get_world_size()").value == 2
 
 

@@ -104,7 +104,7 @@ def test_torchelastic_error_file_and_a_killed_rank(gang_2x2, scripts):
     assert cause.rank == 3 and cause.error.ename == "KeyError"
     assert any("missing shard" in line for line in cause.error.traceback)
     killed, _, _ = run(gang_2x2, scripts / "killed.py")
-    with pytest.raises(RankLost, match=r"rank 1 \(node 0\) was lost: RankLost: killed by SIGKILL"):
+    with pytest.raises(RankLost, match=r"rank 1 \(node 0\) was lost: killed by SIGKILL"):
         killed.unwrap()
 
 

@@ -18,13 +18,17 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"name": "Bad_Name"}, "name 'Bad_Name'"),
         ({"env": (("1BAD", "x"),)}, "not a valid environment variable name"),
         ({"nodes": 1000, "gpus": 1000}, "exceeds"),
+        ({"max_runtime": -5}, "max_runtime must be a positive number"),
+        ({"heartbeat_timeout": 0}, "heartbeat_timeout must be a positive number"),
+        ({"memory_limit": "lots"}, "memory_limit 'lots' is not a size"),
+        ({"memory_limit": 0}, "memory_limit must be ≥ 1"),
         ({"view": "html"}, "unknown view 'html'"),
         ({"rdma": "yes"}, "rdma must be true or false"),
     ],
 )
 def test_bad_values_raise_a_short_spec_error(kwargs, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(")) as info:
-        ClusterSpec(**kwargs)
+        ClusterSpec.build(kwargs)
     assert len(str(info.value)) < 120
 
 
@@ -61,6 +65,14 @@ def test_from_environ_ignores_unrelated_and_empty():
     assert from_environ({"JUPYTER_MN_NODES": "", "NODES": "3", "JUPYTER_MN_BACKEND": "dask"}) == {
         "backend": "dask"
     }
+
+
+def test_memory_limit_takes_sizes_from_flags_and_environment(monkeypatch):
+    assert ClusterSpec.build({"memory_limit": "512MiB"}).memory_limit == 512 * 2**20
+    monkeypatch.setenv("JUPYTER_MN_MEMORY_LIMIT", "2GB")
+    spec = ClusterSpec.build()
+    assert spec.memory_limit == 2_000_000_000
+    assert spec.gang_key() != spec.replace(memory_limit="3GB").gang_key()
 
 
 def test_rdma_flags_shape_the_gang_and_require_implies_rdma(monkeypatch):

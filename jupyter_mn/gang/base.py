@@ -6,6 +6,7 @@ up, running cells, failing fast and tearing down are the same for all of them an
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -13,19 +14,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, LogLines, Note, RankState, TransportReport, from_msg
 from ..spec import ClusterSpec
+from .heartbeat import Heartbeat
+from .inbox import Inbox, InterruptRequest, Reply
+from .recover import Recovery, restarted_note
 from .state import GangStatus, allowed
 from .transport import require_rdma
 
 log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 15.0
 _LOG_DRAIN_S = 5.0
-_BACKLOG = 5000
 
 
 class Provisioner(Protocol):
@@ -41,46 +43,6 @@ class Provisioner(Protocol):
 
     def release(self) -> None:
         """Give everything back; safe to call twice and after a failed ``provision``."""
-
-
-@dataclass(frozen=True)
-class _Reply:
-    node: int
-    value: Any = None
-    error: BaseException | None = None
-
-
-class Inbox:
-    """Everything that reaches the kernel's main thread: agent replies and (bounded) events."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._events = 0
-        self._lock = threading.Lock()
-        self.dropped = 0
-
-    def put_event(self, event: Any) -> None:
-        with self._lock:
-            if self._events >= _BACKLOG:  # nobody is reading (no cell runs): keep the newest
-                self.dropped += 1
-                with contextlib.suppress(queue.Empty):
-                    old = self._queue.get_nowait()
-                    if isinstance(old, _Reply):
-                        self._queue.put(old)
-                    else:
-                        self._events -= 1
-            self._events += 1
-            self._queue.put(event)
-
-    def put_reply(self, reply: _Reply) -> None:
-        self._queue.put(reply)
-
-    def get(self, timeout: float) -> Any:
-        item = self._queue.get(timeout=timeout)
-        if not isinstance(item, _Reply):
-            with self._lock:
-                self._events -= 1
-        return item
 
 
 class Gang:
@@ -105,13 +67,17 @@ class Gang:
         self._agents: list[Any] = []
         self._agent_futures: list[Any] = []
         self._generation = 0
+        self._runs = 0
+        #: bumped whenever rank processes were restarted (they hold no cached notebook names)
+        self.incarnation = 0
         self._seen: dict[int, int] = {}
         #: the latest transport report of each node
         self.transport: dict[int, TransportReport] = {}
         self._on_event: Callable[[Any], None] | None = None
         self._lock = threading.RLock()
-        #: set from any thread (the registry's cancel request) to stop the running cell
-        self.cancel_reason = ""
+        self._heartbeat = Heartbeat(lambda: self._agents)
+        self._recovery: Recovery | None = None
+        self._closer: threading.Thread | None = None
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -121,16 +87,16 @@ class Gang:
             if not allowed(self.status, status):
                 raise JupyterMNError(f"gang {self.id}: cannot go from {self.status} to {status}")
             self.status, self.detail = status, detail
-            if status == GangStatus.RUNNING:
-                self.cancel_reason = ""
         self._dispatch(GangState(status.value, detail))
 
     def request_cancel(self, reason: str) -> bool:
-        """Ask the running cell to stop, from any thread; False when no cell is running."""
+        """Stop the running cell, from any thread (the registry's cancel request, a background
+        cell's ``cancel()``, ``--max-runtime``); False when no cell is running. The cell's own
+        loop escalates (``run.py``)."""
         with self._lock:
             if self.status != GangStatus.RUNNING:
                 return False
-            self.cancel_reason = reason
+            self.inbox.put_reply(InterruptRequest(reason, self._runs))
             return True
 
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
@@ -163,7 +129,11 @@ class Gang:
         self.announce(event, self._on_event)
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
-        self._dispatch(from_msg(event[1]))
+        msg = from_msg(event[1])
+        self._dispatch(msg)
+        if isinstance(msg, RankState) and msg.state == "lost-idle" and self.status.idle:
+            note = f"{msg.detail}\n{restarted_note(self.spec, {msg.node}, done=True)}"
+            self.recover({msg.node}, [note], if_dead=True)
 
     @property
     def device(self) -> str:
@@ -204,6 +174,7 @@ class Gang:
                 self.ranks = self._start_ranks()
                 if self.spec.require_rdma:
                     require_rdma(self)
+                self._heartbeat.start()
                 self._transition(GangStatus.READY, self.device)
         except BaseException as exc:
             self.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
@@ -255,6 +226,8 @@ class Gang:
             "rdma": self.spec.rdma,
             "require_rdma": self.spec.require_rdma,
             "debug": self.spec.debug,
+            "heartbeat_timeout": self.spec.heartbeat_timeout,
+            "memory_limit": self.spec.memory_limit,
             **self.provisioner.launch_options(),
         }
         replies = self._call_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
@@ -266,13 +239,12 @@ class Gang:
             raise RendezvousError(f"{type(primary).__name__}: {primary}")
         return [info for r in sorted(replies, key=lambda r: r.node) for info in r.value]
 
-    def _call_all(
-        self, call: Callable[[Any], Any], timeout: float, until_first_error: bool = True
-    ) -> list[_Reply]:
-        """Call an actor method on every agent at once; collect replies via the inbox."""
+    def _call_all(self, call: Callable[[Any], Any], timeout: float) -> list[Reply]:
+        """Call an actor method on every agent at once; collect replies via the inbox, showing
+        events meanwhile, until all answered or one failed."""
         for node, agent in enumerate(self._agents):
             self.call(node, lambda agent=agent: call(agent))
-        replies: dict[int, _Reply] = {}
+        replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout
         while len(replies) < len(self._agents):
             remaining = deadline - time.monotonic()
@@ -282,16 +254,16 @@ class Gang:
                 item = self.inbox.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if isinstance(item, _Reply):
+            if isinstance(item, Reply):
                 replies[item.node] = item
-                if item.error is not None and until_first_error:
+                if item.error is not None:
                     break
             else:
                 self.consume(item, self._on_event)
         return list(replies.values())
 
     def take(
-        self, replies: dict[int, _Reply], on_event: Callable[[Any], None] | None, tick: float
+        self, replies: dict[int, Reply], on_event: Callable[[Any], None] | None, tick: float
     ) -> bool:
         """One step of waiting for the agents: a reply goes into ``replies``, an event is shown.
         True when it says a rank failed (a failed reply, or a rank's primary failure)."""
@@ -299,12 +271,14 @@ class Gang:
             item = self.inbox.get(timeout=tick)
         except queue.Empty:
             return False
-        if isinstance(item, _Reply):
+        if isinstance(item, Reply):
             replies[item.node] = item
             value = item.value
             return item.error is not None or (
                 bool(value) and any(r["status"] != "ok" for r in value["ranks"])
             )
+        if isinstance(item, InterruptRequest):
+            return False  # cancel requests stop cells (run.py), not scripts
         self.consume(item, on_event)
         return self.is_primary_failure(item)
 
@@ -317,38 +291,45 @@ class Gang:
         if on_event is not None:
             on_event(event)
 
-    def call(self, node: int, call: Callable[[], Any]) -> None:
-        """Start an actor call; its outcome reaches the inbox as a reply. The actor proxy
-        raises at once when its worker is already known lost: that is the reply then."""
-        try:
-            actor_future = call()
-        except Exception as exc:
-            self.inbox.put_reply(_Reply(node, error=exc))
-            return
-        self._submit(node, actor_future)
-
     def _submit(self, node: int, actor_future: Any) -> None:
         """Wait for an actor call on the client's loop; post its outcome to the inbox."""
         inbox = self.inbox
 
         async def wait() -> None:
             try:
-                inbox.put_reply(_Reply(node, value=await actor_future))
+                inbox.put_reply(Reply(node, value=await actor_future))
             except BaseException as exc:
-                inbox.put_reply(_Reply(node, error=exc))
+                inbox.put_reply(Reply(node, error=exc))
 
         self._client.loop.add_callback(wait)
 
-    def close(self, broken: str | None = None) -> None:
-        """Stop ranks, agents and the dask cluster. Idempotent."""
+    def close(self, broken: str | None = None, wait: bool = True) -> None:
+        """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread.
+
+        ``wait=False``: return at once (the gang is BROKEN or CLOSING meanwhile); a later
+        ``close()`` waits for the teardown to finish.
+        """
         with self._lock:
             if self.status == GangStatus.CLOSED:
                 return
             if broken and self.status != GangStatus.BROKEN:
                 self._transition(GangStatus.BROKEN, broken)
-        if self._agents:
-            with contextlib.suppress(Exception):
-                self._call_all(lambda agent: agent.stop(), _STOP_TIMEOUT_S, until_first_error=False)
+            if self._closer is None:
+                self._closer = threading.Thread(
+                    target=self._teardown, args=(broken,), name="jupyter-mn-close", daemon=True
+                )
+                self._closer.start()
+            closer = self._closer
+        if wait and closer is not threading.current_thread():
+            closer.join()
+
+    def _teardown(self, broken: str | None) -> None:
+        self._heartbeat.stop()
+        stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.nodes)]
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        for future in stops:
+            with contextlib.suppress(Exception):  # a lost agent: its worker goes with the cluster
+                future.result(timeout=max(deadline - time.monotonic(), 0.1))
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.unsubscribe_topic(self.topic)
@@ -357,7 +338,89 @@ class Gang:
         self._client = None
         self._transition(GangStatus.CLOSED, broken or "")
 
-    # ---- used by cell runs (gang/run.py)
+    # ---- used by cell runs (gang/run.py) and recovery (gang/recover.py)
+    @property
+    def nodes(self) -> int:
+        return len(self._agents)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def call(self, node: int, call: Callable[[], Any]) -> None:
+        """Start an actor call; its outcome reaches the inbox as a reply. The actor proxy
+        raises at once when its worker is already known lost: that is the reply then."""
+        try:
+            actor_future = call()
+        except Exception as exc:
+            self.inbox.put_reply(Reply(node, error=exc))
+            return
+        self._submit(node, actor_future)
+
+    def ask(self, node: int, method: Callable[[Any], Any]) -> Any:
+        """``method(agent)`` for node ``node``, answered by a future of its own rather than the
+        inbox (stacks, teardown and re-forming run beside a cell); failed at once if the agent
+        is known lost."""
+        try:
+            return method(self._agents[node])
+        except Exception as exc:  # "Worker holding Actor was lost"
+            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            return failed
+
+    def begin_run(self) -> int:
+        """Wait for a re-forming in progress, mark the gang RUNNING, return a new run id."""
+        self.settle()
+        with self._lock:
+            if self.status != GangStatus.READY:
+                raise JupyterMNError(f"gang {self.id} is {self.status.value}: {self.detail}")
+            self._transition(GangStatus.RUNNING)
+            self._runs += 1
+            return self._runs
+
+    def stacks(self, timeout: float = 3.0) -> list[dict[str, Any]]:
+        """Every rank's main-thread stack, in the cell's line numbers (direct calls, no inbox)."""
+        futures = [self.ask(node, lambda agent: agent.stacks()) for node in range(self.nodes)]
+        deadline = time.monotonic() + timeout
+        out: list[dict[str, Any]] = []
+        for node, future in enumerate(futures):
+            try:
+                out += future.result(timeout=max(deadline - time.monotonic(), 0.1))
+            except Exception as exc:
+                out.append({"node": node, "rank": -1, "busy": False, "stack": [], "note": str(exc)})
+        return out
+
+    def recover(
+        self, restart: set[int], notes: list[str] | None = None, if_dead: bool = False
+    ) -> None:
+        """Re-form the group in the background, restarting the ranks of the ``restart`` nodes."""
+        with self._lock:  # settle() must find the recovery started once the state says so
+            if self.status not in (GangStatus.READY, GangStatus.RUNNING):
+                return
+            self._recovery = Recovery(self, restart, list(notes or []), if_dead)
+            self._transition(GangStatus.RENDEZVOUS, "re-forming the process group")
+            self._recovery.start()
+
+    def recovered(self, restart: set[int]) -> None:
+        with self._lock:
+            if self.status != GangStatus.RENDEZVOUS:
+                return  # closed meanwhile
+            if restart:
+                self.incarnation += 1
+            self._transition(GangStatus.READY)
+
+    def settle(self) -> list[str]:
+        """Wait for a re-forming in progress; return what the user should be told about it."""
+        with self._lock:
+            recovery = self._recovery
+        if recovery is None:
+            return []
+        recovery.join()
+        with self._lock:
+            if self._recovery is recovery:
+                self._recovery = None
+        return recovery.notes
+
     def seen(self, node: int) -> int:
         return self._seen.get(node, 0)
 

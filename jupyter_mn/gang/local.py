@@ -48,7 +48,9 @@ class LocalProvisioner:
                     security=security,
                     dashboard_address="127.0.0.1:0",
                     memory_limit=0,
-                    silence_logs=logging.ERROR,
+                    # a lost worker is reported as NodeLost; the scheduler's own errors
+                    # about it would only add noise to the notebook
+                    silence_logs=logging.CRITICAL,
                     preload=["jupyter_mn.rank.agent"],
                 )
                 self._client = Client(self._cluster, security=security, set_as_default=False)
@@ -61,7 +63,8 @@ class LocalProvisioner:
         return self._client, order
 
     def launch_options(self) -> dict[str, Any]:
-        return {"cwd": os.getcwd()}
+        # The workers are this gang's alone: an agent whose kernel is gone ends its worker too.
+        return {"cwd": os.getcwd(), "exit_when_orphaned": True}
 
     def release(self) -> None:
         for thing in (self._client, self._cluster):

@@ -18,7 +18,8 @@ from typing import Any
 from ..errors import SpecError
 from ..rank.worker import find_script
 from ..result import LOST, CellResult
-from .base import Gang, _Reply
+from .base import Gang
+from .inbox import Reply
 from .run import _drain_logs, rank_outcomes
 from .state import GangStatus
 
@@ -96,10 +97,10 @@ def run_script(
 
 def _collect(
     gang: Gang, on_event: Callable[[Any], None] | None, timeout: float | None
-) -> tuple[dict[int, _Reply], str]:
+) -> tuple[dict[int, Reply], str]:
     """Wait for every node's reply; on a failure, timeout or Ctrl-C, stop every node's script."""
     deadline = time.monotonic() + timeout if timeout else None
-    replies: dict[int, _Reply] = {}
+    replies: dict[int, Reply] = {}
     reason = ""
 
     def stop(why: str, signum: int = signal.SIGTERM) -> None:

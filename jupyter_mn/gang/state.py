@@ -18,6 +18,10 @@ class GangStatus(str, enum.Enum):
     def usable(self) -> bool:
         return self in (GangStatus.READY, GangStatus.RUNNING)
 
+    @property
+    def idle(self) -> bool:
+        return self == GangStatus.READY
+
 
 _MOVES: dict[GangStatus, frozenset[GangStatus]] = {
     GangStatus.PENDING: frozenset({GangStatus.SCHEDULING, GangStatus.CLOSED}),

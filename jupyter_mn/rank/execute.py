@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -22,7 +23,7 @@ from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from . import timing
+from . import stacks, timing
 
 if TYPE_CHECKING:
     from ..cell import CellPayload
@@ -51,10 +52,18 @@ class _ValueHook(DisplayHook):
             self.exec_result.result = result
 
 
+def is_secondary(exc: BaseException) -> bool:
+    return any(s in str(exc) for s in _SECONDARY)
+
+
 class RankShell(InteractiveShell):
     displayhook_class = _ValueHook
     display_pub_class = CapturingDisplayPublisher
     last_traceback: list[str]
+    #: Called first when the cell raises: the rank stops taking interrupts and leaves its
+    #: process group before it spends time formatting the traceback, so peers blocked on it are
+    #: released at once.
+    on_error: Callable[[], None] = staticmethod(lambda: None)
 
     @classmethod
     def for_rank(cls) -> RankShell:
@@ -68,11 +77,35 @@ class RankShell(InteractiveShell):
 
         shell.user_ns.update({"torch": torch, "dist": dist, "cluster_info": cluster_info})
         shell.last_traceback = []
+        shell._warm_up()
         return shell
+
+    def _warm_up(self) -> None:
+        """Format one traceback now: the first one costs a loaded core a few hundred ms, and
+        the first failure is when a peer waits for this rank."""
+        try:
+            raise RuntimeError("warm-up")
+        except RuntimeError as exc:
+            self.InteractiveTB.structured_traceback(type(exc), exc, exc.__traceback__)
 
     def showtraceback(self, *args: Any, **kwargs: Any) -> None:
         etype, value, tb = sys.exc_info()
+        self.on_error()
+        if isinstance(value, KeyboardInterrupt) or (value is not None and is_secondary(value)):
+            # interrupted, or a consequence of another rank's failure: where is enough (a full
+            # traceback through torch's frames takes a loaded core a few hundred ms)
+            self.last_traceback = stacks.raised_at(tb, self)
+            return
         self.last_traceback = self.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=1)
+
+    def _format_exception_for_storage(self, exception: BaseException, *args: Any, **kw: Any) -> Any:
+        """IPython formats every error a second time for its history: reuse ours (the second
+        formatting parses torch's sources and costs a loaded core a second)."""
+        return {
+            "ename": type(exception).__name__,
+            "evalue": str(exception),
+            "traceback": list(self.last_traceback),
+        }
 
     def showsyntaxerror(self, *args: Any, **kwargs: Any) -> None:
         etype, value, tb = sys.exc_info()
@@ -196,7 +229,7 @@ def run(
             "ename": type(exc).__name__,
             "evalue": str(exc),
             "traceback": list(shell.last_traceback),
-            "secondary": any(s in str(exc) for s in _SECONDARY),
+            "secondary": is_secondary(exc),
         }
         _forget(shell, exc)
         exc = result = None
@@ -208,8 +241,8 @@ def run(
 
 
 def _forget(shell: RankShell, exc: BaseException) -> None:
-    """Drop every reference to the failed frames: they hold the process group and its sockets,
-    and peers blocked on us only fail once those sockets close."""
+    """Drop every reference to the failed frames: they hold the old process group (its threads,
+    its listener) and whatever tensors the cell had, until a full garbage collection."""
     shell.last_execution_result = None
     for tb in (shell.InteractiveTB, shell.SyntaxTB):
         tb.tb = None

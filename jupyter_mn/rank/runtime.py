@@ -8,9 +8,10 @@ The environment follows torchrun's contract, so existing training code runs unch
 from __future__ import annotations
 
 import contextlib
-import gc
+import faulthandler
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
+
+from . import abort, stacks
 
 #: Written by a rank to stdout and stderr after each reply, so the agent knows both pipes are
 #: drained up to that point before it reports the cell as done.
@@ -109,8 +112,9 @@ def _device_label(local_rank: int) -> str:
 class ProcessGroup:
     """The rank's membership in torch.distributed, re-formed in place after a failure.
 
-    Rank 0 hosts the TCPStore for the process lifetime; each generation uses its own key prefix,
-    so a re-init never sees a stale key from the group it replaces.
+    Rank 0 hosts the TCPStore; each generation uses its own key prefix, so a re-init never sees a
+    stale key from the group it replaces. When rank 0 was restarted its store is new, and the
+    other ranks reconnect to it (``reinit(..., reconnect=True)``).
     """
 
     def __init__(self, info: ClusterInfo, pg_timeout: float) -> None:
@@ -120,7 +124,11 @@ class ProcessGroup:
         self.pg_timeout = pg_timeout
         self.cuda = torch.cuda.is_available()
         self.backend = "nccl" if self.cuda else "gloo"
+        self.generation = -1
         self._store: Any = None
+        self._pg: Any = None
+        self._old: Any = None
+        self._sockets: dict[int, str] = {}
         if self.cuda:
             count = torch.cuda.device_count()
             if info.local_rank >= count:
@@ -130,23 +138,29 @@ class ProcessGroup:
                 )
             torch.cuda.set_device(info.local_rank)
 
+    def connect_store(self) -> None:
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore(
+            self.info.master_addr,
+            self.info.master_port,
+            world_size=None,
+            is_master=self.info.rank == 0,
+            timeout=timedelta(seconds=self.pg_timeout),
+            wait_for_workers=False,
+        )
+
     def init(self, generation: int) -> None:
         import torch
         import torch.distributed as dist
 
         if self._store is None:
-            self._store = dist.TCPStore(
-                self.info.master_addr,
-                self.info.master_port,
-                world_size=None,
-                is_master=self.info.rank == 0,
-                timeout=timedelta(seconds=self.pg_timeout),
-                wait_for_workers=False,
-            )
+            self.connect_store()
         store = dist.PrefixStore(f"jupyter_mn/{generation}/", self._store)
         kwargs: dict[str, Any] = {}
         if self.cuda:
             kwargs["device_id"] = torch.device("cuda", self.info.local_rank)
+        before = abort.open_sockets()
         dist.init_process_group(
             self.backend,
             store=store,
@@ -155,20 +169,38 @@ class ProcessGroup:
             timeout=timedelta(seconds=self.pg_timeout),
             **kwargs,
         )
+        self._sockets = abort.opened_since(before)
+        self._pg = dist.group.WORLD
+        self.generation = generation
 
     def destroy(self) -> None:
-        """Tear the group down so peers blocked on us fail at once (the fail-fast cascade).
+        """Leave the group so peers blocked on us fail at once (the fail-fast cascade).
 
-        ``gc.collect()`` matters: exception tracebacks keep the group, and its sockets, alive.
+        Idempotent. Objects that still hold the old group (a DDP model) get errors if used.
+        The group object itself is kept until ``release``: its destructor joins gloo's threads,
+        which is time better spent after the reply has gone.
         """
         import torch.distributed as dist
 
+        if self._pg is None:
+            return
+        if self.cuda:
+            with contextlib.suppress(Exception):  # NCCL: communicator abort unblocks kernels
+                dist.distributed_c10d._abort_process_group()
+        else:
+            abort.shut_down(self._sockets, spare_port=self.info.master_port)
         if dist.is_initialized():
             dist.destroy_process_group()
-        gc.collect()
+        self._old, self._pg, self._sockets = self._pg, None, {}
 
-    def reinit(self, generation: int) -> None:
+    def release(self) -> None:
+        self._old = None
+
+    def reinit(self, generation: int, reconnect: bool = False) -> None:
         self.destroy()
+        self.release()
+        if reconnect:
+            self.connect_store()
         self.init(generation)
 
 
@@ -206,22 +238,66 @@ def sync_streams() -> None:
             os.write(fd, (SYNC_MARKER + "\n").encode())
 
 
+class _Control:
+    """The control socket: the main thread sends cell replies, the reader thread stack replies."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
+
+def _read_commands(
+    control: _Control, commands: queue.Queue[dict[str, Any]], shell: Any, signals: _CellSignals
+) -> None:
+    """Reader thread: answer stack requests at once (the main thread may be blocked); queue
+    everything else for the main thread."""
+    while True:
+        try:
+            msg = control.conn.recv()
+        except (EOFError, OSError):
+            commands.put({"op": "stop"})
+            return
+        if msg["op"] == "stacks":
+            busy = signals.active
+            control.send({"op": "stacks", "busy": busy, "stack": stacks.main_thread(shell)})
+        else:
+            commands.put(msg)
+
+
 def main() -> None:
     from . import execute
 
-    conn = Connection(int(os.environ["JUPYTER_MN_CONTROL_FD"]))
+    faulthandler.enable(all_threads=False)  # a segfault leaves its Python stack in the log
+    control = _Control(Connection(int(os.environ["JUPYTER_MN_CONTROL_FD"])))
     _exit_with_parent()
     signals = _CellSignals()
     info = cluster_info()
     try:
         group = ProcessGroup(info, float(os.environ.get("JUPYTER_MN_PG_TIMEOUT", "1800")))
-        group.init(0)
+        group.init(int(os.environ.get("JUPYTER_MN_GENERATION", "0")))
         shell = execute.RankShell.for_rank()
     except Exception as exc:
-        conn.send({"op": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        control.send({"op": "failed", "error": f"{type(exc).__name__}: {exc}"})
         sync_streams()
         os._exit(1)
-    conn.send(
+
+    def on_error() -> None:
+        signals.active = False  # a late interrupt must not replace the real error
+        group.destroy()
+
+    shell.on_error = on_error
+    commands: queue.Queue[dict[str, Any]] = queue.Queue()
+    threading.Thread(
+        target=_read_commands,
+        args=(control, commands, shell, signals),
+        name="jupyter-mn-control",
+        daemon=True,
+    ).start()
+    control.send(
         {
             "op": "ready",
             "pid": os.getpid(),
@@ -231,23 +307,22 @@ def main() -> None:
         }
     )
     while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            break
+        msg = commands.get()
         op = msg["op"]
         if op == "run":
             reply = execute.run(shell, msg["payload"], info, group, signals)
-            conn.send(reply)
+            control.send(reply)
             sync_streams()
+            group.release()
         elif op == "destroy":
-            group.destroy()
+            if msg["generation"] == group.generation:  # a late request must not hit a new group
+                group.destroy()
         elif op == "reinit":
             try:
-                group.reinit(msg["generation"])
-                conn.send({"op": "reinit", "ok": True})
+                group.reinit(msg["generation"], reconnect=msg.get("reconnect", False))
+                control.send({"op": "reinit", "ok": True})
             except Exception as exc:
-                conn.send({"op": "reinit", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+                control.send({"op": "reinit", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
         elif op == "stop":
             break
     group.destroy()

@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .agent import _STOP_GRACE_S, TAIL_LINES, _Rank, describe_exit
+from .process import STOP_GRACE_S, TAIL_LINES, RankHandle, describe_exit
 from .runtime import contract_env
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 
-class ScriptRank(_Rank):
+class ScriptRank(RankHandle):
     """One script process: a rank for the agent's pipes and logs, without a control socket."""
 
     def __init__(
@@ -47,15 +47,9 @@ class ScriptRank(_Rank):
         env: dict[str, str],
         cwd: str | None,
     ) -> None:
-        self.agent = agent
-        self.local_rank = local_rank
-        self.rank = rank
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._watch_output(agent, local_rank, rank)
         self.err_tail: deque[str] = deque(maxlen=ERR_TAIL_LINES)
-        self.markers = {"out": 0, "err": 0}
         self.expected = 1  # a script writes no sync marker: synced() waits for its pipes to close
-        self.open_streams = {"out", "err"}
-        self.stream_change = asyncio.Event()
         self.stopped_by: str = ""
         self._outcome: dict[str, Any] | None = None
         self.error_file = env["TORCHELASTIC_ERROR_FILE"]
@@ -228,6 +222,6 @@ class ScriptRun:
     @staticmethod
     async def _reap(r: ScriptRank) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(None, r.proc.wait, _STOP_GRACE_S)
+            await asyncio.get_running_loop().run_in_executor(None, r.proc.wait, STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             r.signal(signal.SIGKILL)

@@ -93,6 +93,10 @@ class NodeTelemetry:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="jupyter-mn-telemetry")
         self._thread.start()
 
+    def restarted(self, ranks: list[RankProcess]) -> None:
+        """The node's ranks were replaced (one was lost): sample the new processes."""
+        self._ranks = ranks
+
     def line(self, text: str) -> None:
         """A line a rank printed (any thread); NCCL's are parsed when they come this way."""
         if self.from_streams and "NCCL" in text:

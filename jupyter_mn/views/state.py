@@ -14,7 +14,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import CellDone, GangState, GpuSample, LogLines, NodesWaiting, TransportReport
+from ..events import (
+    CellDone,
+    GangState,
+    GpuSample,
+    LogLines,
+    NodesWaiting,
+    Note,
+    Stacks,
+    TransportReport,
+)
+from .stacks import format_stacks
 
 #: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
 TAIL_LINES = 100
@@ -51,6 +61,8 @@ class CellState:
         self.peaks: dict[tuple[int, int], tuple[int, int]] = {}
         self.transport: dict[int, TransportReport] = {}
         self.done: CellDone | None = None
+        #: what the user should read besides the logs: retries, restarts, stacks on a timeout
+        self.notices: list[str] = []
         #: why each node (-1: the gang) is not up yet, while the gang comes up
         self.waiting: dict[int, NodesWaiting] = {}
         self.dirty: set[str] = {"header"}
@@ -91,6 +103,12 @@ class CellState:
         elif isinstance(event, CellDone):
             self.done, self.ended = event, time.monotonic()
             self.dirty.update({"header", "summary"})
+        elif isinstance(event, Note):
+            self.notices.append(event.text)
+            self.dirty.add("summary")
+        elif isinstance(event, Stacks):
+            self.notices.append(format_stacks(event))
+            self.dirty.add("summary")
 
     def waiting_lines(self) -> list[str]:
         """The current pending reasons, one line per reason naming its nodes."""

@@ -108,4 +108,4 @@ def summary(state: CellState, tail: int = 3) -> str:
             lines.append(f"node {node}: {log.total} lines" + (", last:" if log.total else ""))
             for rank in sorted(log.ranks):
                 lines += [f"  [rank {rank}] {entry[3]}" for entry in list(log.ranks[rank])[-tail:]]
-        return "\n".join(lines + final(state))
+        return "\n".join(lines + state.notices + final(state))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from ..events import CellDone, GangState, LogLines, TransportReport
+from ..events import CellDone, GangState, LogLines, Stacks, TransportReport
 from ..spec import ClusterSpec
+from .stacks import format_stacks
 from .state import CellState
 from .summary import evidence, final, header
 
@@ -42,7 +43,11 @@ class TextView:
             self._transport(event)
         elif isinstance(event, CellDone):
             self._final()
-        elif hasattr(event, "text"):
+        elif isinstance(event, Stacks):
+            out = self._out("err")
+            out.write(format_stacks(event) + "\n")
+            out.flush()
+        elif hasattr(event, "text"):  # Note, NodesWaiting
             self._note(event.text)
 
     def close(self) -> None:

@@ -244,13 +244,14 @@ class ClusterWidget:
         return f'<div class="jp-mn-transport"><b>Transport</b><ul>{body}</ul></div>'
 
     def _notes_html(self) -> str:
+        notices = "".join(f"<pre>{html.escape(text)}</pre>" for text in self.state.notices)
         done = self.state.done
         if done is None:
-            return ""
+            return f'<div class="jp-mn-notes">{notices}</div>' if notices else ""
         lines = hints(done.ranks)
         items = "".join(f"<li><b>{html.escape(line)}</b></li>" for line in lines)
         table = html.escape("\n".join(rank_table(done)))
         return (
-            f'<div class="jp-mn-notes"><ul>{items}</ul><details><summary>per-rank times'
+            f'<div class="jp-mn-notes">{notices}<ul>{items}</ul><details><summary>per-rank times'
             f"</summary><pre>{table}</pre></details></div>"
         )

@@ -86,6 +86,23 @@ def test_quickstart_notebook(tmp_path, no_leftovers):
     assert "6.0" in text and "final loss" in text and "cluster released" in text
 
 
+def test_ddp_training_notebook_recovers_from_a_lost_rank(tmp_path, no_leftovers):
+    nb = papermill.execute_notebook(
+        str(ROOT / "notebooks" / "02-ddp-training.ipynb"),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="jupyter_mn",
+        parameters={"workdir": str(tmp_path / "run")},
+        progress_bar=False,
+        cwd=str(tmp_path),
+    )
+    text = _texts(nb)
+    assert "retry 1/1: rank 3 (node 1) was lost; running the cell again" in text
+    for rank in range(4):
+        assert f"[node {rank // 2} rank {rank}] resumed from step 100 (step-000000100)" in text
+    assert "bitwise identical: True" in text
+    assert "['step-000000160', 'step-000000180', 'step-000000200']" in text
+
+
 def test_failing_cell_fails_the_run_with_the_rank_and_its_traceback(tmp_path, no_leftovers):
     src = _notebook(
         [

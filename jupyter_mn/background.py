@@ -1,0 +1,99 @@
+"""``%%cluster --bg``: a cell that runs while the notebook stays free, and its handle.
+
+The handle is a future in the ipyparallel ``AsyncResult`` / dask ``Future`` tradition:
+``done()``, ``result()`` (rank 0's value, or the cell's ``CellError``), plus ``output`` (the ranks'
+labelled lines so far, kept here rather than printed into whichever cell runs at the time),
+``stacks()`` (where every rank is now) and ``cancel()`` (the same escalation as Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .views.stacks import format_stacks
+from .views.text import TextView
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .result import CellResult
+
+
+class BackgroundCell:
+    """A cell running on the gang in a background thread."""
+
+    def __init__(
+        self, cluster: Cluster, cell_id: int, run: Callable[[Callable[[Any], None]], CellResult]
+    ) -> None:
+        self.cluster = cluster
+        self.cell_id = cell_id
+        self.started = time.monotonic()
+        self._ended: float | None = None
+        self._buffer = io.StringIO()
+        self._view = TextView(self._buffer, self._buffer)
+        self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._work, args=(run,), name=f"jupyter-mn-bg-{cell_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _work(self, run: Callable[[Callable[[Any], None]], CellResult]) -> None:
+        try:
+            self._future.set_result(run(self._view))
+        except BaseException as exc:  # handed to whoever asks for the result
+            self._future.set_exception(exc)
+        finally:
+            self._ended = time.monotonic()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def runs_here(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def cell_result(self, timeout: float | None = None) -> CellResult:
+        """The ``CellResult`` (failures as values); waits up to ``timeout`` seconds."""
+        return self._future.result(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Rank 0's value (every rank's with ``--all``), or raise the cell's ``CellError``."""
+        return self.cell_result(timeout).unwrap()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the cell ends; True if it did."""
+        concurrent.futures.wait([self._future], timeout)
+        return self.done()
+
+    @property
+    def output(self) -> str:
+        """What the ranks printed so far, ``[node N rank R]``-labelled."""
+        return self._buffer.getvalue()
+
+    def cancel(self) -> None:
+        """Stop the cell as Ctrl-C would: stacks, SIGINT, the destroy cascade, then kill."""
+        if not self.done():
+            self.cluster.cancel(f"background cell In[{self.cell_id}] was cancelled")
+
+    def stacks(self) -> str:
+        """Where every rank's main thread is now, in the cell's own line numbers."""
+        return format_stacks(self.cluster.stacks())
+
+    @property
+    def elapsed(self) -> float:
+        return (self._ended or time.monotonic()) - self.started
+
+    def __repr__(self) -> str:
+        if not self.done():
+            state = "running"
+        elif self._future.exception() is not None:
+            state = f"failed ({type(self._future.exception()).__name__})"
+        else:
+            state = "done" if self._future.result().ok else "failed"
+        return (
+            f"<BackgroundCell In[{self.cell_id}]: {state} after {self.elapsed:.1f} s; "
+            ".result(), .output, .stacks(), .cancel()>"
+        )

@@ -1,0 +1,278 @@
+"""One rank process as its node agent sees it: launched, read, signalled, stopped.
+
+The process runs ``python -m jupyter_mn.rank.runtime`` in its own session (a Jupyter interrupt
+never reaches it), with stdout/stderr on pipes (C-level output included) and a control socket.
+Reader threads forward what it says to the agent's event loop; its death shows as EOF at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RendezvousError
+from . import stacks
+from .runtime import SYNC_MARKER
+
+if TYPE_CHECKING:
+    from .agent import NodeAgent
+
+TAIL_LINES = 20
+MAX_LINE = 10_000
+STOP_GRACE_S = 3.0
+_SYNC_WAIT_S = 2.0
+_STACKS_WAIT_S = 1.0
+_CRASH_LINES = 200
+_SESSION_GRACE_S = 1.0
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class RankHandle:
+    """One rank process as its agent sees it."""
+
+    def __init__(
+        self, agent: NodeAgent, local_rank: int, rank: int, env: dict[str, str], cwd: str | None
+    ) -> None:
+        self._watch_output(agent, local_rank, rank)
+        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: the run this rank is busy with (None between cells)
+        self.running: int | None = None
+        self.report: asyncio.Future[None] | None = None  # of a death between cells
+        self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
+        parent, child = socket.socketpair()
+        env = {**env, "JUPYTER_MN_CONTROL_FD": str(child.fileno())}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_mn.rank.runtime"],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(child.fileno(),),
+            start_new_session=True,
+        )
+        child.close()
+        self.conn = Connection(parent.detach())
+        self._read_pipes()
+        threading.Thread(
+            target=self._read_control, daemon=True, name=f"jupyter-mn-rank{rank}-control"
+        ).start()
+
+    def _watch_output(self, agent: NodeAgent, local_rank: int, rank: int) -> None:
+        """What reading its pipes needs (script ranks, ``script.py``, share it)."""
+        self.agent = agent
+        self.local_rank = local_rank
+        self.rank = rank
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        #: a fatal error report (segfault) the rank wrote: kept apart, the tail stays readable
+        self.crash: list[str] = []
+        self.markers = {"out": 0, "err": 0}
+        self.expected = 0
+        self.open_streams = {"out", "err"}
+        self.stream_change = asyncio.Event()
+        #: why the agent killed it (shown with its exit status)
+        self.killed_because = ""
+        self.stopping = False
+
+    # ---- threads: forward what the process says to the event loop
+    def _read_pipes(self) -> None:
+        for stream, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
+            threading.Thread(
+                target=self._read_pipe,
+                args=(pipe, stream),
+                daemon=True,
+                name=f"jupyter-mn-rank{self.rank}-{stream}",
+            ).start()
+
+    def _read_pipe(self, pipe: Any, stream: str) -> None:
+        fd, pending = pipe.fileno(), b""
+        while chunk := os.read(fd, 65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                self._line(stream, raw.decode("utf-8", "replace"))
+        if pending:
+            self._line(stream, pending.decode("utf-8", "replace"))
+        self.agent.call_soon(self._stream_closed, stream)
+
+    def _line(self, stream: str, text: str) -> None:
+        if SYNC_MARKER in text:
+            before, _, _ = text.partition(SYNC_MARKER)
+            if before:
+                self._line(stream, before)
+            self.agent.call_soon(self._marked, stream)
+            return
+        text = text.rsplit("\r", 1)[-1][:MAX_LINE]
+        if text.startswith(stacks.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
+            self.crash.append(text)
+        else:
+            self.tail.append(text)
+        self.agent.log(self.rank, stream, text)
+
+    def _read_control(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            box = self.stack_replies if msg["op"] == "stacks" else self.messages
+            self.agent.call_soon(box.put_nowait, msg)
+        self.agent.call_soon(self.messages.put_nowait, {"op": "exit"})
+        self.agent.call_soon(self._gone)
+
+    def _gone(self) -> None:
+        """The process went away; when no cell was running, nobody else would notice."""
+        if not self.stopping and self.running is None:
+            self.report = asyncio.ensure_future(self.agent.lost_while_idle(self))
+
+    def _marked(self, stream: str) -> None:
+        self.markers[stream] += 1
+        self.stream_change.set()
+
+    def _stream_closed(self, stream: str) -> None:
+        self.open_streams.discard(stream)
+        self.stream_change.set()
+
+    # ---- event loop side
+    async def send(self, msg: dict[str, Any]) -> bool:
+        async with self._send_lock:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.conn.send, msg)
+                return True
+            except (OSError, ValueError):
+                return False
+
+    async def ready(self) -> dict[str, Any]:
+        msg = await self.messages.get()
+        if msg["op"] == "ready":
+            return {**msg, "rank": self.rank, "local_rank": self.local_rank}
+        reason = msg.get("error") or describe_exit(await self.exit_code())
+        raise RendezvousError(self.explain(f"failed to start: {reason}"))
+
+    async def reply(self, op: str) -> dict[str, Any]:
+        """The next reply of kind ``op``, or a "lost" outcome when the process died first."""
+        msg = await self.messages.get()
+        self.running = None
+        if msg["op"] == op:
+            return msg
+        code = await self.exit_code()
+        await self.drained()  # its last lines are still on their way
+        return {
+            "op": op,
+            "rank": self.rank,
+            "status": "lost",
+            "ok": False,
+            "exit_code": code,
+            "error": {
+                "ename": "RankLost",
+                "evalue": self.exit_reason(code),
+                "traceback": [
+                    *(["last lines:", *self.tail] if self.tail else []),
+                    *stacks.crash_summary(self.crash),
+                ],
+                "secondary": False,
+            },
+        }
+
+    def exit_reason(self, code: int | None) -> str:
+        why = describe_exit(code)
+        return f"{why} ({self.killed_because})" if self.killed_because else why
+
+    async def where(self) -> dict[str, Any]:
+        """The rank's main-thread stack; "no answer" when it holds the GIL in native code."""
+        while not self.stack_replies.empty():  # a late answer to an earlier request
+            self.stack_replies.get_nowait()
+        state = {"rank": self.rank, "node": self.agent.node, "busy": self.running is not None}
+        if self.proc.poll() is not None or not await self.send({"op": "stacks"}):
+            return {**state, "stack": [], "note": describe_exit(self.proc.poll())}
+        try:
+            msg = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
+        except asyncio.TimeoutError:
+            return {**state, "stack": [], "note": "no answer (native code holding the GIL?)"}
+        return {**state, "busy": msg["busy"], "stack": msg["stack"], "note": ""}
+
+    async def synced(self) -> None:
+        """Wait until both pipes are read up to this cell's end (or closed)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SYNC_WAIT_S
+        while any(self.markers[s] < self.expected for s in self.open_streams):
+            self.stream_change.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stream_change.wait(), remaining)
+
+    async def drained(self) -> None:
+        """Wait (briefly) until both pipes of a dead process are read to their end."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._closed(), _SYNC_WAIT_S)
+
+    async def _closed(self) -> None:
+        while self.open_streams:
+            self.stream_change.clear()
+            await self.stream_change.wait()
+
+    async def exit_code(self) -> int | None:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(None, self.proc.wait, STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def explain(self, what: str) -> str:
+        lines = "\n".join(f"    {line}" for line in self.tail)
+        return f"rank {self.rank} (node {self.agent.node}) {what}" + (
+            f"\n  last lines:\n{lines}" if lines else ""
+        )
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+    def kill(self, reason: str) -> None:
+        if self.proc.poll() is None:
+            self.killed_because = reason
+            self.signal(signal.SIGKILL)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self.proc.poll() is None:
+            await self.send({"op": "stop"})
+            if await self.exit_code() is None:
+                self.signal(signal.SIGKILL)
+                await self.exit_code()
+        await self._session_gone()
+        self.signal(signal.SIGKILL)  # children the rank left in its session (DataLoader workers)
+        self.conn.close()
+
+    async def _session_gone(self) -> None:
+        """Give what the rank started a moment to end on its own: multiprocessing's resource
+        tracker unlinks the shared memory a dead rank leaked, and it ignores SIGTERM."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SESSION_GRACE_S
+        while loop.time() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            await asyncio.sleep(0.02)
