@@ -126,3 +126,25 @@ def test_auto_view_is_text_without_a_widget_frontend():
     assert not widgets_rendered()
     assert isinstance(make_view(SPEC), TextView)
     assert isinstance(make_view(SPEC.replace(view="widget")), ClusterWidget)
+
+
+def test_text_view_prints_the_table_only_when_it_says_something():
+    """A warm trivial cell ends quietly; a cold start, a failure or a long cell gets the table."""
+    from jupyter_mn.events import CellDone, GangState, RankTiming
+    from jupyter_mn.views.text import TABLE_AFTER_S, TextView
+
+    ok = (RankTiming(0, 0, "ok", 0.01), RankTiming(1, 0, "ok", 0.01))
+
+    def shown(*events) -> str:
+        out = io.StringIO()
+        view = TextView(out, io.StringIO(), spec=ClusterSpec(nodes=1, gpus=2))
+        for event in events:
+            view(event)
+        return out.getvalue()
+
+    assert shown(CellDone(1, True, 0.02, ok)) == ""
+    assert " rank  node  status" in shown(
+        GangState("READY", "cpu (gloo)"), CellDone(1, True, 3, ok)
+    )
+    assert " rank  node  status" in shown(CellDone(1, False, 0.02, ok, "rank 1: boom"))
+    assert " rank  node  status" in shown(CellDone(1, True, TABLE_AFTER_S, ok))

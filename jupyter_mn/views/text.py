@@ -13,7 +13,11 @@ from ..events import CellDone, GangState, LogLines, Stacks, TransportReport
 from ..spec import ClusterSpec
 from .stacks import format_stacks
 from .state import CellState
+from .straggler import hints
 from .summary import evidence, final, header
+
+#: Cells at least this long end with the per-rank table even when nothing went wrong.
+TABLE_AFTER_S = 10.0
 
 
 class TextView:
@@ -32,6 +36,8 @@ class TextView:
         self._stderr = stderr
         self.state = CellState(title, spec.shape, spec.backend, spec.nodes, spec.rdma)
         self._warned: set[int] = set()
+        #: this cell brought the gang up: its first table says where the ranks run
+        self._cold = False
 
     def __call__(self, event: Any) -> None:
         self.state.apply(event)
@@ -69,6 +75,7 @@ class TextView:
         if event.state == "SCHEDULING":
             self._note(f"starting a {event.detail} gang …")
         elif event.state == "READY" and event.detail:
+            self._cold = True
             self._note(f"gang up: ranks run on {event.detail}")
             if "cuda" not in event.detail:
                 self._note("no CUDA GPU: each --gpus slot is a CPU rank (gloo backend)")
@@ -87,9 +94,20 @@ class TextView:
             )
 
     def _final(self) -> None:
+        """The table, when it says something: a trivial warm cell ends without one."""
         with self.state.lock:
-            lines = [header(self.state), *final(self.state)]
-        self._note("\n".join(lines))
+            done = self.state.done
+            worth = (
+                self._cold
+                or self._warned
+                or done is None
+                or not done.ok
+                or done.elapsed >= TABLE_AFTER_S
+                or bool(hints(done.ranks))
+            )
+            lines = [header(self.state), *final(self.state)] if worth else []
+        if lines:
+            self._note("\n".join(lines))
 
     def _note(self, text: str, stream: str = "out") -> None:
         out = self._out(stream)
