@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import itertools
 import threading
 import time
 import weakref
@@ -45,7 +46,7 @@ class Cluster:
         self._shipper = Shipper()
         self._rank_defined: set[str] = set()
         self._lock = threading.RLock()
-        self._idle_timer: threading.Timer | None = None
+        self._idle = _Deadline(self._release_idle)
         self._expiry: threading.Timer | None = None
         self._expired = ""
         self._holders: tuple[str, int] | None = None
@@ -112,7 +113,7 @@ class Cluster:
         """Stop every process of the gang (a background cell is interrupted). Safe twice."""
         self.cancel("the cluster is closing")
         with self._lock:
-            self._cancel_idle_timer()
+            self._idle.close()
             self._drop_gang()
 
     def cancel(self, reason: str) -> bool:
@@ -281,16 +282,10 @@ class Cluster:
         }
 
     def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        timer = threading.Timer(self.spec.idle_timeout, self._release_idle)
-        timer.daemon = True
-        timer.start()
-        self._idle_timer = timer
+        self._idle.arm(self.spec.idle_timeout)
 
     def _cancel_idle_timer(self) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._idle.arm(None)
 
     def _arm_expiry(self, gang: Any) -> None:
         if self.spec.max_runtime:
@@ -323,6 +318,49 @@ class Cluster:
                 self.released = f"released after {self.spec.idle_timeout:g} s idle"
         finally:
             self._lock.release()
+
+
+class _Deadline:
+    """Calls ``action`` once a deadline passes; re-armed every cell by one waiting thread
+    (a ``threading.Timer`` per cell costs a thread start on the cell's path)."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action = action
+        self._due: float | None = None
+        #: the waiting thread's number; 0 when none waits (a closed thread sees another number)
+        self._thread = 0
+        self._numbers = itertools.count(1)
+        self._cond = threading.Condition()
+
+    def arm(self, seconds: float | None) -> None:
+        """Fire ``seconds`` from now; None disarms."""
+        with self._cond:
+            self._due = None if seconds is None else time.monotonic() + seconds
+            if not self._thread and seconds is not None:
+                self._thread = next(self._numbers)
+                threading.Thread(
+                    target=self._wait, args=(self._thread,), name="jupyter-mn-idle", daemon=True
+                ).start()
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Disarm and let the waiting thread end (a later ``arm`` starts another)."""
+        with self._cond:
+            self._due, self._thread = None, 0
+            self._cond.notify_all()
+
+    def _wait(self, me: int) -> None:
+        with self._cond:
+            while self._thread == me:
+                if self._due is None or time.monotonic() < self._due:
+                    self._cond.wait(None if self._due is None else self._due - time.monotonic())
+                    continue
+                self._due = None
+                self._cond.release()
+                try:
+                    self._action()
+                finally:
+                    self._cond.acquire()
 
 
 def _retry_text(attempt: int, retries: int, result: CellResult) -> str:

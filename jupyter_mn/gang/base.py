@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, LogLines, Note, RankState, TransportReport, from_msg
+from ..events import GangState, GpuSample, LogLines, Note, RankState, TransportReport, from_msg
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
 from .inbox import Inbox, InterruptRequest, Reply
@@ -73,6 +73,8 @@ class Gang:
         self._seen: dict[int, int] = {}
         #: the latest transport report of each node
         self.transport: dict[int, TransportReport] = {}
+        #: the latest GPU sample of each node
+        self.gpus: dict[int, GpuSample] = {}
         self._on_event: Callable[[Any], None] | None = None
         self._lock = threading.RLock()
         self._heartbeat = Heartbeat(lambda: self._agents)
@@ -288,8 +290,18 @@ class Gang:
             self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
         elif isinstance(event, TransportReport):
             self.transport[event.node] = event
+        elif isinstance(event, GpuSample):
+            self.gpus[event.node] = event
         if on_event is not None:
             on_event(event)
+
+    def replay(self, on_event: Callable[[Any], None] | None) -> None:
+        """Show a new cell's view what each node last reported (agents do not repeat it)."""
+        if on_event is not None:
+            for node in sorted(self.gpus):
+                on_event(self.gpus[node])
+            for node in sorted(self.transport):
+                on_event(self.transport[node])
 
     def _submit(self, node: int, actor_future: Any) -> None:
         """Wait for an actor call on the client's loop; post its outcome to the inbox."""

@@ -53,7 +53,9 @@ class LocalProvisioner:
                     silence_logs=logging.CRITICAL,
                     preload=["jupyter_mn.rank.agent"],
                 )
-                self._client = Client(self._cluster, security=security, set_as_default=False)
+                self._client = Client(
+                    self._cluster, security=security, set_as_default=False, direct_to_workers=True
+                )
                 self._client.wait_for_workers(spec.nodes, timeout=spec.start_timeout)
         except Exception as exc:
             self.release()

@@ -115,6 +115,7 @@ def run_cell(
     """Run ``payload`` on every rank; return the outcome (failures as values)."""
     run_id = gang.begin_run()
     started = time.monotonic()
+    gang.replay(on_event)
     for node, agent in enumerate(gang.agents):
         gang.call(node, lambda agent=agent: agent.run(payload, run_id))
     replies: dict[int, Reply] = {}

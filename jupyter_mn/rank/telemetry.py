@@ -104,12 +104,16 @@ class NodeTelemetry:
                 self._log.feed(text)
 
     def cell(self, running: bool) -> None:
-        """A cell starts or ends; the sampling thread does the work (off the cell's path)."""
+        """A cell starts or ends; the sampling thread does the work (off the cell's path).
+
+        Nothing is re-sent at a cell's start: the kernel keeps each node's last report and
+        shows it to the new cell's view (``Gang.replay``), so a trivial cell costs no events.
+        """
         if running:
             self._running.set()
         else:
             self._running.clear()
-        self._due = "announce" if running else "final"
+            self._due = "final"
         self._wake.set()
 
     def report(self) -> TransportReport:
@@ -150,19 +154,16 @@ class NodeTelemetry:
         self.publish(GpuSample(self.node, sampler.sample(self._ranks), sampler.note))
 
     def _loop(self) -> None:
-        """~1 Hz while a cell runs; at a cell's start everything is re-sent (a new cell's view
-        starts empty), at its end one last look."""
+        """~1 Hz while a cell runs, and one last look at its end."""
         while not self._closed.is_set():
             self._wake.wait(SAMPLE_S)
             self._wake.clear()
             due, self._due = self._due, ""
             if self._closed.is_set():
                 return
-            if due == "announce":
-                self._noted = False
             if due or self._running.is_set():
                 self._sample()
-                self.poll(force=due == "announce")
+                self.poll()
 
     def close(self) -> None:
         self._closed.set()
