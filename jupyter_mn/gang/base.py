@@ -303,18 +303,6 @@ class Gang:
             for node in sorted(self.transport):
                 on_event(self.transport[node])
 
-    def _submit(self, node: int, actor_future: Any) -> None:
-        """Wait for an actor call on the client's loop; post its outcome to the inbox."""
-        inbox = self.inbox
-
-        async def wait() -> None:
-            try:
-                inbox.put_reply(Reply(node, value=await actor_future))
-            except BaseException as exc:
-                inbox.put_reply(Reply(node, error=exc))
-
-        self._client.loop.add_callback(wait)
-
     def close(self, broken: str | None = None, wait: bool = True) -> None:
         """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread.
 
@@ -360,14 +348,20 @@ class Gang:
         return self._generation
 
     def call(self, node: int, call: Callable[[], Any]) -> None:
-        """Start an actor call; its outcome reaches the inbox as a reply. The actor proxy
-        raises at once when its worker is already known lost: that is the reply then."""
-        try:
-            actor_future = call()
-        except Exception as exc:
-            self.inbox.put_reply(Reply(node, error=exc))
-            return
-        self._submit(node, actor_future)
+        """Start an actor call on the client's loop (one wake-up of that loop per call); its
+        outcome reaches the inbox as a reply. The actor proxy raises at once when its worker is
+        already known lost: that is the reply then."""
+        inbox = self.inbox
+
+        async def go() -> None:
+            try:
+                value = await call()
+            except BaseException as exc:
+                inbox.put_reply(Reply(node, error=exc))
+            else:
+                inbox.put_reply(Reply(node, value=value))
+
+        self._client.loop.add_callback(go)
 
     def ask(self, node: int, method: Callable[[Any], Any]) -> Any:
         """``method(agent)`` for node ``node``, answered by a future of its own rather than the
