@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import logging
 import queue
 import threading
 import time
@@ -17,15 +16,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, GpuSample, LogLines, Note, RankState, TransportReport, from_msg
+from ..events import GangState, Note, RankState, from_msg
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
-from .inbox import Inbox, InterruptRequest, Reply
+from .hub import EventHub
+from .inbox import InterruptRequest, Reply
 from .recover import Recovery, restarted_note
 from .state import GangStatus, allowed
 from .transport import require_rdma
 
-log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 15.0
 _LOG_DRAIN_S = 5.0
 
@@ -45,10 +44,11 @@ class Provisioner(Protocol):
         """Give everything back; safe to call twice and after a failed ``provision``."""
 
 
-class Gang:
+class Gang(EventHub):
     """A running group of node agents and their ranks, driven from the kernel."""
 
     def __init__(self, spec: ClusterSpec, provisioner: Provisioner) -> None:
+        super().__init__()
         self.spec = spec
         self.provisioner = provisioner
         self.id = spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
@@ -56,9 +56,7 @@ class Gang:
         self.status = GangStatus.PENDING
         self.detail = ""
         self.ranks: list[dict[str, Any]] = []
-        self.inbox = Inbox()
         self.started_at = time.time()
-        self._listeners: list[Callable[[Any], None]] = []
         self._client: Any = None
         #: worker addresses, their hosts, and (address, port) of the master, in node order
         self.addresses: list[str] = []
@@ -70,11 +68,6 @@ class Gang:
         self._runs = 0
         #: bumped whenever rank processes were restarted (they hold no cached notebook names)
         self.incarnation = 0
-        self._seen: dict[int, int] = {}
-        #: the latest transport report of each node
-        self.transport: dict[int, TransportReport] = {}
-        #: the latest GPU sample of each node
-        self.gpus: dict[int, GpuSample] = {}
         self._on_event: Callable[[Any], None] | None = None
         self._lock = threading.RLock()
         self._heartbeat = Heartbeat(lambda: self._agents)
@@ -100,27 +93,6 @@ class Gang:
                 return False
             self.inbox.put_reply(InterruptRequest(reason, self._runs))
             return True
-
-    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
-        """Call ``listener(event)`` (from a dask thread) for every event; returns unsubscribe."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
-
-    def _dispatch(self, event: Any) -> None:
-        self.inbox.put_event(event)
-        self._notify(event)
-
-    def announce(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
-        """An event made on the main thread (e.g. ``CellDone``): show it and tell listeners."""
-        self.consume(event, on_event)
-        self._notify(event)
-
-    def _notify(self, event: Any) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception:
-                log.exception("jupyter_mn event listener failed")
 
     def notify(self, event: Any) -> None:
         """An event from the provisioner, which works on the starting (main) thread: shown now,
@@ -284,25 +256,6 @@ class Gang:
         self.consume(item, on_event)
         return self.is_primary_failure(item)
 
-    def consume(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
-        """Handle one event on the main thread: note log progress, then show it."""
-        if isinstance(event, LogLines):
-            self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
-        elif isinstance(event, TransportReport):
-            self.transport[event.node] = event
-        elif isinstance(event, GpuSample):
-            self.gpus[event.node] = event
-        if on_event is not None:
-            on_event(event)
-
-    def replay(self, on_event: Callable[[Any], None] | None) -> None:
-        """Show a new cell's view what each node last reported (agents do not repeat it)."""
-        if on_event is not None:
-            for node in sorted(self.gpus):
-                on_event(self.gpus[node])
-            for node in sorted(self.transport):
-                on_event(self.transport[node])
-
     def close(self, broken: str | None = None, wait: bool = True) -> None:
         """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread.
 
@@ -427,9 +380,6 @@ class Gang:
                 self._recovery = None
         return recovery.notes
 
-    def seen(self, node: int) -> int:
-        return self._seen.get(node, 0)
-
     def next_generation(self) -> int:
         self._generation += 1
         return self._generation
@@ -442,6 +392,3 @@ class Gang:
     def client(self) -> Any:
         """The gang's ``distributed.Client`` (None once closed)."""
         return self._client
-
-    def is_primary_failure(self, event: Any) -> bool:
-        return isinstance(event, RankState) and event.detail == "primary"

@@ -1,0 +1,72 @@
+"""The gang's event fan-out: dask events and kernel-made events go to the main thread's inbox
+(for the cell's view) and to listeners (the job registry), and the last telemetry is kept."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..events import GpuSample, LogLines, RankState, TransportReport
+from .inbox import Inbox
+
+log = logging.getLogger(__name__)
+
+
+class EventHub:
+    """Where a gang's events go. Listeners run on the thread that delivers the event."""
+
+    def __init__(self) -> None:
+        self.inbox = Inbox()
+        self._listeners: list[Callable[[Any], None]] = []
+        self._seen: dict[int, int] = {}
+        #: the latest transport report of each node
+        self.transport: dict[int, TransportReport] = {}
+        #: the latest GPU sample of each node
+        self.gpus: dict[int, GpuSample] = {}
+
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` (from a dask thread) for every event; returns unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _dispatch(self, event: Any) -> None:
+        self.inbox.put_event(event)
+        self._notify(event)
+
+    def announce(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
+        """An event made on the main thread (e.g. ``CellDone``): show it and tell listeners."""
+        self.consume(event, on_event)
+        self._notify(event)
+
+    def _notify(self, event: Any) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("jupyter_mn event listener failed")
+
+    def consume(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
+        """Handle one event on the main thread: note log progress, then show it."""
+        if isinstance(event, LogLines):
+            self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
+        elif isinstance(event, TransportReport):
+            self.transport[event.node] = event
+        elif isinstance(event, GpuSample):
+            self.gpus[event.node] = event
+        if on_event is not None:
+            on_event(event)
+
+    def replay(self, on_event: Callable[[Any], None] | None) -> None:
+        """Show a new cell's view what each node last reported (agents do not repeat it)."""
+        if on_event is not None:
+            for node in sorted(self.gpus):
+                on_event(self.gpus[node])
+            for node in sorted(self.transport):
+                on_event(self.transport[node])
+
+    def seen(self, node: int) -> int:
+        return self._seen.get(node, 0)
+
+    def is_primary_failure(self, event: Any) -> bool:
+        return isinstance(event, RankState) and event.detail == "primary"
