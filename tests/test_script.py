@@ -61,6 +61,11 @@ def scripts(tmp_path_factory) -> Path:
         "import os, signal, torch.distributed as dist\ndist.init_process_group()\n"
         "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()\n"
     )
+    (folder / "aborts.py").write_text(  # what gloo does at exit after an uncaught exception
+        "import os, sys, traceback\nif os.environ['RANK'] == '2':\n    try:\n"
+        "        raise ValueError('bad batch')\n    except ValueError:\n"
+        "        traceback.print_exc()\n        sys.stderr.flush()\n        os.abort()\n"
+    )
     (folder / "sleepy.py").write_text("import time\ntime.sleep(600)\n")
     return folder
 
@@ -96,6 +101,12 @@ def test_a_failing_rank_stops_the_others_and_is_reported_like_a_cell(gang_2x2, s
         result.unwrap()
     assert "[node 1 rank 2] [rank2]: ValueError: bad batch on rank 2" in err  # live, as written
     assert gang_2x2.run("1 + 1").value == 2  # the warm gang is untouched
+
+
+def test_an_exception_is_the_cause_even_when_the_process_then_aborts(gang_2x2, scripts):
+    cause = run(gang_2x2, scripts / "aborts.py")[0].root_cause
+    assert (cause.rank, cause.status, cause.error.ename) == (2, "error", "ValueError")
+    assert cause.error.evalue == "bad batch (killed by SIGABRT)"
 
 
 def test_torchelastic_error_file_and_a_killed_rank(gang_2x2, scripts):

@@ -97,19 +97,24 @@ class ScriptRank(RankHandle):
             "error": None,
             "status": "ok",
         }
+        raised = self._raised(code) if code else None
         if self.stopped_by:
             out["status"] = "interrupted"
             out["error"] = _error("Stopped", self.stopped_by, [], secondary=True)
+        elif raised:  # an uncaught exception, even if gloo then aborted the process at exit
+            out["status"] = "error"
+            out["error"] = raised
         elif code is not None and code < 0:
             out["status"] = "lost"
             out["error"] = _error("RankLost", describe_exit(code), ["last lines:", *self.tail])
         elif code:
             out["status"] = "error"
-            out["error"] = self._traceback(code)
+            lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
+            out["error"] = _from_lines(lines[-TAIL_LINES:], code, traceback=False)
         return out
 
-    def _traceback(self, code: int) -> dict[str, Any]:
-        """torchelastic's error file if the script wrote one (``@record``), else stderr."""
+    def _raised(self, code: int) -> dict[str, Any] | None:
+        """The script's uncaught exception: torchelastic's error file (``@record``), else stderr."""
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             message = json.loads(Path(self.error_file).read_text())["message"]
             lines = message["extraInfo"]["py_callstack"].rstrip().splitlines()
@@ -117,9 +122,7 @@ class ScriptRank(RankHandle):
         # torch prefixes an uncaught exception's lines with "[rankN]: " (its excepthook)
         lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
         starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
-        if starts:
-            return _from_lines(lines[starts[-1] :], code, traceback=True)
-        return _from_lines(lines[-TAIL_LINES:], code, traceback=False)
+        return _from_lines(lines[starts[-1] :], code, traceback=True) if starts else None
 
 
 def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
@@ -129,9 +132,9 @@ def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
     last = next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith(" ")), "")
     found = _EXCEPTION_LINE.match(last) if traceback else None
     if found:
-        ename, evalue = found.group(1), f"{found.group(2) or ''} (exit code {code})".lstrip()
+        ename, evalue = found.group(1), f"{found.group(2) or ''} ({describe_exit(code)})".lstrip()
     else:
-        ename, evalue = "ScriptExit", f"exit code {code}" + (f": {last}" if last else "")
+        ename, evalue = "ScriptExit", describe_exit(code) + (f": {last}" if last else "")
     secondary = any(s in evalue for s in _SECONDARY)
     return _error(ename, evalue, lines, secondary)
 
