@@ -94,19 +94,26 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 async def run_command(
     command: str, env: dict[str, str], cwd: str | None, timeout: float, token: str
 ) -> dict[str, Any]:
-    """Run a shell command on this node; its output (stdout and stderr) and exit code."""
+    """Run a shell command on this node; its output (stdout and stderr, the last MiB; what it
+    wrote before a timeout too) and exit code."""
     proc = await _start(command, env, cwd)
     _commands[token] = proc
+    output = bytearray()
+
+    async def read() -> None:
+        while chunk := await proc.stdout.read(1 << 16):
+            output.extend(chunk)
+            del output[:-_OUTPUT_LIMIT]
+
     try:
-        output = await asyncio.wait_for(proc.stdout.read(), timeout)
-        code = await proc.wait()
-        timed_out = False
+        await asyncio.wait_for(read(), timeout)
+        code, timed_out = await proc.wait(), False
     except asyncio.TimeoutError:
         _kill(proc)
-        output, code, timed_out = b"", await proc.wait(), True
+        code, timed_out = await proc.wait(), True
     finally:
         _commands.pop(token, None)
-    text = output[-_OUTPUT_LIMIT:].decode("utf-8", "replace")
+    text = bytes(output).decode("utf-8", "replace")
     return {"exit_code": code, "output": text, "timed_out": timed_out}
 
 

@@ -41,11 +41,14 @@ def test_doctor_before_any_gang_shows_the_table_and_keeps_nothing(kernel):
 
 
 def test_exec_keeps_the_shell_command_verbatim(kernel):
-    reply = kernel.run('%cluster exec --all-nodes -- echo "it\'s $((40 + 2))" | tr a-z A-Z')
+    command = 'echo "it\'s $((40 + 2))" | tr a-z A-Z'
+    reply = kernel.run(f"%cluster exec --nodes 2 --gpus 2 --all-nodes -- {command}")
     assert reply.status == "ok", reply.error_text
     assert "[node 0] IT'S 42" in reply.stdout and "[node 1] IT'S 42" in reply.stdout
     failed = kernel.run("%cluster exec --node 1 -- echo out; exit 3")
     assert "[node 1] out\n[node 1] exit code 3" in failed.stdout
+    slow = kernel.run("%cluster exec --node 0 --timeout 3 -- echo begun; exec sleep 60")
+    assert "[node 0] begun\n[node 0] timed out: stopped" in slow.stdout  # what it wrote is kept
     bad = kernel.run("%cluster exec --node 7 -- true")
     assert bad.ename == "SpecError" and "the gang has nodes 0..1" in bad.evalue
     assert kernel.run("%cluster exec --node 0").ename == "SpecError"
