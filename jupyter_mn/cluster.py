@@ -403,7 +403,8 @@ def shutdown() -> None:
 
 
 @atexit.register
-def _close_all() -> None:
+def close_all() -> None:
+    """Close every cluster of this process (kernel shutdown, interpreter exit)."""
     for cluster in list(_live):
         with contextlib.suppress(Exception):  # the interpreter is going away: best effort
             cluster.close()

@@ -134,3 +134,22 @@ def test_down_shutdown_and_restart_leave_nothing(no_leftovers):
     finally:
         k.shutdown()
     assert not wait_gone(tree), "shutdown left processes behind"
+
+
+def test_a_shut_down_kernel_closes_its_gang_and_exits_on_its_own(no_leftovers):
+    """Not SIGTERMed by jupyter_client after 2.5 s (ipykernel signals its group's children first),
+    and the registry says CLOSED, not ORPHANED."""
+    from jupyter_mn.registry import Registry
+
+    k = Kernel()
+    try:
+        assert k.run("%%cluster --nodes 2 --gpus 1 --name before-restart\n1").result == "1"
+        k.shutdown(restart=True)
+        assert Registry().resolve("before-restart").state == "CLOSED"
+        assert k.run("%%cluster --nodes 2 --gpus 1 --name before-shutdown\n2").result == "2"
+        kernel_process, tree = k.km.provisioner.process, k.descendants()
+    finally:
+        k.shutdown()
+    assert kernel_process.wait(timeout=10) == 0
+    assert Registry().resolve("before-shutdown").state == "CLOSED"
+    assert not wait_gone(tree)
