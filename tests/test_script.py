@@ -58,8 +58,10 @@ def scripts(tmp_path_factory) -> Path:
     (folder / "train.py").write_text(TRAIN)
     (folder / "recorded.py").write_text(RECORDED)
     (folder / "killed.py").write_text(
-        "import os, signal, torch.distributed as dist\ndist.init_process_group()\n"
-        "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()\n"
+        "import os, signal, traceback, torch.distributed as dist\ndist.init_process_group()\n"
+        "if dist.get_rank() == 1:\n    try:\n        {}['handled']\n    except KeyError:\n"
+        "        traceback.print_exc()  # a logged, handled error is not why it died\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()\n"
     )
     (folder / "aborts.py").write_text(  # what gloo does at exit after an uncaught exception
         "import os, sys, traceback\nif os.environ['RANK'] == '2':\n    try:\n"

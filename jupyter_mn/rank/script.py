@@ -97,11 +97,12 @@ class ScriptRank(RankHandle):
             "error": None,
             "status": "ok",
         }
-        raised = self._raised(code) if code else None
+        # an uncaught exception ends in exit code 1, or in SIGABRT when gloo aborts at exit
+        raised = self._raised(code) if code and (code > 0 or code == -signal.SIGABRT) else None
         if self.stopped_by:
             out["status"] = "interrupted"
             out["error"] = _error("Stopped", self.stopped_by, [], secondary=True)
-        elif raised:  # an uncaught exception, even if gloo then aborted the process at exit
+        elif raised:
             out["status"] = "error"
             out["error"] = raised
         elif code is not None and code < 0:
