@@ -224,6 +224,9 @@ class ClusterMagics(Magics):
             result = target.run(cell, on_event=view, **options)
         finally:
             view.close()
+        follow = getattr(view, "follow", None)  # the widget's header tracks a background re-form
+        if follow is not None and target.gang is not None:
+            follow(target.gang)
         if result.ok:  # on failure the notes are part of the error
             for note in result.notes:
                 print(f"jupyter_mn: {note}")

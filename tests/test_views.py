@@ -148,3 +148,21 @@ def test_text_view_prints_the_table_only_when_it_says_something():
     )
     assert " rank  node  status" in shown(CellDone(1, False, 0.02, ok, "rank 1: boom"))
     assert " rank  node  status" in shown(CellDone(1, True, TABLE_AFTER_S, ok))
+
+
+def test_the_widget_header_follows_a_background_re_form_to_ready():
+    """A rank dies: the cell fails while its node restarts; the header then turns READY."""
+    from polling import wait_until
+
+    from jupyter_mn import Cluster
+
+    with Cluster(nodes=1, gpus=2) as cluster:
+        widget = ClusterWidget(ClusterSpec(nodes=1, gpus=2), title="crash")
+        kill = "import os, signal\nif os.environ['RANK'] == '1':\n    os.kill(os.getpid(), 9)\n"
+        result = cluster.run(kill + "dist.barrier()", on_event=widget)
+        widget.close()
+        assert not result.ok and widget.state.state == "RENDEZVOUS"
+        widget.follow(cluster.gang)
+        wait_until(lambda: "READY" in widget._header.value, 60, "the header to say READY")
+        assert "failed" in widget._header.value
+        assert "READY" in widget._repr_mimebundle_()["text/plain"].splitlines()[0]

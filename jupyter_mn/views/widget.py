@@ -20,6 +20,7 @@ import ipywidgets as W
 import traitlets
 from IPython.display import display
 
+from ..events import GangState
 from ..spec import ClusterSpec
 from .state import CellState
 from .straggler import hints
@@ -160,6 +161,26 @@ class ClusterWidget:
         self._cancel.running = False
         if self._handle is not None:
             self._handle.update(self)
+
+    def follow(self, gang: Any) -> None:
+        """After a failed cell whose gang re-forms in the background, keep listening until it is
+        READY (or BROKEN), so the header does not stay on RENDEZVOUS."""
+        if self.state.state != "RENDEZVOUS":
+            return
+        done = threading.Event()
+
+        def settled(event: Any) -> None:
+            if isinstance(event, GangState) and event.state != "RENDEZVOUS" and not done.is_set():
+                done.set()
+                unsubscribe()
+                self.state.apply(event)
+                self._draw({"header", "summary"})
+                if self._handle is not None:
+                    self._handle.update(self)  # the text/plain a saved notebook keeps
+
+        unsubscribe = gang.subscribe(settled)
+        if gang.status.value != "RENDEZVOUS":  # it settled before we listened
+            settled(GangState(gang.status.value, gang.detail))
 
     # ---- drawing thread
     def _loop(self) -> None:
