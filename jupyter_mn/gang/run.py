@@ -293,4 +293,7 @@ def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
     if gang.status == GangStatus.READY and any(
         o.status in (ERROR, INTERRUPTED) for o in result.ranks
     ):
-        result.notes.append("the process group was re-formed in place; rank namespaces are intact")
+        result.notes.append(
+            "the process group was re-formed in place; rank namespaces are intact, but what "
+            "holds the old group (a DDP model, a new_group()) must be built again"
+        )
