@@ -74,6 +74,7 @@ export class LogViewer extends Widget {
     const select = el('select', `jp-mn-LogViewer-${name}`);
     select.appendChild(new Option(all, ''));
     select.addEventListener('change', () => {
+      this._filter += 1; // a page asked for under the old filter is dropped when it arrives
       this._cursor = '';
       this._text.replaceChildren();
       void this._poll.refresh();
@@ -90,7 +91,13 @@ export class LogViewer extends Widget {
       query.set('rank', this._rank.value);
     }
     const id = encodeURIComponent(this._job.id);
+    const [filter, cursor] = [this._filter, this._cursor];
     const page = await requestAPI<ILogPage>(`jobs/${id}/logs?${query}`, {}, this._settings);
+    if (filter !== this._filter || cursor !== this._cursor) {
+      // The filter changed meanwhile (the poll does not start a refresh while one is pending),
+      // or another request got there first: ask again, from where things stand now.
+      return this._fetch();
+    }
     this._cursor = page.cursor;
     const atBottom =
       this._text.scrollTop + this._text.clientHeight >= this._text.scrollHeight - 4;
@@ -115,6 +122,8 @@ export class LogViewer extends Widget {
   }
 
   private _cursor = '';
+  /** bumped on every filter change: a slow page of the previous filter is not shown */
+  private _filter = 0;
   private _node: HTMLSelectElement;
   private _rank: HTMLSelectElement;
   private _follow: HTMLInputElement;
