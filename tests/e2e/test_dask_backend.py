@@ -15,7 +15,7 @@ import pytest
 from daskcli import BIN, DaskCLI, make_certs, tls_config, tls_env
 from distributed import Client, Security
 from procs import ours, rank_processes, wait_gone
-from test_papermill import CONTRACT, ROOT, _notebook, _texts
+from test_papermill import CONTRACT, _notebook, _texts, run_quickstart
 
 from kernels import Kernel
 
@@ -43,15 +43,7 @@ def test_core_notebooks_run_on_the_dask_backend_2x2(no_leftovers, dask_env, dask
     assert "'contract ok'" in text and "preflight: " in text
     for rank in range(4):
         assert f"[node {rank // 2} rank {rank}] hello from {rank}" in text
-    quickstart = papermill.execute_notebook(
-        str(ROOT / "notebooks" / "01-quickstart.ipynb"),
-        str(tmp_path / "quickstart-out.ipynb"),
-        kernel_name="jupyter_mn",
-        progress_bar=False,
-        cwd=str(ROOT / "notebooks"),
-    )
-    text = _texts(quickstart)
-    assert "6.0" in text and "final loss" in text and "cluster released" in text
+    run_quickstart(tmp_path / "quickstart-out.ipynb")
     assert dask_cli.worker_pids() == pids  # the user's workers were used, never restarted
 
 

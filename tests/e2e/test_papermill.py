@@ -74,16 +74,21 @@ def test_env_contract_notebook_on_every_shape(tmp_path, nodes, gpus, no_leftover
         assert f"[node {rank // gpus} rank {rank}] hello from {rank}" in text
 
 
-def test_quickstart_notebook(tmp_path, no_leftovers):
+def run_quickstart(out: Path) -> None:
+    """The quick-start notebook, top to bottom, under papermill; its key outputs are there."""
     nb = papermill.execute_notebook(
         str(ROOT / "notebooks" / "01-quickstart.ipynb"),
-        str(tmp_path / "out.ipynb"),
+        str(out),
         kernel_name="jupyter_mn",
         progress_bar=False,
         cwd=str(ROOT / "notebooks"),
     )
     text = _texts(nb)
     assert "6.0" in text and "final loss" in text and "cluster released" in text
+
+
+def test_quickstart_notebook(tmp_path, no_leftovers):
+    run_quickstart(tmp_path / "out.ipynb")
 
 
 def test_ddp_training_notebook_recovers_from_a_lost_rank(tmp_path, no_leftovers):
