@@ -69,9 +69,10 @@ class CellResult:
             return None
 
         def order(r: RankOutcome) -> tuple[int, float, int]:
-            primary = 0 if r.status == LOST or (r.error and not r.error.secondary) else 1
-            if r.status == INTERRUPTED:
-                primary = 2
+            secondary = bool(r.error and r.error.secondary)
+            primary = 0 if r.status == LOST or (r.error and not secondary) else 1
+            if r.status == INTERRUPTED:  # one busy in its own code before one waiting on peers
+                primary = 3 if secondary else 2
             return (primary, r.finished_at or float("inf"), r.rank)
 
         return min(failed, key=order)

@@ -184,6 +184,9 @@ def test_timeout_shows_every_stack_then_interrupts_in_place(gang):
     for rank in range(3):
         assert f"[node {rank // 2} rank {rank}] running\n    {cell}, line 5" in stacks
     assert f"rank 0 (node 0) was at {cell}, line 5: dist.all_reduce(t)" in error.notes
+    # the rank busy in its own code is the cause, not the first of those waiting on it to stop
+    assert result.root_cause.rank == 3
+    assert [r.error.secondary for r in result.ranks] == [True, True, True, False]
     assert took < 1 + 3, took
     check_next_cell(gang, kept={0, 1, 2, 3})
     assert rank_pids() == pids

@@ -8,6 +8,7 @@ notebook), and tracebacks read ``Cell In[N], line L`` with the notebook's own ce
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import random
 import sys
@@ -44,6 +45,9 @@ _SECONDARY = (
 )
 
 
+_TORCH_DISTRIBUTED = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
 class _ValueHook(DisplayHook):
     """Keep the last expression's value instead of printing ``Out[N]``."""
 
@@ -53,6 +57,10 @@ class _ValueHook(DisplayHook):
 
 
 def is_secondary(exc: BaseException) -> bool:
+    """A consequence of another rank's failure, or an interrupt that found this rank waiting
+    for its peers inside torch.distributed (the rank that kept them waiting is the cause)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return _TORCH_DISTRIBUTED in getattr(exc, "struck_in", "")
     return any(s in str(exc) for s in _SECONDARY)
 
 

@@ -213,7 +213,11 @@ class _CellSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.active:
-            raise KeyboardInterrupt
+            interrupt = KeyboardInterrupt()
+            # where it struck: a rank stopped inside torch.distributed was waiting for its peers
+            where = frame.f_code.co_filename if frame is not None else ""
+            interrupt.struck_in = where  # type: ignore[attr-defined]
+            raise interrupt
 
 
 def _exit_with_parent() -> None:
