@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import multiprocessing.resource_tracker
+import sys
 from typing import Any
 
 
@@ -34,9 +35,9 @@ def close_gangs_first(kernel: Any) -> None:
 
 
 def _release() -> None:
-    from .cluster import close_all  # imported by now if this kernel ever had a gang
-
-    close_all()
+    cluster = sys.modules.get(f"{__package__}.cluster")  # not loaded: this kernel had no gang
+    if cluster is not None:
+        cluster.close_all()
     tracker = multiprocessing.resource_tracker._resource_tracker
     with contextlib.suppress(Exception):  # private since 3.8; without it the kernel is SIGTERMed
         tracker._stop()
