@@ -167,11 +167,12 @@ class ClusterWidget:
         READY (or BROKEN), so the header does not stay on RENDEZVOUS."""
         if self.state.state != "RENDEZVOUS":
             return
-        done = threading.Event()
+        once = threading.Lock()  # the dask thread and this one may both see it settle
 
         def settled(event: Any) -> None:
-            if isinstance(event, GangState) and event.state != "RENDEZVOUS" and not done.is_set():
-                done.set()
+            if isinstance(event, GangState) and event.state != "RENDEZVOUS":
+                if not once.acquire(blocking=False):
+                    return
                 unsubscribe()
                 self.state.apply(event)
                 self._draw({"header", "summary"})
