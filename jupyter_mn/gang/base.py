@@ -26,6 +26,8 @@ from .state import GangStatus, allowed
 from .transport import require_rdma
 
 _STOP_TIMEOUT_S = 15.0
+#: How long teardown waits for the agents' last events (they are normally there in ms).
+_LAST_EVENTS_S = 2.0
 _LOG_DRAIN_S = 5.0
 
 
@@ -280,9 +282,12 @@ class Gang(EventHub):
         self._heartbeat.stop()
         stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.nodes)]
         deadline = time.monotonic() + _STOP_TIMEOUT_S
-        for future in stops:
+        last = {}
+        for node, future in enumerate(stops):
             with contextlib.suppress(Exception):  # a lost agent: its worker goes with the cluster
-                future.result(timeout=max(deadline - time.monotonic(), 0.1))
+                last[node] = future.result(timeout=max(deadline - time.monotonic(), 0.1))
+        # An event still on its way would bring the topic back on the scheduler after release.
+        self.wait_delivered(last, _LAST_EVENTS_S)
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.unsubscribe_topic(self.topic)

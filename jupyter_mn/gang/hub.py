@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,9 @@ class EventHub:
         self.inbox = Inbox()
         self._listeners: list[Callable[[Any], None]] = []
         self._seen: dict[int, int] = {}
+        #: the last LogLines sequence number delivered per node (any thread), and its condition
+        self._delivered: dict[int, int] = {}
+        self._delivery = threading.Condition()
         #: the latest transport report of each node
         self.transport: dict[int, TransportReport] = {}
         #: the latest GPU sample of each node
@@ -33,6 +37,17 @@ class EventHub:
     def _dispatch(self, event: Any) -> None:
         self.inbox.put_event(event)
         self._notify(event)
+        if isinstance(event, LogLines):
+            with self._delivery:
+                self._delivered[event.node] = max(self._delivered.get(event.node, 0), event.seq)
+                self._delivery.notify_all()
+
+    def wait_delivered(self, last: dict[int, int], timeout: float) -> bool:
+        """Until each node's events up to ``last[node]`` have arrived (False after ``timeout``)."""
+        with self._delivery:
+            return self._delivery.wait_for(
+                lambda: all(self._delivered.get(n, 0) >= seq for n, seq in last.items()), timeout
+            )
 
     def announce(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
         """An event made on the main thread (e.g. ``CellDone``): show it and tell listeners."""

@@ -92,11 +92,12 @@ class NodeAgent:
             self._closing.wait(BATCH_S)  # the batching window: lines arriving now share an event
             self.flush()
 
-    def flush(self) -> int:
-        """Publish buffered lines as one ``LogLines``; return the last sequence number sent."""
+    def flush(self, always: bool = False) -> int:
+        """Publish buffered lines as one ``LogLines`` (``always``: even none, as a last event);
+        return the last sequence number sent."""
         with self._cond:
             lines, self._buffer = self._buffer, []
-            if lines:
+            if lines or always:
                 items: list[tuple[int, str, list[str]]] = []
                 for rank, stream, text in lines:
                     if items and items[-1][0] == rank and items[-1][1] == stream:
@@ -347,7 +348,8 @@ class NodeAgent:
         if self.script is not None:
             await self.script.stop(signum, why or "stopped by the kernel")
 
-    async def stop(self) -> None:
+    async def stop(self) -> int:
+        """Stop everything of this node; return the sequence number of its last event."""
         if self._release_watch is not None:
             self._release_watch.stop()
         if self._guard is not None and self._guard is not asyncio.current_task():
@@ -357,6 +359,6 @@ class NodeAgent:
         self._closing.set()
         with self._cond:
             self._cond.notify_all()
-        self.flush()
         if self._telemetry is not None:
             self._telemetry.close()
+        return self.flush(always=True)  # last: once the kernel has it, the topic can be dropped
