@@ -51,6 +51,12 @@ def main():
 main()
 """
 
+# what the C++ runtime writes when gloo throws in a destructor at exit, after Python's traceback
+TERMINATE = (
+    "terminate called after throwing an instance of 'gloo::IoException'\n"
+    "  what():  [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500\n"
+)
+
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory) -> Path:
@@ -64,9 +70,11 @@ def scripts(tmp_path_factory) -> Path:
         "    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()\n"
     )
     (folder / "aborts.py").write_text(  # what gloo does at exit after an uncaught exception
-        "import os, sys, traceback\nif os.environ['RANK'] == '2':\n    try:\n"
+        f"import os, sys, traceback\nTERMINATE = {TERMINATE!r}\n"
+        "if os.environ['RANK'] == '2':\n    try:\n"
         "        raise ValueError('bad batch')\n    except ValueError:\n"
-        "        traceback.print_exc()\n        sys.stderr.flush()\n        os.abort()\n"
+        "        traceback.print_exc()\n        sys.stderr.write(TERMINATE)\n"
+        "        sys.stderr.flush()\n        os.abort()\n"
     )
     (folder / "sleepy.py").write_text("import time\ntime.sleep(600)\n")
     return folder

@@ -130,7 +130,12 @@ def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
     """The exception a Python traceback ends with, else the exit code and the last line."""
     from .execute import _SECONDARY
 
-    last = next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith(" ")), "")
+    if traceback:  # the exception line ends the last traceback's frames; what follows came later
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+        after = lines[starts[-1] + 1 :] if starts else lines
+        last = next((ln for ln in after if ln.strip() and not ln.startswith(" ")), "")
+    else:
+        last = next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith(" ")), "")
     found = _EXCEPTION_LINE.match(last) if traceback else None
     if found:
         ename, evalue = found.group(1), f"{found.group(2) or ''} ({describe_exit(code)})".lstrip()
