@@ -86,10 +86,15 @@ class NodeVerbs:
         check_nodes(nodes, target.spec.nodes)
         with target.nodes(TextView(), preflight=False) as gang:
             outputs = run_on_nodes(
-                gang, args.command or "", nodes, target.spec.timeout or EXEC_TIMEOUT_S
+                gang,
+                args.command or "",
+                nodes,
+                target.spec.timeout or EXEC_TIMEOUT_S,
+                lambda node, line: print(f"[node {node}] {line}"),
             )
         for out in outputs:
-            print("\n".join(out.lines()))
+            if status := out.status():
+                print(f"[node {out.node}] {status}")
 
     def run(self, args: Any) -> int | None:
         from .gang.script import run_script

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,10 @@ class Kernel:
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.pid).children(recursive=True)
 
-    def run(self, code: str, timeout: float = 120) -> Reply:
+    def run(
+        self, code: str, timeout: float = 120, on_stream: Callable[[str], None] | None = None
+    ) -> Reply:
+        """Run ``code``; ``on_stream(all stdout so far)`` as each stdout message arrives."""
         reply = Reply(status="?")
         started = time.monotonic()
 
@@ -58,6 +62,8 @@ class Kernel:
                 name = "stdout" if content["name"] == "stdout" else "stderr"
                 setattr(reply, name, getattr(reply, name) + content["text"])
                 reply.stream_times.append((time.monotonic() - started, content["text"]))
+                if on_stream is not None and name == "stdout":
+                    on_stream(reply.stdout)
             elif kind == "execute_result":
                 reply.result = content["data"].get("text/plain")
                 reply.data = content["data"]

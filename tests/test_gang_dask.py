@@ -19,6 +19,7 @@ from jupyter_mn import Cluster
 from jupyter_mn.errors import NodeLost, SchedulingError, SpecError
 from jupyter_mn.events import Note
 from jupyter_mn.gang.dask import Candidate, candidates, preference, shortage
+from jupyter_mn.gang.shell import run_on_nodes
 from jupyter_mn.spec import ClusterSpec
 
 
@@ -76,6 +77,10 @@ def test_2x2_gang_follows_the_contract_and_leaves_the_cluster_as_it_was(
     assert any(n.startswith("preflight: ") and "✔" in n for n in notes), notes
     ranks = rank_processes(ours(no_leftovers))
     assert len(ranks) == 4
+    lines: list[tuple[int, str]] = []
+    with cluster.nodes() as gang:  # %cluster exec: its lines come on a topic of the gang's
+        run_on_nodes(gang, "echo hi", [0, 1], 10, lambda *line: lines.append(line))
+    assert sorted(lines) == [(0, "hi"), (1, "hi")]
     cluster.close()
     assert not wait_gone(ranks)
     # The user's cluster: same workers (same processes), the other client's work intact,

@@ -272,13 +272,16 @@ class DaskProvisioner:
             return
         self._unlock()
         with contextlib.suppress(Exception):
-            # The scheduler keeps each topic's events until it restarts: drop the gang's.
-            client.run_on_scheduler(
-                lambda dask_scheduler, topic: bool(dask_scheduler._broker._topics.pop(topic, 0)),
-                topic=self._topic,
-            )
+            # The scheduler keeps each topic's events until it restarts: drop the gang's
+            # (its events and its %cluster exec lines, gang/shell.py).
+            client.run_on_scheduler(_drop_topics, topics=[self._topic, f"{self._topic}-exec"])
         with contextlib.suppress(Exception):
             client.close()
+
+
+def _drop_topics(dask_scheduler: Any, topics: list[str]) -> None:
+    for topic in topics:
+        dask_scheduler._broker._topics.pop(topic, None)
 
 
 def _claim_holders(has_what: dict[str, Any]) -> dict[str, str]:

@@ -2,18 +2,29 @@
 
 The command runs through the node's dask worker (``client.run``, no task slot taken) in the
 ranks' environment and working directory, in its own session, with a timeout; Ctrl-C in the
-kernel stops it on every node.
+kernel stops it on every node. Its lines stream back as dask events on the gang's exec topic
+while it runs (``pip install`` or ``nvidia-smi dmon`` are worth watching), labelled by node.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import SpecError
-from ..rank.worker import run_command, stop_command
+from ..rank.worker import run_command, split_lines, stop_command
 from .base import Gang
+
+_TICK_S = 0.1
+#: After the commands end, how long their last lines (dask events) may take to arrive; lines
+#: still missing then are taken from the output the command's reply carries.
+_LAST_LINES_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -29,17 +40,13 @@ class NodeOutput:
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.error
 
-    def lines(self) -> list[str]:
-        """The output labelled ``[node N] …``, then the status when it is not success."""
-        prefix = f"[node {self.node}] "
-        out = [prefix + line for line in self.output.splitlines()]
+    def status(self) -> str:
+        """How the command ended, when that is not plain success ("" then)."""
         if self.error:
-            out.append(f"{prefix}could not run: {self.error}")
-        elif self.timed_out:
-            out.append(f"{prefix}timed out: stopped")
-        elif self.exit_code:
-            out.append(f"{prefix}exit code {self.exit_code}")
-        return out
+            return f"could not run: {self.error}"
+        if self.timed_out:
+            return "timed out: stopped"
+        return f"exit code {self.exit_code}" if self.exit_code else ""
 
 
 def check_nodes(nodes: Sequence[int], count: int) -> None:
@@ -52,35 +59,120 @@ def check_nodes(nodes: Sequence[int], count: int) -> None:
 
 
 def run_on_nodes(
-    gang: Gang, command: str, nodes: Sequence[int], timeout: float
+    gang: Gang,
+    command: str,
+    nodes: Sequence[int],
+    timeout: float,
+    on_line: Callable[[int, str], None] = lambda node, line: None,
 ) -> list[NodeOutput]:
-    """Run ``command`` on ``nodes`` at once; their outputs in node order."""
+    """Run ``command`` on ``nodes`` at once, ``on_line(node, line)`` for each line as it comes
+    (on this thread); their outputs in node order. Ctrl-C stops every node's command, shows
+    what it wrote until then and raises KeyboardInterrupt."""
     if not command.strip():
         raise SpecError("%cluster exec needs a command after --, e.g. -- nvidia-smi")
     check_nodes(nodes, len(gang.addresses))
     token = uuid.uuid4().hex
     addresses = [gang.addresses[n] for n in nodes]
     cwd = gang.provisioner.launch_options().get("cwd")
+    topic = f"{gang.topic}-exec"
+    arrived: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+    lines = _Lines(dict(zip(addresses, nodes, strict=True)), on_line)
+
+    def receive(event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
+        if event[1].get("token") == token:
+            arrived.put(event[1])
+
+    interrupted = False
     try:
-        answers = gang.client.run(
-            run_command,
-            command,
-            dict(gang.spec.env),
-            cwd,
-            timeout,
-            token,
-            workers=addresses,
-            on_error="return",
-        )
-    except KeyboardInterrupt:
-        gang.client.run(stop_command, token, workers=addresses, on_error="ignore")
-        raise
+        _subscribe(gang.client, topic, receive, token, arrived)
+        with ThreadPoolExecutor(1, thread_name_prefix="jupyter-mn-exec") as pool:
+            future: Future[dict[str, Any]] = pool.submit(
+                gang.client.run,
+                run_command,
+                command,
+                dict(gang.spec.env),
+                cwd,
+                timeout,
+                token,
+                topic,
+                workers=addresses,
+                on_error="return",
+            )
+            while not future.done():
+                try:
+                    lines.show(arrived, _TICK_S)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    gang.client.run(stop_command, token, workers=addresses, on_error="ignore")
+            answers = future.result()
+        lines.finish(arrived, answers)
+    finally:
+        with contextlib.suppress(Exception):
+            gang.client.unsubscribe_topic(topic)
+    if interrupted:
+        raise KeyboardInterrupt
     results = []
     for node, address in zip(nodes, addresses, strict=True):
         answer = answers.get(address)
         host = gang.hosts[node]
         if isinstance(answer, dict):
+            answer.pop("lines")
             results.append(NodeOutput(node, host, **answer))
         else:
             results.append(NodeOutput(node, host, None, "", error=repr(answer)))
     return results
+
+
+def _subscribe(
+    client: Any,
+    topic: str,
+    receive: Callable[[Any], None],
+    token: str,
+    arrived: queue.SimpleQueue[dict[str, Any]],
+) -> None:
+    """Subscribe to ``topic`` and wait (briefly) until the scheduler has the subscription: it
+    travels on another connection than ``client.run``, and lines logged before it would be
+    kept on the scheduler but never sent to us. Our own probe coming back proves it."""
+    client.subscribe_topic(topic, receive)
+    deadline = time.monotonic() + _LAST_LINES_S
+    while time.monotonic() < deadline:
+        client.log_event(topic, {"token": token})
+        with contextlib.suppress(queue.Empty):
+            arrived.get(timeout=_TICK_S / 4)
+            return
+
+
+class _Lines:
+    """Commands' lines in the order each node wrote them, each shown once."""
+
+    def __init__(self, nodes: dict[str, int], on_line: Callable[[int, str], None]) -> None:
+        self.nodes = nodes
+        self.on_line = on_line
+        self.shown = dict.fromkeys(nodes, 0)
+
+    def show(self, arrived: queue.SimpleQueue[dict[str, Any]], wait: float) -> None:
+        """Show the lines of one event, waiting up to ``wait`` seconds for it."""
+        try:
+            msg = arrived.get(timeout=wait)
+        except queue.Empty:
+            return
+        worker = msg.get("worker")
+        if worker in self.shown:  # not a probe (_subscribe)
+            first = msg["upto"] - len(msg["lines"])
+            for n, line in enumerate(msg["lines"], first + 1):
+                self.on_line(self.nodes[worker], line)
+                self.shown[worker] = n
+
+    def finish(self, arrived: queue.SimpleQueue[dict[str, Any]], answers: dict[str, Any]) -> None:
+        """The lines still on their way; any that do not come in time from the replies."""
+        total = {
+            w: a["lines"] for w, a in answers.items() if isinstance(a, dict) and w in self.shown
+        }
+        deadline = time.monotonic() + _LAST_LINES_S
+        while any(self.shown[w] < n for w, n in total.items()) and time.monotonic() < deadline:
+            self.show(arrived, _TICK_S)
+        for worker, n in total.items():
+            if missing := n - self.shown[worker]:
+                for line in split_lines(answers[worker]["output"])[-missing:]:
+                    self.on_line(self.nodes[worker], line)
+                self.shown[worker] = n

@@ -92,18 +92,39 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 
 
 async def run_command(
-    command: str, env: dict[str, str], cwd: str | None, timeout: float, token: str
+    command: str,
+    env: dict[str, str],
+    cwd: str | None,
+    timeout: float,
+    token: str,
+    topic: str,
+    dask_worker: Any,
 ) -> dict[str, Any]:
-    """Run a shell command on this node; its output (stdout and stderr, the last MiB; what it
-    wrote before a timeout too) and exit code."""
+    """Run a shell command on this node, publishing its lines on ``topic`` as they come; return
+    its output (stdout and stderr, the last MiB; what it wrote before a timeout too), the number
+    of lines published and the exit code."""
     proc = await _start(command, env, cwd)
     _commands[token] = proc
     output = bytearray()
+    pending = b""  # a line not ended yet
+    published = 0
+
+    def publish(raw: list[bytes]) -> None:
+        nonlocal published
+        lines = [_shown(line.decode("utf-8", "replace")) for line in raw]
+        published += len(lines)
+        msg = {"token": token, "worker": dask_worker.address, "lines": lines, "upto": published}
+        dask_worker.log_event(topic, msg)
 
     async def read() -> None:
+        nonlocal pending
         while chunk := await proc.stdout.read(1 << 16):
             output.extend(chunk)
             del output[:-_OUTPUT_LIMIT]
+            *done, pending = (pending + chunk).split(b"\n")
+            pending = pending[-_OUTPUT_LIMIT:]
+            if done:
+                publish(done)
 
     try:
         await asyncio.wait_for(read(), timeout)
@@ -113,8 +134,20 @@ async def run_command(
         code, timed_out = await proc.wait(), True
     finally:
         _commands.pop(token, None)
+    if pending:
+        publish([pending])
     text = bytes(output).decode("utf-8", "replace")
-    return {"exit_code": code, "output": text, "timed_out": timed_out}
+    return {"exit_code": code, "output": text, "lines": published, "timed_out": timed_out}
+
+
+def split_lines(text: str) -> list[str]:
+    """A command's output as the lines ``run_command`` publishes."""
+    return [_shown(line) for line in text.removesuffix("\n").split("\n")] if text else []
+
+
+def _shown(line: str) -> str:
+    """What a terminal ends up showing of a line: ``\\r`` redraws it (progress bars)."""
+    return line.rsplit("\r", 1)[-1]
 
 
 def stop_command(token: str) -> bool:

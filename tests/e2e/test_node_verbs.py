@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
-from procs import ours, rank_processes
+from procs import ours, rank_processes, wait_gone
 
 from kernels import Kernel
 
@@ -49,9 +50,45 @@ def test_exec_keeps_the_shell_command_verbatim(kernel):
     assert "[node 1] out\n[node 1] exit code 3" in failed.stdout
     slow = kernel.run("%cluster exec --node 0 --timeout 3 -- echo begun; exec sleep 60")
     assert "[node 0] begun\n[node 0] timed out: stopped" in slow.stdout  # what it wrote is kept
+    redrawn = kernel.run(r"%cluster exec --node 0 -- printf 'a\n\nb\rc'")
+    assert "[node 0] a\n[node 0] \n[node 0] c\n" in redrawn.stdout  # as a terminal shows it
     bad = kernel.run("%cluster exec --node 7 -- true")
     assert bad.ename == "SpecError" and "the gang has nodes 0..1" in bad.evalue
     assert kernel.run("%cluster exec --node 0").ename == "SpecError"
+
+
+def test_exec_streams_lines_while_the_command_runs(kernel, tmp_path):
+    """The command waits for a file that the test writes only once it has seen the command's
+    first line in the cell's output: without streaming it would reach its --timeout."""
+    go = tmp_path / "go"
+
+    def answer(stdout: str) -> None:
+        if "[node 1] waiting" in stdout:
+            go.touch()
+
+    reply = kernel.run(
+        f"%cluster exec --nodes 2 --gpus 2 --all-nodes --timeout 30 -- echo waiting; "
+        f"while [ ! -e {go} ]; do sleep 0.05; done; echo went",
+        on_stream=answer,
+    )
+    assert reply.status == "ok", reply.error_text
+    assert "[node 1] waiting\n" in reply.stdout and "[node 1] went\n" in reply.stdout
+    assert "timed out" not in reply.stdout
+
+
+def test_interrupting_exec_stops_the_command_and_keeps_its_lines(kernel):
+    since = time.time()
+
+    def interrupt(stdout: str) -> None:
+        if "[node 0] begun" in stdout:
+            kernel.km.interrupt_kernel()
+
+    reply = kernel.run(
+        "%cluster exec --node 0 --timeout 60 -- echo begun; exec sleep 61", on_stream=interrupt
+    )
+    assert reply.ename == "KeyboardInterrupt" and reply.elapsed < 30
+    assert "[node 0] begun" in reply.stdout
+    assert not wait_gone([p for p in ours(since) if p.cmdline()[-1:] == ["61"]])
 
 
 def test_bench_reports_busbw_by_the_nccl_tests_formula(kernel):
