@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from tornado.ioloop import PeriodicCallback
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
 from .gpu import RankProcess
+from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
 from .runtime import contract_env
 from .telemetry import NodeTelemetry
@@ -122,9 +122,7 @@ class NodeAgent:
     def endpoint(self) -> tuple[str, int]:
         """This node's address and a free port: where rank 0 will host the TCPStore."""
         host = self._worker.ip
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            return host, sock.getsockname()[1]
+        return host, listen_port(host)
 
     def _begin(self) -> None:
         """Once, from the first actor call that starts processes: the loop, the log flusher,
