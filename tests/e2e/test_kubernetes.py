@@ -71,6 +71,8 @@ def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
 
         again = kernel.run("%%cluster\ndist.get_rank() + 10", timeout=60)  # the warm gang
         assert again.result == "10", again.error_text
+        shell = kernel.run("%cluster exec --all-nodes -- echo on $JUPYTER_MN_JOB", timeout=60)
+        assert f"[node 1] on {job['metadata']['name']}\n" in shell.stdout, shell.error_text
 
         down = kernel.run("%cluster down", timeout=120)
         assert down.status == "ok", down.error_text
