@@ -30,7 +30,7 @@ def test_a_port_in_use_is_never_chosen(monkeypatch):
     monkeypatch.setattr(ports, "_LOWEST", port)
     monkeypatch.setattr(ports, "ephemeral_start", lambda: port + 2)
     with taken:
-        if not ports._free("127.0.0.1", port + 1):
+        if not ports.is_free("127.0.0.1", port + 1):
             pytest.skip(f"port {port + 1} is busy on this machine")
         assert {ports.listen_port("127.0.0.1") for _ in range(10)} == {port + 1}
 

@@ -27,7 +27,7 @@ def listen_port(host: str) -> int:
     start = ephemeral_start()
     candidates = range(_LOWEST, max(start, _LOWEST))
     for port in random.sample(candidates, min(_TRIES, len(candidates))):
-        if _free(host, port):
+        if is_free(host, port):
             return port
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -42,7 +42,8 @@ def ephemeral_start() -> int:
         return _IANA_EPHEMERAL
 
 
-def _free(host: str, port: int) -> bool:
+def is_free(host: str, port: int) -> bool:
+    """Whether ``port`` on ``host`` can be bound now."""
     with socket.socket() as sock:
         try:
             sock.bind((host, port))

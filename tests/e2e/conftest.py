@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from jupyter_mn.rank.ports import listen_port
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -58,19 +59,13 @@ class Lab:
             return json.loads(body) if body else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def jupyter_server(root: Path, *args: str, module: str = "jupyterlab") -> Iterator[Lab]:
     """A real Jupyter server (``python -m <module>``) on a free port; always stopped."""
     settings = root / ".settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    token, port = uuid.uuid4().hex, _free_port()
+    token, port = uuid.uuid4().hex, listen_port("127.0.0.1")  # port_retries=0
     log_path = root / f"{module}-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ import pytest
 from kube.cluster import FakeCluster
 from test_papermill import ROOT, _texts
 
+from jupyter_mn.rank.ports import is_free, listen_port
 from kernels import Kernel
 
 CELL = """%%cluster --backend kubernetes --nodes 2 --gpus 2 --image registry.example/agent:1 {extra}
@@ -34,15 +34,11 @@ print("host", os.environ["HOSTNAME"], "node", os.environ["NODE_RANK"], "sum", t.
 
 
 def free_port() -> int:
-    """A free port whose successor is free too (the pod's readiness port)."""
+    """A free port whose successor is free too (the pod's readiness port), both below the
+    ephemeral range, where no outgoing connection takes them before the pod listens."""
     while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
+        port = listen_port("127.0.0.1")
+        if is_free("127.0.0.1", port + 1):
             return port
 
 
