@@ -9,6 +9,7 @@ while it runs (``pip install`` or ``nvidia-smi dmon`` are worth watching), label
 from __future__ import annotations
 
 import contextlib
+import itertools
 import queue
 import time
 import uuid
@@ -143,12 +144,15 @@ def _subscribe(
 
 
 class _Lines:
-    """Commands' lines in the order each node wrote them, each shown once."""
+    """Commands' lines in the order each node wrote them, each shown once. Lines are numbered
+    per node, so an event that never came leaves a known gap, filled from the reply's output."""
 
     def __init__(self, nodes: dict[str, int], on_line: Callable[[int, str], None]) -> None:
         self.nodes = nodes
         self.on_line = on_line
+        #: per worker: the number of the last line shown, and the lines skipped before it
         self.shown = dict.fromkeys(nodes, 0)
+        self.gaps: dict[str, list[range]] = {worker: [] for worker in nodes}
 
     def show(self, arrived: queue.SimpleQueue[dict[str, Any]], wait: float) -> None:
         """Show the lines of one event, waiting up to ``wait`` seconds for it."""
@@ -157,11 +161,14 @@ class _Lines:
         except queue.Empty:
             return
         worker = msg.get("worker")
-        if worker in self.shown:  # not a probe (_subscribe)
-            first = msg["upto"] - len(msg["lines"])
-            for n, line in enumerate(msg["lines"], first + 1):
-                self.on_line(self.nodes[worker], line)
-                self.shown[worker] = n
+        if worker not in self.shown:  # a probe (_subscribe)
+            return
+        first = msg["upto"] - len(msg["lines"]) + 1
+        if first > self.shown[worker] + 1:
+            self.gaps[worker].append(range(self.shown[worker] + 1, first))
+        for n, line in enumerate(msg["lines"], first):
+            self.on_line(self.nodes[worker], line)
+            self.shown[worker] = n
 
     def finish(self, arrived: queue.SimpleQueue[dict[str, Any]], answers: dict[str, Any]) -> None:
         """The lines still on their way; any that do not come in time from the replies."""
@@ -172,7 +179,9 @@ class _Lines:
         while any(self.shown[w] < n for w, n in total.items()) and time.monotonic() < deadline:
             self.show(arrived, _TICK_S)
         for worker, n in total.items():
-            if missing := n - self.shown[worker]:
-                for line in split_lines(answers[worker]["output"])[-missing:]:
-                    self.on_line(self.nodes[worker], line)
-                self.shown[worker] = n
+            lines = split_lines(answers[worker]["output"])
+            kept_from = n - len(lines) + 1  # the reply keeps only the output's last MiB
+            for k in itertools.chain(*self.gaps[worker], range(self.shown[worker] + 1, n + 1)):
+                if k >= kept_from:
+                    self.on_line(self.nodes[worker], lines[k - kept_from])
+            self.gaps[worker], self.shown[worker] = [], n
