@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from procs import ours, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, RankLost, SpecError
+from jupyter_mn.gang import script as script_module
 from jupyter_mn.gang.script import run_script
 from jupyter_mn.views import TextView
 
@@ -127,6 +129,24 @@ def test_torchelastic_error_file_and_a_killed_rank(gang_2x2, scripts):
     killed, _, _ = run(gang_2x2, scripts / "killed.py")
     with pytest.raises(RankLost, match=r"rank 1 \(node 0\) was lost: killed by SIGKILL"):
         killed.unwrap()
+
+
+def test_a_script_only_the_kernel_has_is_sent_to_the_nodes(gang_2x2, scripts, monkeypatch):
+    # "/proc/self/cwd/..." is a file in each process's own working directory: here the scripts
+    # folder; on the nodes (dask workers started elsewhere) a folder without it, as in a pod.
+    monkeypatch.chdir(scripts)
+    only_here = Path("/proc/self/cwd/train.py")
+    copies = set(Path(tempfile.gettempdir()).glob("jupyter-mn-script-*"))
+    result, out, _ = run(gang_2x2, only_here, "--steps", "2")
+    assert result.ok, result.root_cause
+    assert all(f"[node {r // 2} rank {r}] rank {r}/4 " in out for r in range(4))
+    assert "total 20 run" in out
+    sent = "train.py was sent to node(s) 0, 1, which do not have it (files it imports were not)"
+    assert sent in result.notes
+    assert set(Path(tempfile.gettempdir()).glob("jupyter-mn-script-*")) == copies  # removed
+    monkeypatch.setattr(script_module, "COPY_LIMIT", 100)
+    with pytest.raises(SpecError, match=r"train\.py: not on node\(s\) 0, 1, and at [\d.]+ MiB"):
+        run(gang_2x2, only_here)
 
 
 def test_timeout_stops_every_rank_and_missing_scripts_are_refused(gang_2x2, scripts):

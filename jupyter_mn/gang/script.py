@@ -26,27 +26,41 @@ from .state import GangStatus
 _TICK_S = 0.25
 
 
-def locate(gang: Gang, script: str) -> str:
-    """The script's path as every node sees it; raise before anything starts if a node lacks it.
+#: The largest script sent to nodes that do not have it (bytes).
+COPY_LIMIT = 16 << 20
+
+
+def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
+    """The script's path as each node sees it, or None where the node lacks it and it is sent
+    (with its bytes, the second item); raise before anything starts if it cannot be.
 
     Tried in order: the path as the kernel resolves it (a shared filesystem), then the path
-    as given, relative to the ranks' working directory on each node.
+    as given, relative to the ranks' working directory on each node. A node without it gets
+    the kernel's copy (a pod, say, does not see the notebook's files).
     """
-    tried = [os.path.abspath(script)] if os.path.isfile(script) else []
-    tried.append(script)
+    here = os.path.isfile(script)
+    tried = [os.path.abspath(script)] if here else []
+    if script not in tried:
+        tried.append(script)
     cwd = gang.provisioner.launch_options().get("cwd")
     found = gang.client.run(find_script, tried, cwd, workers=gang.addresses, on_error="return")
-    paths = [found.get(a) for a in gang.addresses]
-    missing = [n for n, p in enumerate(paths) if not isinstance(p, str)]
-    if missing:
-        nodes = ", ".join(str(n) for n in missing)
+    paths = [p if isinstance(p := found.get(a), str) else None for a in gang.addresses]
+    missing = ", ".join(str(n) for n, p in enumerate(paths) if p is None)
+    if not missing:
+        return paths, None
+    if not here:
         raise SpecError(
-            f"{script}: no such file on node(s) {nodes} (looked for {' and '.join(tried)}); "
+            f"{script}: no such file on node(s) {missing} (looked for {' and '.join(tried)}); "
             "copy it there or use a filesystem the nodes share"
         )
-    if len(set(paths)) == 1:
-        return paths[0]
-    return script  # differs per node: let each resolve it relative to its working directory
+    size = os.path.getsize(script)
+    if size > COPY_LIMIT:
+        raise SpecError(
+            f"{script}: not on node(s) {missing}, and at {size / 2**20:.1f} MiB too large to "
+            f"send (limit {COPY_LIMIT >> 20} MiB); put it on a filesystem the nodes share"
+        )
+    with open(script, "rb") as f:
+        return paths, f.read()
 
 
 def run_script(
@@ -57,11 +71,10 @@ def run_script(
     timeout: float | None = None,
 ) -> CellResult:
     """Run ``script`` on every rank; the first failure stops the rest (failures as values)."""
-    path = locate(gang, script)
+    paths, source = locate(gang, script)
     master_addr, _ = gang.master
     _, port = gang.agents[0].endpoint().result()
     launch = {
-        "script": path,
         "args": list(args),
         "gpus": gang.spec.gpus,
         "nnodes": gang.spec.nodes,
@@ -78,12 +91,20 @@ def run_script(
         gang._transition(GangStatus.RUNNING)
     started = time.monotonic()
     for node, agent in enumerate(gang.agents):
-        gang.call(node, lambda agent=agent: agent.run_script(launch))
+        path = paths[node]
+        where = {"script": path} if path else {"script": os.path.basename(script), "source": source}
+        gang.call(node, lambda agent=agent, where=where: agent.run_script({**launch, **where}))
     replies, reason = _collect(gang, on_event, timeout)
     _drain_logs(gang, replies, on_event)
     outcomes, raw = rank_outcomes(gang, replies)
     result = CellResult(ranks=outcomes, elapsed=time.monotonic() - started)
     result.value = raw.get(0, {}).get("exit_code")
+    if source is not None:
+        copied = ", ".join(str(n) for n, p in enumerate(paths) if p is None)
+        result.notes.append(
+            f"{os.path.basename(script)} was sent to node(s) {copied}, which do not have it "
+            "(files it imports were not)"
+        )
     if reason.startswith("--timeout"):
         result.notes.append(f"the script was stopped: {reason}")
     lost = [o for o in outcomes if o.status == LOST and o.error and o.error.ename == "NodeLost"]

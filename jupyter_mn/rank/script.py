@@ -155,13 +155,17 @@ class ScriptRun:
     def __init__(self, agent: NodeAgent, launch: dict[str, Any]) -> None:
         self.agent = agent
         self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
+        script = launch["script"]
+        if launch.get("source") is not None:  # this node lacks it: the kernel sent its bytes
+            script = os.path.join(self.folder, script)
+            Path(script).write_bytes(launch["source"])
         gpus = launch["gpus"]
         self.ranks = [
             ScriptRank(
                 agent,
                 local,
                 agent.node * gpus + local,
-                [sys.executable, "-u", launch["script"], *launch["args"]],
+                [sys.executable, "-u", script, *launch["args"]],
                 self._env(launch, agent.node * gpus + local, local),
                 launch.get("cwd"),
             )
