@@ -114,7 +114,7 @@ def test_bench_reports_busbw_by_the_nccl_tests_formula(kernel):
 
 def test_run_a_script_on_the_gang_then_doctor_reaches_its_master(kernel, tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
-    reply = kernel.run(f"%cluster run {tmp_path / 'train.py'} --scale 2.5")
+    reply = kernel.run(f"%cluster run --nodes 2 --gpus 2 {tmp_path / 'train.py'} --scale 2.5")
     assert reply.status == "ok", reply.error_text
     assert reply.result == "0"  # rank 0's exit status
     for rank in range(4):
