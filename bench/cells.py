@@ -74,7 +74,9 @@ def ipyparallel_kernel() -> Kernel:
         "import ipyparallel as ipp\n"
         "ipp_cluster = ipp.Cluster(n=4, log_level=40)\n"
         "rc = ipp_cluster.start_and_connect_sync()\n"
-        "dv = rc[:]\ndv.activate()\n"
+        # block: %%px waits for the engines' replies, as %%cluster does (without it a %%px cell
+        # returns at once with a pending AsyncResult)
+        "dv = rc[:]\ndv.block = True\ndv.activate()\n"
         "dv.scatter('rank', list(range(4)), flatten=True, block=True)\n"
         "dv.execute('import torch, torch.distributed as dist\\n"
         f'dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{_free_port()}",'

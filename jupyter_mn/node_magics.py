@@ -8,6 +8,7 @@ works before any cell), takes the kernel's cluster for that spec, and calls the 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,7 @@ class NodeVerbs:
                 nodes,
                 target.spec.timeout or EXEC_TIMEOUT_S,
                 lambda node, line: print(f"[node {node}] {line}"),
+                sys.stdout.flush,
             )
         for out in outputs:
             if status := out.status():

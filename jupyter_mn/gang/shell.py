@@ -65,10 +65,11 @@ def run_on_nodes(
     nodes: Sequence[int],
     timeout: float,
     on_line: Callable[[int, str], None] = lambda node, line: None,
+    flush: Callable[[], None] = lambda: None,
 ) -> list[NodeOutput]:
     """Run ``command`` on ``nodes`` at once, ``on_line(node, line)`` for each line as it comes
-    (on this thread); their outputs in node order. Ctrl-C stops every node's command, shows
-    what it wrote until then and raises KeyboardInterrupt."""
+    and ``flush()`` once no more have arrived (on this thread); their outputs in node order.
+    Ctrl-C stops every node's command, shows what it wrote until then, raises KeyboardInterrupt."""
     if not command.strip():
         raise SpecError("%cluster exec needs a command after --, e.g. -- nvidia-smi")
     check_nodes(nodes, len(gang.addresses))
@@ -77,7 +78,7 @@ def run_on_nodes(
     cwd = gang.provisioner.launch_options().get("cwd")
     topic = f"{gang.topic}-exec"
     arrived: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-    lines = _Lines(dict(zip(addresses, nodes, strict=True)), on_line)
+    lines = _Lines(dict(zip(addresses, nodes, strict=True)), on_line, flush)
 
     def receive(event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
         if event[1].get("token") == token:
@@ -147,9 +148,15 @@ class _Lines:
     """Commands' lines in the order each node wrote them, each shown once. Lines are numbered
     per node, so an event that never came leaves a known gap, filled from the reply's output."""
 
-    def __init__(self, nodes: dict[str, int], on_line: Callable[[int, str], None]) -> None:
+    def __init__(
+        self,
+        nodes: dict[str, int],
+        on_line: Callable[[int, str], None],
+        flush: Callable[[], None] = lambda: None,
+    ) -> None:
         self.nodes = nodes
         self.on_line = on_line
+        self.flush = flush
         #: per worker: the number of the last line shown, and the lines skipped before it
         self.shown = dict.fromkeys(nodes, 0)
         self.gaps: dict[str, list[range]] = {worker: [] for worker in nodes}
@@ -169,6 +176,8 @@ class _Lines:
         for n, line in enumerate(msg["lines"], first):
             self.on_line(self.nodes[worker], line)
             self.shown[worker] = n
+        if arrived.empty():  # shown now, not at the stream's next timed flush (ipykernel: 0.2 s)
+            self.flush()
 
     def finish(self, arrived: queue.SimpleQueue[dict[str, Any]], answers: dict[str, Any]) -> None:
         """The lines still on their way; any that do not come in time from the replies."""
@@ -185,3 +194,4 @@ class _Lines:
                 if k >= kept_from:
                     self.on_line(self.nodes[worker], lines[k - kept_from])
             self.gaps[worker], self.shown[worker] = [], n
+        self.flush()

@@ -22,6 +22,8 @@ from .probe import interfaces, machine_id, rdma_ports, route
 #: Shell commands started by ``run_command``, by token, so an interrupt can stop them.
 _commands: dict[str, asyncio.subprocess.Process] = {}
 _OUTPUT_LIMIT = 1 << 20
+#: A command's lines are published at most this often (one dask event each), as ranks' lines.
+_BATCH_S = 0.005
 
 
 def identity() -> dict[str, Any]:
@@ -107,24 +109,29 @@ async def run_command(
     _commands[token] = proc
     output = bytearray()
     pending = b""  # a line not ended yet
+    ended: list[bytes] = []  # lines waiting for the batching window to close
+    window: asyncio.TimerHandle | None = None
     published = 0
 
-    def publish(raw: list[bytes]) -> None:
-        nonlocal published
-        lines = [_shown(line.decode("utf-8", "replace")) for line in raw]
+    def publish() -> None:
+        nonlocal published, window
+        window = None
+        lines = [_shown(line.decode("utf-8", "replace")) for line in ended]
+        ended.clear()
         published += len(lines)
         msg = {"token": token, "worker": dask_worker.address, "lines": lines, "upto": published}
         dask_worker.log_event(topic, msg)
 
     async def read() -> None:
-        nonlocal pending
+        nonlocal pending, window
         while chunk := await proc.stdout.read(1 << 16):
             output.extend(chunk)
             del output[:-_OUTPUT_LIMIT]
             *done, pending = (pending + chunk).split(b"\n")
             pending = pending[-_OUTPUT_LIMIT:]
-            if done:
-                publish(done)
+            ended.extend(done)
+            if ended and window is None:  # lines arriving within the window share an event
+                window = asyncio.get_running_loop().call_later(_BATCH_S, publish)
 
     try:
         await asyncio.wait_for(read(), timeout)
@@ -134,8 +141,11 @@ async def run_command(
         code, timed_out = await proc.wait(), True
     finally:
         _commands.pop(token, None)
-    if pending:
-        publish([pending])
+        if window is not None:
+            window.cancel()
+    ended.extend([pending] if pending else [])
+    if ended:
+        publish()
     text = bytes(output).decode("utf-8", "replace")
     return {"exit_code": code, "output": text, "lines": published, "timed_out": timed_out}
 
