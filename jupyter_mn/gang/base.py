@@ -19,7 +19,7 @@ from ..errors import JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, Note, RankState, from_msg
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
-from .hub import EventHub
+from .hub import EventHub, topics
 from .inbox import InterruptRequest, Reply
 from .recover import Recovery, restarted_note
 from .state import GangStatus, allowed
@@ -54,7 +54,7 @@ class Gang(EventHub):
         self.spec = spec
         self.provisioner = provisioner
         self.id = spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
-        self.topic = f"jupyter-mn-{self.id}"
+        self.topic, self.exec_topic = topics(self.id)
         self.status = GangStatus.PENDING
         self.detail = ""
         self.ranks: list[dict[str, Any]] = []

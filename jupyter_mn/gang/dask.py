@@ -24,6 +24,7 @@ from ..errors import SchedulingError, SpecError
 from ..events import Note
 from ..rank.worker import identity, ignore_sigint, worker_facts
 from ..spec import ClusterSpec
+from .hub import topics
 
 log = logging.getLogger(__name__)
 _POLL_S = 1.0
@@ -163,12 +164,12 @@ class DaskProvisioner:
     def __init__(self) -> None:
         self._client: Any = None
         self._locks: list[Any] = []
-        self._topic = ""
+        self._topics: tuple[str, ...] = ()
         self.notify: Callable[[Any], None] = lambda event: None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         assert spec.scheduler is not None  # ClusterSpec requires it for this backend
-        self._topic = f"jupyter-mn-{gang_id}"  # the gang's event topic (gang/base.py)
+        self._topics = topics(gang_id)
         self._client = self._connect(spec.scheduler, gang_id, spec.start_timeout)
         kernel = {
             "jupyter_mn": __version__,
@@ -272,9 +273,8 @@ class DaskProvisioner:
             return
         self._unlock()
         with contextlib.suppress(Exception):
-            # The scheduler keeps each topic's events until it restarts: drop the gang's
-            # (its events and its %cluster exec lines, gang/shell.py).
-            client.run_on_scheduler(_drop_topics, topics=[self._topic, f"{self._topic}-exec"])
+            # The scheduler keeps each topic's events until it restarts: drop the gang's.
+            client.run_on_scheduler(_drop_topics, topics=list(self._topics))
         with contextlib.suppress(Exception):
             client.close()
 

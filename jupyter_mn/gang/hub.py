@@ -14,6 +14,11 @@ from .inbox import Inbox
 log = logging.getLogger(__name__)
 
 
+def topics(gang_id: str) -> tuple[str, str]:
+    """A gang's dask event topics: its agents' events, and its ``%cluster exec`` lines."""
+    return f"jupyter-mn-{gang_id}", f"jupyter-mn-{gang_id}-exec"
+
+
 class EventHub:
     """Where a gang's events go. Listeners run on the thread that delivers the event."""
 

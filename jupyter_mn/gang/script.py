@@ -45,7 +45,7 @@ def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
     cwd = gang.provisioner.launch_options().get("cwd")
     found = gang.client.run(find_script, tried, cwd, workers=gang.addresses, on_error="return")
     paths = [p if isinstance(p := found.get(a), str) else None for a in gang.addresses]
-    missing = ", ".join(str(n) for n, p in enumerate(paths) if p is None)
+    missing = _lacking(paths)
     if not missing:
         return paths, None
     if not here:
@@ -61,6 +61,11 @@ def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
         )
     with open(script, "rb") as f:
         return paths, f.read()
+
+
+def _lacking(paths: list[str | None]) -> str:
+    """The nodes without the script, as "1, 3"."""
+    return ", ".join(str(node) for node, path in enumerate(paths) if path is None)
 
 
 def run_script(
@@ -100,10 +105,9 @@ def run_script(
     result = CellResult(ranks=outcomes, elapsed=time.monotonic() - started)
     result.value = raw.get(0, {}).get("exit_code")
     if source is not None:
-        copied = ", ".join(str(n) for n, p in enumerate(paths) if p is None)
         result.notes.append(
-            f"{os.path.basename(script)} was sent to node(s) {copied}, which do not have it "
-            "(files it imports were not)"
+            f"{os.path.basename(script)} was sent to node(s) {_lacking(paths)}, which do not "
+            "have it (files it imports were not)"
         )
     if reason.startswith("--timeout"):
         result.notes.append(f"the script was stopped: {reason}")

@@ -23,6 +23,8 @@ from ..rank.worker import run_command, split_lines, stop_command
 from .base import Gang
 
 _TICK_S = 0.1
+#: How long to wait for the scheduler to confirm the exec topic's subscription.
+_SUBSCRIBE_S = 2.0
 #: After the commands end, how long their last lines (dask events) may take to arrive; lines
 #: still missing then are taken from the output the command's reply carries.
 _LAST_LINES_S = 2.0
@@ -76,17 +78,15 @@ def run_on_nodes(
     token = uuid.uuid4().hex
     addresses = [gang.addresses[n] for n in nodes]
     cwd = gang.provisioner.launch_options().get("cwd")
-    topic = f"{gang.topic}-exec"
-    arrived: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
     lines = _Lines(dict(zip(addresses, nodes, strict=True)), on_line, flush)
 
     def receive(event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
         if event[1].get("token") == token:
-            arrived.put(event[1])
+            lines.arrived.put(event[1])
 
     interrupted = False
     try:
-        _subscribe(gang.client, topic, receive, token, arrived)
+        _subscribe(gang.client, gang.exec_topic, receive, token, lines.arrived)
         with ThreadPoolExecutor(1, thread_name_prefix="jupyter-mn-exec") as pool:
             future: Future[dict[str, Any]] = pool.submit(
                 gang.client.run,
@@ -96,21 +96,21 @@ def run_on_nodes(
                 cwd,
                 timeout,
                 token,
-                topic,
+                gang.exec_topic,
                 workers=addresses,
                 on_error="return",
             )
             while not future.done():
                 try:
-                    lines.show(arrived, _TICK_S)
+                    lines.show(_TICK_S)
                 except KeyboardInterrupt:
                     interrupted = True
                     gang.client.run(stop_command, token, workers=addresses, on_error="ignore")
             answers = future.result()
-        lines.finish(arrived, answers)
+        lines.finish(answers)
     finally:
         with contextlib.suppress(Exception):
-            gang.client.unsubscribe_topic(topic)
+            gang.client.unsubscribe_topic(gang.exec_topic)
     if interrupted:
         raise KeyboardInterrupt
     results = []
@@ -136,7 +136,7 @@ def _subscribe(
     travels on another connection than ``client.run``, and lines logged before it would be
     kept on the scheduler but never sent to us. Our own probe coming back proves it."""
     client.subscribe_topic(topic, receive)
-    deadline = time.monotonic() + _LAST_LINES_S
+    deadline = time.monotonic() + _SUBSCRIBE_S
     while time.monotonic() < deadline:
         client.log_event(topic, {"token": token})
         with contextlib.suppress(queue.Empty):
@@ -157,14 +157,16 @@ class _Lines:
         self.nodes = nodes
         self.on_line = on_line
         self.flush = flush
+        #: the dask events of this command, put there by the client's event loop
+        self.arrived: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         #: per worker: the number of the last line shown, and the lines skipped before it
         self.shown = dict.fromkeys(nodes, 0)
         self.gaps: dict[str, list[range]] = {worker: [] for worker in nodes}
 
-    def show(self, arrived: queue.SimpleQueue[dict[str, Any]], wait: float) -> None:
+    def show(self, wait: float) -> None:
         """Show the lines of one event, waiting up to ``wait`` seconds for it."""
         try:
-            msg = arrived.get(timeout=wait)
+            msg = self.arrived.get(timeout=wait)
         except queue.Empty:
             return
         worker = msg.get("worker")
@@ -176,17 +178,17 @@ class _Lines:
         for n, line in enumerate(msg["lines"], first):
             self.on_line(self.nodes[worker], line)
             self.shown[worker] = n
-        if arrived.empty():  # shown now, not at the stream's next timed flush (ipykernel: 0.2 s)
+        if self.arrived.empty():  # show it now, not at ipykernel's next timed flush (0.2 s)
             self.flush()
 
-    def finish(self, arrived: queue.SimpleQueue[dict[str, Any]], answers: dict[str, Any]) -> None:
+    def finish(self, answers: dict[str, Any]) -> None:
         """The lines still on their way; any that do not come in time from the replies."""
         total = {
             w: a["lines"] for w, a in answers.items() if isinstance(a, dict) and w in self.shown
         }
         deadline = time.monotonic() + _LAST_LINES_S
         while any(self.shown[w] < n for w, n in total.items()) and time.monotonic() < deadline:
-            self.show(arrived, _TICK_S)
+            self.show(_TICK_S)
         for worker, n in total.items():
             lines = split_lines(answers[worker]["output"])
             kept_from = n - len(lines) + 1  # the reply keeps only the output's last MiB

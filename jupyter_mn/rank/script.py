@@ -122,8 +122,14 @@ class ScriptRank(RankHandle):
             return _from_lines(lines, code, traceback=True)
         # torch prefixes an uncaught exception's lines with "[rankN]: " (its excepthook)
         lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
-        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
-        return _from_lines(lines[starts[-1] :], code, traceback=True) if starts else None
+        start = _last_traceback(lines)
+        return None if start is None else _from_lines(lines[start:], code, traceback=True)
+
+
+def _last_traceback(lines: list[str]) -> int | None:
+    """Where the last Python traceback in ``lines`` starts."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    return starts[-1] if starts else None
 
 
 def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
@@ -131,11 +137,11 @@ def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
     from .execute import _SECONDARY
 
     if traceback:  # the exception line ends the last traceback's frames; what follows came later
-        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
-        after = lines[starts[-1] + 1 :] if starts else lines
-        last = next((ln for ln in after if ln.strip() and not ln.startswith(" ")), "")
+        start = _last_traceback(lines)
+        candidates = lines if start is None else lines[start + 1 :]
     else:
-        last = next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith(" ")), "")
+        candidates = lines[::-1]
+    last = next((ln for ln in candidates if ln.strip() and not ln.startswith(" ")), "")
     found = _EXCEPTION_LINE.match(last) if traceback else None
     if found:
         ename, evalue = found.group(1), f"{found.group(2) or ''} ({describe_exit(code)})".lstrip()

@@ -143,7 +143,8 @@ async def run_command(
         _commands.pop(token, None)
         if window is not None:
             window.cancel()
-    ended.extend([pending] if pending else [])
+    if pending:
+        ended.append(pending)
     if ended:
         publish()
     text = bytes(output).decode("utf-8", "replace")
