@@ -17,14 +17,17 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .background import BackgroundCell
 from .cell import Captured, CellPayload, Shipper, bound_names, compile_cell
 from .errors import ClusterBusy
-from .events import Note, Stacks
+from .events import Note, OnEvent, Stacks
 from .result import LOST, CellResult
 from .spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from .gang.base import Preflight
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -46,8 +49,13 @@ class Cluster:
         self._shipper = Shipper()
         self._rank_defined: set[str] = set()
         self._lock = threading.RLock()
+        #: a job (cell, script, node command, doctor) runs on the nodes; its thread
+        self._busy: threading.Thread | None = None
+        #: notified when the job ends (``close`` from another thread waits for it)
+        self._quiet = threading.Condition(self._lock)
         self._idle = _Deadline(self._release_idle)
-        self._expiry: threading.Timer | None = None
+        #: the cost cap (``--max-runtime``) of the warm gang
+        self._expiry = _Deadline(self._expire)
         self._expired = ""
         self._holders: tuple[str, int] | None = None
         self._background: BackgroundCell | None = None
@@ -56,7 +64,7 @@ class Cluster:
         _live.add(self)
 
     # ---- lifecycle
-    def up(self, on_event: Callable[[Any], None] | None = None) -> Any:
+    def up(self, on_event: OnEvent | None = None) -> Any:
         """Bring the gang up (all ranks or none); a no-op when it is already up."""
         from .gang import make_gang
         from .recorder import track
@@ -70,15 +78,16 @@ class Cluster:
             gang = make_gang(self.spec)
             self.gang = gang
             track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release requests
-            gang.start(on_event)
+            gang.start(on_event, preflight=_preflight(self.spec))
             self.released = ""
-            self._arm_idle_timer()
-            self._arm_expiry(gang)
+            self._expiry.arm(self.spec.max_runtime or None)
+            if not self._busy:
+                self._arm_idle_timer()
             return gang
 
     @contextlib.contextmanager
     def nodes(
-        self, on_event: Callable[[Any], None] | None = None, preflight: bool | None = None
+        self, on_event: OnEvent | None = None, preflight: bool | None = None
     ) -> Iterator[Any]:
         """The gang's node agents for a one-off job (doctor, exec, a script): the warm gang's
         when it is up, else nodes claimed for the job alone (no ranks) and released after it.
@@ -88,32 +97,57 @@ class Cluster:
         from .gang import make_gang
 
         self._refuse_while_background()
-        with self._lock:
-            self._cancel_idle_timer()
-            try:
+        with self._job():
+            with self._lock:
                 if self.gang is not None:
                     self._notes += self.gang.settle()  # a re-forming after a failure
-                if self.gang is not None and self.gang.status.usable:
-                    yield self.gang
-                    return
-                self._drop_gang()
-                spec = self.spec if preflight is None else self.spec.replace(preflight=preflight)
-                gang = make_gang(spec)
-                try:
-                    gang.start(on_event, ranks=False)
-                    yield gang
-                finally:
-                    gang.close()
+                warm = self.gang is not None and self.gang.status.usable
+                if not warm:
+                    self._drop_gang()
+            if warm:
+                yield self.gang
+                return
+            spec = self.spec if preflight is None else self.spec.replace(preflight=preflight)
+            gang = make_gang(spec)
+            try:
+                gang.start(on_event, ranks=False, preflight=_preflight(spec))
+                yield gang
             finally:
+                gang.close()
+
+    @contextlib.contextmanager
+    def _job(self) -> Iterator[list[str]]:
+        """One job at a time, in the foreground or in the background: busy meanwhile (no idle
+        release; ``--max-runtime`` stops the job, then tears the gang down, and the list this
+        yields then says why)."""
+        with self._lock:
+            if self._busy is not None:
+                raise ClusterBusy(self._busy_message())
+            self._busy = threading.current_thread()
+            self._cancel_idle_timer()
+        torn_down: list[str] = []
+        try:
+            yield torn_down
+        finally:
+            with self._lock:
+                self._busy = None
                 self.last_used = time.time()
-                if self.gang is not None:
+                if self._expired:
+                    self._drop_gang()
+                    self.released = f"torn down: {self._expired}"
+                    torn_down.append(self._expired)
+                    self._expired = ""
+                elif self.gang is not None:
                     self._arm_idle_timer()
+                self._quiet.notify_all()
 
     def close(self) -> None:
         """Stop every process of the gang (a background cell is interrupted). Safe twice."""
         self.cancel("the cluster is closing")
         with self._lock:
+            self._wait_quiet()
             self._idle.close()
+            self._expiry.close()
             self._drop_gang()
 
     def cancel(self, reason: str) -> bool:
@@ -127,15 +161,18 @@ class Cluster:
         """Free the gang now, from any thread: stop a running cell, then every process."""
         self.cancel(reason)
         with self._lock:
+            self._wait_quiet()
             self._cancel_idle_timer()
             if self.gang is not None:
                 self._drop_gang()
                 self.released = reason
 
+    def _wait_quiet(self) -> None:
+        """Until the running job (stopped by the caller) is over, unless it runs on this thread."""
+        self._quiet.wait_for(lambda: self._busy in (None, threading.current_thread()))
+
     def _drop_gang(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
+        self._expiry.arm(None)
         if self.gang is not None:
             self.gang.close()
             self.gang = None
@@ -161,7 +198,7 @@ class Cluster:
         timeout: float | None = None,
         seed: int | None = None,
         retries: int | None = None,
-        on_event: Callable[[Any], None] | None = None,
+        on_event: OnEvent | None = None,
     ) -> CellResult:
         """Run ``code`` on every rank; rank 0's value is ``.value`` (``.unwrap()`` raises).
 
@@ -172,7 +209,7 @@ class Cluster:
         from .gang.run import run_cell
 
         self._refuse_while_background()
-        with self._lock:
+        with self._job() as torn_down:
             self.cells += 1
             cell_id = self.cells if cell_id is None else cell_id
             python = compile_cell(code, cell_id)
@@ -188,39 +225,30 @@ class Cluster:
                 defines=tuple(sorted(defines)),
                 notes=notes,
             )
-            self._cancel_idle_timer()
             self._notes = []
-            try:
-                attempts = 1 + (self.spec.retries if retries is None else retries)
-                for attempt in range(attempts):
-                    gang = self.up(on_event)
-                    holders = (gang.id, gang.incarnation)
-                    if holders != self._holders:  # new rank processes hold no cached names
-                        self._shipper.forget()
-                        self._holders = holders
-                        fresh, _ = self._capture(python, namespace, push)
-                        payload = dataclasses.replace(payload, names=fresh)
-                    result = run_cell(
-                        gang, payload, on_event, self.spec.timeout if timeout is None else timeout
-                    )
-                    if result.ok or not _retryable(result) or attempt + 1 == attempts:
-                        break
-                    if self._expired:
-                        break
-                    if on_event is not None:
-                        on_event(Note(_retry_text(attempt + 1, attempts - 1, result)))
-            finally:
-                self.last_used = time.time()
-                self._arm_idle_timer()
+            attempts = 1 + (self.spec.retries if retries is None else retries)
+            for attempt in range(attempts):
+                gang = self.up(on_event)
+                holders = (gang.id, gang.incarnation)
+                if holders != self._holders:  # new rank processes hold no cached names
+                    self._shipper.forget()
+                    self._holders = holders
+                    fresh, _ = self._capture(python, namespace, push)
+                    payload = dataclasses.replace(payload, names=fresh)
+                result = run_cell(
+                    gang, payload, on_event, self.spec.timeout if timeout is None else timeout
+                )
+                if result.ok or not _retryable(result) or attempt + 1 == attempts:
+                    break
                 if self._expired:
-                    self._drop_gang()
-                    self.released = f"torn down: {self._expired}"
-            if self._expired:
-                result.notes.append(f"the gang was torn down: {self._expired}")
-                self._expired = ""
-            self._rank_defined |= defines
-            result.notes[:0] = [*notes, *self._notes]
-            return result
+                    break
+                if on_event is not None:
+                    on_event(Note(_retry_text(attempt + 1, attempts - 1, result)))
+        if torn_down:
+            result.notes.append(f"the gang was torn down: {torn_down[0]}")
+        self._rank_defined |= defines
+        result.notes[:0] = [*notes, *self._notes]
+        return result
 
     def _capture(
         self, python: str, namespace: Mapping[str, Any] | None, push: Iterable[str]
@@ -287,37 +315,25 @@ class Cluster:
     def _cancel_idle_timer(self) -> None:
         self._idle.arm(None)
 
-    def _arm_expiry(self, gang: Any) -> None:
-        if self.spec.max_runtime:
-            timer = threading.Timer(self.spec.max_runtime, self._expire, args=(gang,))
-            timer.daemon = True
-            timer.start()
-            self._expiry = timer
-
-    def _expire(self, gang: Any) -> None:
-        """``max_runtime`` is up: tear the gang down now, or once its running cell is stopped."""
+    def _expire(self) -> None:
+        """``max_runtime`` is up: tear the gang down now, or once its running job is stopped."""
         reason = f"--max-runtime {self.spec.max_runtime:g} s reached"
-        if self._lock.acquire(blocking=False):
-            try:
-                if self.gang is gang:
-                    self._expiry = None
+        with self._lock:
+            gang = self.gang
+            if self._busy is None:
+                if gang is not None:
                     self._drop_gang()
                     self.released = f"torn down: {reason}"
-            finally:
-                self._lock.release()
-        elif self.gang is gang:
+                return
             self._expired = reason
+        if gang is not None:
             gang.request_cancel(reason)
 
     def _release_idle(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            return  # a cell is running: not idle
-        try:
-            if self.gang is not None:
+        with self._lock:
+            if self._busy is None and self.gang is not None:
                 self._drop_gang()
                 self.released = f"released after {self.spec.idle_timeout:g} s idle"
-        finally:
-            self._lock.release()
 
 
 class _Deadline:
@@ -361,6 +377,15 @@ class _Deadline:
                     self._action()
                 finally:
                     self._cond.acquire()
+
+
+def _preflight(spec: ClusterSpec) -> Preflight | None:
+    """The doctor's check of new nodes, when ``spec`` asks for it."""
+    if not spec.runs_preflight:
+        return None
+    from .doctor import preflight
+
+    return preflight
 
 
 def _retry_text(attempt: int, retries: int, result: CellResult) -> str:

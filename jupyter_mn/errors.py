@@ -59,6 +59,10 @@ class CheckpointError(JupyterMNError):
     """A checkpoint is missing, incomplete, or was written by a gang of another size."""
 
 
+class Stopped(JupyterMNError):
+    """A node command or the doctor was stopped on request (Cancel, ``--max-runtime``)."""
+
+
 class CellError(JupyterMNError):
     """The cell failed on at least one rank; carries the root-cause rank and its traceback."""
 

@@ -7,6 +7,7 @@ each event travels as a plain dict tagged with its kind and is rebuilt with ``fr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ class RankState:
     detail: str = ""
     #: the cell run the state belongs to (0: none); events can arrive after the run's replies
     run: int = 0
+    #: this rank's failure is a cause, not a consequence of another rank's (the others stop)
+    primary: bool = False
 
 
 @_event
@@ -203,6 +206,77 @@ def _ranges(numbers: tuple[int, ...]) -> str:
     return ", ".join(parts)
 
 
+@_event
+@dataclass(frozen=True)
+class RankError:
+    """A rank's exception, as text: its type, message and traceback in the cell's lines."""
+
+    ename: str
+    evalue: str
+    traceback: tuple[str, ...] = ()
+    #: a consequence of another rank's failure (a broken collective, an interrupt)
+    secondary: bool = False
+
+    def line(self) -> str:
+        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+
+
+@_event
+@dataclass(frozen=True)
+class RankReply:
+    """One rank's outcome of a cell or a script, as its node agent reports it."""
+
+    rank: int
+    #: ``result.OK | ERROR | INTERRUPTED | LOST``
+    status: str
+    duration: float | None = None
+    error: RankError | None = None
+    #: wall-clock time the rank finished (orders failures: the first one is the cause)
+    finished_at: float | None = None
+    #: the last collective of the cell (``rank.timing``), for the straggler hint
+    collective: dict[str, Any] | None = None
+    #: rank 0's value, pickled; its ``repr`` when it could not be
+    value: bytes | None = None
+    value_repr: str | None = None
+    displays: tuple[Any, ...] = ()
+    pulled: dict[str, bytes] | None = None
+    notes: tuple[str, ...] = ()
+    #: a script's exit status
+    exit_code: int | None = None
+
+    @classmethod
+    def of(cls, reply: dict[str, Any]) -> RankReply:
+        """From the dict a rank process (or a script's handle) reports."""
+        return _build(cls, reply)
+
+
+@_event
+@dataclass(frozen=True)
+class NodeReply:
+    """A node agent's answer to a cell or a script: its ranks' outcomes, and the number of the
+    last log batch it sent before answering (the kernel shows lines up to it first)."""
+
+    node: int
+    seq: int
+    ranks: tuple[RankReply, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status != "ok" for r in self.ranks)
+
+    @classmethod
+    def build(cls, node: int, seq: int, ranks: list[dict[str, Any]]) -> NodeReply:
+        """From the ranks' own reports (dicts from their processes)."""
+        return cls(node, seq, tuple(RankReply.of(r) for r in ranks))
+
+    @classmethod
+    def of(cls, msg: dict[str, Any]) -> NodeReply:
+        reply = from_msg(msg)
+        if not isinstance(reply, NodeReply):
+            raise TypeError(f"expected a NodeReply, got {msg.get('kind')}")
+        return reply
+
+
 Event = (
     LogLines
     | RankState
@@ -214,10 +288,14 @@ Event = (
     | NodesWaiting
     | Stacks
 )
-#: Fields holding nested event parts, rebuilt by ``from_msg`` after the msgpack trip.
-_NESTED: dict[type, tuple[str, type]] = {
-    GpuSample: ("gpus", GpuStat),
-    CellDone: ("ranks", RankTiming),
+#: What views, listeners and the run protocol are called with.
+OnEvent = Callable[[Event], None]
+#: Fields holding nested parts, rebuilt by ``from_msg`` after the msgpack trip: (type, many).
+_NESTED: dict[type, dict[str, tuple[type, bool]]] = {
+    GpuSample: {"gpus": (GpuStat, True)},
+    CellDone: {"ranks": (RankTiming, True)},
+    RankReply: {"error": (RankError, False)},
+    NodeReply: {"ranks": (RankReply, True)},
 }
 
 
@@ -228,14 +306,20 @@ def to_msg(event: Any) -> dict[str, Any]:
 
 
 def from_msg(msg: dict[str, Any]) -> Any:
-    cls = _KINDS[msg["kind"]]
+    return _build(_KINDS[msg["kind"]], msg)
+
+
+def _build(cls: type, msg: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     msg = {k: v for k, v in msg.items() if k in names}  # dask adds e.g. "worker"
     if cls is LogLines:
         msg["items"] = tuple((r, s, tuple(lines)) for r, s, lines in msg["items"])
-    if cls in _NESTED:
-        name, part = _NESTED[cls]
-        msg[name] = tuple(part(**_tuples(p)) for p in msg.get(name, ()))
+    for name, (part, many) in _NESTED.get(cls, {}).items():
+        value = msg.get(name)
+        if many:
+            msg[name] = tuple(_build(part, p) for p in value or ())
+        elif value is not None:
+            msg[name] = _build(part, value)
     return cls(**_tuples(msg))
 
 

@@ -6,23 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CellError, CellInterrupted, NodeLost, RankLost
-from .events import RankTiming
+from .events import RankError, RankTiming
 
 OK, ERROR, LOST, INTERRUPTED = "ok", "error", "lost", "interrupted"
-
-
-@dataclass(frozen=True)
-class RemoteError:
-    """An exception raised on a rank, already formatted there (the kernel may lack its types)."""
-
-    ename: str
-    evalue: str
-    traceback: tuple[str, ...] = ()
-    #: True when it only reports that a peer went away (the consequence, not the cause).
-    secondary: bool = False
-
-    def line(self) -> str:
-        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
 
 
 @dataclass(frozen=True)
@@ -32,7 +18,7 @@ class RankOutcome:
     local_rank: int
     status: str
     duration: float | None = None
-    error: RemoteError | None = None
+    error: RankError | None = None
     #: Wall-clock time the rank finished (``time.time()``), to order failures across ranks.
     finished_at: float | None = None
     #: The last collective the rank entered (``rank/timing.py``): name, key, entered_ns/_s.

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PreflightError
+from ..errors import PreflightError, Stopped
+from ..gang.job import INTERRUPTED_BY_USER, WorkerCall
 from .checks import judge
 from .report import DoctorReport
 
@@ -56,7 +57,7 @@ def examine(gang: Gang) -> DoctorReport:
             "expect": spec.nodes,
         }
     options["master"] = {"addr": master[0], "port": master[1]}
-    answers = gang.client.run(probe, options, workers=gang.addresses, on_error="return")
+    answers = gang.run(_Probes(gang, None, range(gang.spec.nodes), probe, options))
     facts = []
     for address in gang.addresses:
         answer = answers.get(address)
@@ -71,6 +72,20 @@ def examine(gang: Gang) -> DoctorReport:
         elapsed=time.perf_counter() - started,
         facts=facts,
     )
+
+
+class _Probes(WorkerCall):
+    """Every node's probe; stopping it stops waiting (each probe ends by its own timeout)."""
+
+    def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
+        self.reason, self.answers = reason, {}
+
+    def finish(self) -> dict[str, Any]:
+        if self.reason == INTERRUPTED_BY_USER:
+            raise KeyboardInterrupt
+        if self.reason:
+            raise Stopped(f"the doctor was stopped: {self.reason}")
+        return super().finish()
 
 
 def preflight(gang: Gang, note: Callable[[str], None]) -> None:

@@ -12,23 +12,28 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, Note, RankState, from_msg
+from ..events import GangState, Note, OnEvent, RankState, from_msg
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
 from .hub import EventHub, topics
 from .inbox import InterruptRequest, Reply
+from .job import INTERRUPTED_BY_USER, Job
 from .recover import Recovery, restarted_note
 from .state import GangStatus, allowed
 from .transport import require_rdma
 
+T = TypeVar("T")
+#: A check of a new gang's nodes before its ranks start (the preflight doctor): it raises to
+#: refuse the gang and says what it found through the note callback.
+Preflight = Callable[["Gang", Callable[[str], None]], None]
+
 _STOP_TIMEOUT_S = 15.0
 #: How long teardown waits for the agents' last events (they are normally there in ms).
 _LAST_EVENTS_S = 2.0
-_LOG_DRAIN_S = 5.0
 
 
 class Provisioner(Protocol):
@@ -68,6 +73,8 @@ class Gang(EventHub):
         self._agent_futures: list[Any] = []
         self._generation = 0
         self._runs = 0
+        #: the id of the job running now (0: none), which interrupt requests are meant for
+        self._running = 0
         #: bumped whenever rank processes were restarted (they hold no cached notebook names)
         self.incarnation = 0
         self._on_event: Callable[[Any], None] | None = None
@@ -87,13 +94,13 @@ class Gang(EventHub):
         self._dispatch(GangState(status.value, detail))
 
     def request_cancel(self, reason: str) -> bool:
-        """Stop the running cell, from any thread (the registry's cancel request, a background
-        cell's ``cancel()``, ``--max-runtime``); False when no cell is running. The cell's own
-        loop escalates (``run.py``)."""
+        """Stop the running job (a cell, script, node command or doctor), from any thread (the
+        registry's cancel request, a background cell's ``cancel()``, ``--max-runtime``); False
+        when none runs. The run loop (``run``) stops the job as Ctrl-C would."""
         with self._lock:
-            if self.status != GangStatus.RUNNING:
+            if not self._running:
                 return False
-            self.inbox.put_reply(InterruptRequest(reason, self._runs))
+            self.inbox.put_reply(InterruptRequest(reason, self._running))
             return True
 
     def notify(self, event: Any) -> None:
@@ -122,12 +129,17 @@ class Gang(EventHub):
         return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
 
     # ---- lifecycle
-    def start(self, on_event: Callable[[Any], None] | None = None, ranks: bool = True) -> None:
+    def start(
+        self,
+        on_event: OnEvent | None = None,
+        ranks: bool = True,
+        preflight: Preflight | None = None,
+    ) -> None:
         """Provision all nodes and ranks, or raise and leave nothing behind.
 
         ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread. With
-        ``ranks=False`` only the node agents come up (for doctor, exec and scripts); a new gang
-        is checked by the preflight doctor first when its spec asks for it.
+        ``ranks=False`` only the node agents come up (for doctor, exec and scripts). The nodes
+        are checked by ``preflight`` (the doctor, passed in by ``Cluster``) before ranks start.
         """
         self._on_event = on_event
         try:
@@ -141,9 +153,7 @@ class Gang(EventHub):
             self._client = client
             client.subscribe_topic(self.topic, self._on_dask_event)
             self._place_agents(addresses)
-            if self.spec.runs_preflight:
-                from ..doctor import preflight
-
+            if preflight is not None:
                 preflight(self, lambda text: self.notify(Note(text)))
             if ranks:
                 self._transition(GangStatus.RENDEZVOUS)
@@ -206,7 +216,7 @@ class Gang(EventHub):
             "memory_limit": self.spec.memory_limit,
             **self.provisioner.launch_options(),
         }
-        replies = self._call_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
+        replies = self.ask_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
         failures = [r.error for r in replies if r.error is not None]
         if failures:
             primary = next((e for e in failures if "did not join" not in str(e)), failures[0])
@@ -215,9 +225,10 @@ class Gang(EventHub):
             raise RendezvousError(f"{type(primary).__name__}: {primary}")
         return [info for r in sorted(replies, key=lambda r: r.node) for info in r.value]
 
-    def _call_all(self, call: Callable[[Any], Any], timeout: float) -> list[Reply]:
-        """Call an actor method on every agent at once; collect replies via the inbox, showing
-        events meanwhile, until all answered or one failed."""
+    def ask_all(self, call: Callable[[Any], Any], timeout: float) -> list[Reply]:
+        """Call an actor method on every agent at once (while the gang starts: no job runs);
+        collect replies via the inbox, showing events meanwhile, until all answered or one
+        failed."""
         for node, agent in enumerate(self._agents):
             self.call(node, lambda agent=agent: call(agent))
         replies: dict[int, Reply] = {}
@@ -234,29 +245,63 @@ class Gang(EventHub):
                 replies[item.node] = item
                 if item.error is not None:
                     break
-            else:
+            elif self.inbox.is_event(item):
                 self.consume(item, self._on_event)
         return list(replies.values())
 
-    def take(
-        self, replies: dict[int, Reply], on_event: Callable[[Any], None] | None, tick: float
-    ) -> bool:
-        """One step of waiting for the agents: a reply goes into ``replies``, an event is shown.
-        True when it says a rank failed (a failed reply, or a rank's primary failure)."""
+    # ---- the run protocol (docs/architecture.md, "The run protocol")
+    @contextlib.contextmanager
+    def running(self) -> Iterator[int]:
+        """A job runs on the gang: RUNNING (a warm gang; nodes claimed for one job have no
+        ranks and keep their state), then READY again unless the job moved the gang on (a
+        re-forming, a teardown). Yields the run id that interrupt requests name."""
+        self.settle()
+        with self._lock:
+            if self._running:
+                raise JupyterMNError(f"gang {self.id} is already running run {self._running}")
+            if self.status.usable:
+                self._transition(GangStatus.RUNNING)
+            elif self.ranks or self.status != GangStatus.SCHEDULING:
+                raise JupyterMNError(f"gang {self.id} is {self.status.value}: {self.detail}")
+            self._runs += 1
+            self._running = self._runs
         try:
-            item = self.inbox.get(timeout=tick)
-        except queue.Empty:
-            return False
-        if isinstance(item, Reply):
-            replies[item.node] = item
-            value = item.value
-            return item.error is not None or (
-                bool(value) and any(r["status"] != "ok" for r in value["ranks"])
-            )
-        if isinstance(item, InterruptRequest):
-            return False  # cancel requests stop cells (run.py), not scripts
-        self.consume(item, on_event)
-        return self.is_primary_failure(item)
+            yield self._running
+        finally:
+            with self._lock:
+                self._running = 0
+                if self.status == GangStatus.RUNNING:
+                    self._transition(GangStatus.READY)
+
+    def run(self, job: Job[T], timeout: float | None = None) -> T:
+        """Run ``job`` on the nodes until it is done: the one loop that applies interrupt
+        requests, ``timeout`` and Ctrl-C (as ``job.stop``), ticks the job's escalation and
+        shows events as they arrive, on the calling (main) thread."""
+        with self.running() as run_id:
+            job.run_id = run_id
+            job.start()
+            deadline = time.monotonic() + timeout if timeout else None
+            while not job.done():
+                try:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        deadline = None
+                        job.stop(f"--timeout {timeout:g} s reached", by_user=True)
+                    if job.tick(now):
+                        break
+                    try:
+                        item = self.inbox.get(timeout=job.tick_s)
+                    except queue.Empty:
+                        continue
+                    if isinstance(item, InterruptRequest):
+                        if item.run == run_id:  # else: meant for a run that is over
+                            job.stop(item.reason, by_user=True, again=True)
+                    elif job.take(item):
+                        job.stop("another rank failed", by_user=False)
+                except KeyboardInterrupt:
+                    job.stop(INTERRUPTED_BY_USER, by_user=True, again=True)
+            job.settle()
+        return job.finish()
 
     def close(self, broken: str | None = None, wait: bool = True) -> None:
         """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread.
@@ -296,7 +341,7 @@ class Gang(EventHub):
         self._client = None
         self._transition(GangStatus.CLOSED, broken or "")
 
-    # ---- used by cell runs (gang/run.py) and recovery (gang/recover.py)
+    # ---- used by jobs (job.py and its kinds) and recovery (recover.py)
     @property
     def nodes(self) -> int:
         return len(self._agents)
@@ -331,16 +376,6 @@ class Gang(EventHub):
             failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
             failed.set_exception(exc)
             return failed
-
-    def begin_run(self) -> int:
-        """Wait for a re-forming in progress, mark the gang RUNNING, return a new run id."""
-        self.settle()
-        with self._lock:
-            if self.status != GangStatus.READY:
-                raise JupyterMNError(f"gang {self.id} is {self.status.value}: {self.detail}")
-            self._transition(GangStatus.RUNNING)
-            self._runs += 1
-            return self._runs
 
     def stacks(self, timeout: float = 3.0) -> list[dict[str, Any]]:
         """Every rank's main-thread stack, in the cell's line numbers (direct calls, no inbox)."""

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import GpuSample, LogLines, RankState, TransportReport
+from ..events import GpuSample, LogLines, TransportReport
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,3 @@ class EventHub:
 
     def seen(self, node: int) -> int:
         return self._seen.get(node, 0)
-
-    def is_primary_failure(self, event: Any) -> bool:
-        return isinstance(event, RankState) and event.detail == "primary"

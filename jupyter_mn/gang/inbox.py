@@ -31,6 +31,18 @@ class InterruptRequest:
     run: int
 
 
+@dataclass(frozen=True)
+class Message:
+    """Something a job started on the nodes sent back besides replies (``%cluster exec``'s
+    lines): kept like a reply, read by that job alone."""
+
+    body: Any
+
+
+#: What the inbox never drops.
+_KEPT = (Reply, InterruptRequest, Message)
+
+
 class Inbox:
     """Everything that reaches the kernel's main thread: agent replies and (bounded) events."""
 
@@ -46,20 +58,28 @@ class Inbox:
                 self.dropped += 1
                 with contextlib.suppress(queue.Empty):
                     old = self._queue.get_nowait()
-                    if isinstance(old, (Reply, InterruptRequest)):
+                    if isinstance(old, _KEPT):
                         self._queue.put(old)
                     else:
                         self._events -= 1
             self._events += 1
             self._queue.put(event)
 
-    def put_reply(self, reply: Reply | InterruptRequest) -> None:
+    def put_reply(self, reply: Reply | InterruptRequest | Message) -> None:
         """Never dropped, unlike events."""
         self._queue.put(reply)
 
     def get(self, timeout: float) -> Any:
         item = self._queue.get(timeout=timeout)
-        if not isinstance(item, (Reply, InterruptRequest)):
+        if not isinstance(item, _KEPT):
             with self._lock:
                 self._events -= 1
         return item
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    @staticmethod
+    def is_event(item: Any) -> bool:
+        """An event (shown to views), not a reply, a request or a job's message."""
+        return not isinstance(item, _KEPT)

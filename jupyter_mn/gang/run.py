@@ -1,15 +1,15 @@
 """One cell on a gang: dispatch, stream, fail fast, stop on demand, collect, then re-form.
 
-The kernel's main thread waits on the gang's inbox, where agent replies and events arrive, so
-output is printed from the main thread (ipykernel routes it to the running cell) and a Ctrl-C
-lands here, where it becomes an interrupt of the ranks rather than a dead kernel.
+The kernel's main thread runs the gang's loop (``Gang.run``), so output is printed from the main
+thread (ipykernel routes it to the running cell) and a Ctrl-C lands there, where it becomes an
+interrupt of the ranks rather than a dead kernel.
 
-Stopping a cell escalates (DESIGN.md §3): on ``--timeout``, Ctrl-C or a cancel request every
-rank's stack is shown first; then SIGINT to the busy ranks (Python code stops in ms) while idle
-ranks leave their group (the destroy cascade frees ranks blocked in a collective); ranks still
-busy ``KILL_AFTER_S`` later are killed, and their node's ranks are restarted. A second Ctrl-C
-kills at once. Restarted ranks join the group in the background (``recover.py``), so the error
-shows without waiting for them.
+Stopping a cell escalates (docs/architecture.md, "Stopping a cell"): on ``--timeout``, Ctrl-C
+or a cancel request every rank's stack is shown first; then SIGINT to the busy ranks (Python
+code stops in ms) while idle ranks leave their group (the destroy cascade frees ranks blocked
+in a collective); ranks still busy ``KILL_AFTER_S`` later are killed, and their node's ranks
+are restarted. A second Ctrl-C kills at once. Restarted ranks join the group in the background
+(``recover.py``), so the error shows without waiting for them.
 """
 
 from __future__ import annotations
@@ -17,22 +17,21 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
-from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
 from ..cell import CellPayload
 from ..errors import TransportError
-from ..events import CellDone, RankState, Stacks
-from ..result import ERROR, INTERRUPTED, LOST, OK, CellResult, RankOutcome, RemoteError
-from .base import _LOG_DRAIN_S, Gang
-from .inbox import InterruptRequest, Reply
+from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply, Stacks
+from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
+from .base import Gang
+from .inbox import Reply
+from .job import Job
 from .recover import restarted_note
 from .state import GangStatus
 from .transport import violation
 
-_TICK_S = 0.25
 #: After an interrupt, how long busy ranks get to stop before they are killed.
 KILL_AFTER_S = 3.0
 #: After the kill, how long node agents get to answer before the gang is declared broken.
@@ -49,39 +48,46 @@ class RemoteRepr:
         return self.text
 
 
-class _Stopper:
-    """The escalation of one run, from the first interrupt to the kill."""
+class CellJob(Job[CellResult]):
+    """One cell on every rank; stopped by escalation, from the first interrupt to the kill."""
 
-    def __init__(self, gang: Gang, run_id: int, on_event: Callable[[Any], None] | None) -> None:
-        self.gang, self.run_id, self.on_event = gang, run_id, on_event
+    def __init__(self, gang: Gang, payload: CellPayload, on_event: OnEvent | None) -> None:
+        super().__init__(gang, on_event)
+        self.payload = payload
+        self.started = time.monotonic()
         self.since: float | None = None
         self.killed_at: float | None = None
-        #: why the user's cell was stopped; empty when only a rank's failure stopped it
-        self.reason = ""
+        #: where the busy ranks were when the user stopped the cell
         self.where: list[str] = []
 
-    def interrupt(self, reason: str, by_user: bool, again_kills: bool = False) -> None:
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self.gang.replay(self.on_event)
+        payload, run_id = self.payload, self.run_id
+        for node, agent in enumerate(self.gang.agents):
+            self.gang.call(node, lambda agent=agent: agent.run(payload, run_id))
+
+    def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:
-            if again_kills and self.killed_at is None:  # a second Ctrl-C: do not wait
-                self.kill("interrupted twice")
+            if again and self.killed_at is None:  # a second Ctrl-C: do not wait
+                self._kill("interrupted twice")
             return
         if by_user:
             self.reason = reason
             self._show_stacks(reason)
         self.since = time.monotonic()
-        generation = self.gang.generation
+        generation, run_id = self.gang.generation, self.run_id
         for node in range(self.gang.nodes):
-            self.gang.ask(node, lambda agent: agent.interrupt(self.run_id, generation))
+            self.gang.ask(node, lambda agent: agent.interrupt(run_id, generation))
 
-    def kill(self, why: str) -> None:
+    def _kill(self, why: str) -> None:
         self.killed_at = time.monotonic()
         for node in range(self.gang.nodes):
             self.gang.ask(node, lambda agent: agent.kill(self.run_id, why))
 
     def tick(self, now: float) -> bool:
-        """Escalate when due; True when the agents have stopped answering."""
         if self.since is not None and self.killed_at is None and now - self.since > KILL_AFTER_S:
-            self.kill(f"it did not stop within {KILL_AFTER_S:g} s of the interrupt")
+            self._kill(f"it did not stop within {KILL_AFTER_S:g} s of the interrupt")
         return self.killed_at is not None and now - self.killed_at > GIVE_UP_AFTER_S
 
     def _show_stacks(self, reason: str) -> None:
@@ -105,85 +111,36 @@ class _Stopper:
                 code = f": {at[1].strip()}" if len(at) > 1 and at[1].startswith("    ") else ""
                 self.where.append(f"rank {r['rank']} (node {r['node']}) was at {at[0]}{code}")
 
+    def settle(self) -> None:
+        with contextlib.suppress(KeyboardInterrupt):  # the cell is over: only late output is lost
+            self.drain_logs()
+        result = _assemble(self, time.monotonic() - self.started)
+        result.interrupted = self.reason
+        result.notes += self.where
+        _settle(self.gang, result, interrupted=self.since is not None)
+        self.result = result
+
+    def finish(self) -> CellResult:
+        gang, result = self.gang, self.result
+        _drain_events(gang, self.on_event)  # the settled state (READY, BROKEN) reaches the view
+        cause = result.root_cause
+        error = f"{cause.label}: {cause.error.line()}" if cause and cause.error else ""
+        done = CellDone(self.payload.cell_id, result.ok, result.elapsed, result.timings(), error)
+        gang.announce(done, self.on_event)
+        if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
+            gang.close(broken=problem)
+            raise TransportError(f"--require-rdma: {problem}")
+        return result
+
 
 def run_cell(
-    gang: Gang,
-    payload: CellPayload,
-    on_event: Callable[[Any], None] | None,
-    timeout: float | None = None,
+    gang: Gang, payload: CellPayload, on_event: OnEvent | None, timeout: float | None = None
 ) -> CellResult:
     """Run ``payload`` on every rank; return the outcome (failures as values)."""
-    run_id = gang.begin_run()
-    started = time.monotonic()
-    gang.replay(on_event)
-    for node, agent in enumerate(gang.agents):
-        gang.call(node, lambda agent=agent: agent.run(payload, run_id))
-    replies: dict[int, Reply] = {}
-    stopper = _Stopper(gang, run_id, on_event)
-    deadline = started + timeout if timeout else None
-    while len(replies) < gang.nodes:
-        try:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                deadline = None
-                stopper.interrupt(f"--timeout {timeout:g} s reached", by_user=True)
-            if stopper.tick(now):
-                break
-            try:
-                item = gang.inbox.get(timeout=_TICK_S)
-            except queue.Empty:
-                continue
-            if isinstance(item, Reply):
-                replies[item.node] = item
-                if item.error is not None or _failed(item.value):
-                    stopper.interrupt("another rank failed", by_user=False)
-            elif isinstance(item, InterruptRequest):
-                if item.run == run_id:  # else: meant for a run that is over
-                    stopper.interrupt(item.reason, by_user=True, again_kills=True)
-            else:
-                gang.consume(item, on_event)
-                if isinstance(item, RankState) and item.run == run_id and item.detail == "primary":
-                    stopper.interrupt("another rank failed", by_user=False)
-        except KeyboardInterrupt:
-            stopper.interrupt("interrupted by the user", by_user=True, again_kills=True)
-    with contextlib.suppress(KeyboardInterrupt):  # the cell is over: only late output is lost
-        _drain_logs(gang, replies, on_event)
-    result = _assemble(gang, payload, replies, time.monotonic() - started)
-    result.interrupted = stopper.reason
-    result.notes += stopper.where
-    _settle(gang, result, interrupted=stopper.since is not None)
-    _drain_events(gang, on_event)  # the settled state (READY, BROKEN) reaches the view first
-    cause = result.root_cause
-    error = "" if cause is None or cause.error is None else f"{cause.label}: {cause.error.line()}"
-    done = CellDone(payload.cell_id, result.ok, result.elapsed, result.timings(), error)
-    gang.announce(done, on_event)
-    if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
-        gang.close(broken=problem)
-        raise TransportError(f"--require-rdma: {problem}")
-    return result
+    return gang.run(CellJob(gang, payload, on_event), timeout)
 
 
-def _failed(value: Any) -> bool:
-    return bool(value) and any(r["status"] != OK for r in value["ranks"])
-
-
-def _drain_logs(gang: Gang, replies: dict[int, Reply], on_event: Any) -> None:
-    """Show every line the ranks wrote before their reply (events travel another path)."""
-    wanted = {n: r.value["seq"] for n, r in replies.items() if r.error is None}
-    deadline = time.monotonic() + _LOG_DRAIN_S
-    while any(gang.seen(n) < seq for n, seq in wanted.items()):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        try:
-            item = gang.inbox.get(timeout=remaining)
-        except queue.Empty:
-            return
-        if not isinstance(item, (Reply, InterruptRequest)):
-            gang.consume(item, on_event)
-
-
-def _drain_events(gang: Gang, on_event: Any) -> None:
+def _drain_events(gang: Gang, on_event: OnEvent | None) -> None:
     """Show the events already queued (no waiting); replies stay for whoever waits on them."""
     while True:
         try:
@@ -193,88 +150,74 @@ def _drain_events(gang: Gang, on_event: Any) -> None:
         if isinstance(item, Reply):
             gang.inbox.put_reply(item)
             return
-        if not isinstance(item, InterruptRequest):  # one that came too late is dropped
+        if gang.inbox.is_event(item):  # an interrupt request that came too late is dropped
             gang.consume(item, on_event)
 
 
-def _assemble(
-    gang: Gang, payload: CellPayload, replies: dict[int, Reply], elapsed: float
-) -> CellResult:
-    outcomes, raw = rank_outcomes(gang, replies)
+def _assemble(job: CellJob, elapsed: float) -> CellResult:
+    outcomes, raw = rank_outcomes(job.gang, job.replies)
     result = CellResult(ranks=outcomes, elapsed=elapsed)
     for r in raw.values():
-        result.notes.extend(r.get("notes") or [])
-    first = raw.get(0, {})
-    if result.ok:
+        result.notes.extend(r.notes)
+    first = raw.get(0)
+    if result.ok and first is not None:
         result.value = _value(first)
-        if payload.return_all:
+        if job.payload.return_all:
             result.values = [_value(raw[rank]) for rank in sorted(raw)]
-        result.displays = first.get("displays") or []
-        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.get("pulled") or {}).items()}
+        result.displays = list(first.displays)
+        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.pulled or {}).items()}
     return result
 
 
 def rank_outcomes(
     gang: Gang, replies: dict[int, Reply]
-) -> tuple[list[RankOutcome], dict[int, dict[str, Any]]]:
+) -> tuple[list[RankOutcome], dict[int, RankReply]]:
     """Each rank's outcome (a node whose agent did not answer: all its ranks lost), and the
-    raw per-rank replies by rank."""
+    ranks' own replies by rank."""
     gpus = gang.spec.gpus
     outcomes: list[RankOutcome] = []
-    raw: dict[int, dict[str, Any]] = {}
+    raw: dict[int, RankReply] = {}
     for node in range(gang.spec.nodes):
         reply = replies.get(node)
         if reply is None or reply.error is not None:
             why = reply.error if reply is not None else "no answer"
-            err = RemoteError("NodeLost", f"its agent (a dask worker) stopped answering: {why}")
+            err = RankError("NodeLost", f"its agent (a dask worker) stopped answering: {why}")
             outcomes += [
                 RankOutcome(node * gpus + i, node, i, LOST, error=err) for i in range(gpus)
             ]
             continue
-        for r in reply.value["ranks"]:
-            raw[r["rank"]] = r
-            error = (
-                RemoteError(
-                    r["error"]["ename"],
-                    r["error"]["evalue"],
-                    tuple(r["error"]["traceback"]),
-                    r["error"]["secondary"],
-                )
-                if r.get("error")
-                else None
-            )
+        answer: NodeReply = reply.value
+        for r in answer.ranks:
+            raw[r.rank] = r
             outcomes.append(
                 RankOutcome(
-                    r["rank"],
+                    r.rank,
                     node,
-                    r["rank"] - node * gpus,
-                    r["status"],
-                    r.get("duration"),
-                    error,
-                    r.get("finished_at"),
-                    r.get("collective"),
+                    r.rank - node * gpus,
+                    r.status,
+                    r.duration,
+                    r.error,
+                    r.finished_at,
+                    r.collective,
                 )
             )
     outcomes.sort(key=lambda o: o.rank)
     return outcomes, raw
 
 
-def _value(reply: dict[str, Any]) -> Any:
-    if reply.get("value") is not None:
-        return cloudpickle.loads(reply["value"])
-    if reply.get("value_repr") is not None:
-        return RemoteRepr(reply["value_repr"])
+def _value(reply: RankReply) -> Any:
+    if reply.value is not None:
+        return cloudpickle.loads(reply.value)
+    if reply.value_repr is not None:
+        return RemoteRepr(reply.value_repr)
     return None
 
 
 def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
     """After a failure: re-form the group (in place: now, it takes tens of ms; with restarted
     ranks: in the background, they take seconds), or give the gang up."""
-    if gang.status != GangStatus.RUNNING:
-        return  # closed meanwhile (``%cluster down``, max runtime)
-    if result.ok and not interrupted:
-        gang._transition(GangStatus.READY)
-        return
+    if gang.status != GangStatus.RUNNING or (result.ok and not interrupted):
+        return  # closed meanwhile (``%cluster down``, max runtime), or nothing to re-form
     agents_lost = {o.node for o in result.ranks if o.error and o.error.ename == "NodeLost"}
     if agents_lost:
         nodes = ", ".join(f"node {n}" for n in sorted(agents_lost))

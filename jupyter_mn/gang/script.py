@@ -12,19 +12,16 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SpecError
+from ..events import OnEvent, RankState
 from ..rank.worker import find_script
 from ..result import LOST, CellResult
 from .base import Gang
-from .inbox import Reply
-from .run import _drain_logs, rank_outcomes
-from .state import GangStatus
-
-_TICK_S = 0.25
-
+from .job import INTERRUPTED_BY_USER, Job
+from .run import rank_outcomes
 
 #: The largest script sent to nodes that do not have it (bytes).
 COPY_LIMIT = 16 << 20
@@ -68,80 +65,94 @@ def _lacking(paths: list[str | None]) -> str:
     return ", ".join(str(node) for node, path in enumerate(paths) if path is None)
 
 
+class ScriptJob(Job[CellResult]):
+    """The script on every rank of the nodes; a failure, timeout or request stops them all."""
+
+    def __init__(
+        self,
+        gang: Gang,
+        script: str,
+        args: Sequence[str],
+        on_event: OnEvent | None,
+    ) -> None:
+        super().__init__(gang, on_event)
+        self.script = script
+        self.paths, self.source = locate(gang, script)
+        self.args = list(args)
+        self.started = time.monotonic()
+        self.stopped = False
+
+    def start(self) -> None:
+        gang = self.gang
+        master_addr, _ = gang.master
+        _, port = gang.agents[0].endpoint().result()
+        launch = {
+            "args": self.args,
+            "gpus": gang.spec.gpus,
+            "nnodes": gang.spec.nodes,
+            "master_addr": master_addr,
+            "master_port": port,
+            "backend": gang.provisioner.backend,
+            "nodes": gang.hosts,
+            "pg_timeout": gang.spec.pg_timeout,
+            "env": dict(gang.spec.env),
+            **gang.provisioner.launch_options(),
+        }
+        self.started = time.monotonic()
+        for node, agent in enumerate(gang.agents):
+            path = self.paths[node]
+            where = (
+                {"script": path}
+                if path
+                else {"script": os.path.basename(self.script), "source": self.source}
+            )
+            gang.call(node, lambda agent=agent, where=where: agent.run_script({**launch, **where}))
+
+    def take(self, item: Any) -> bool:
+        # a script's ranks report their failures outside any cell run (run 0)
+        if isinstance(item, RankState) and item.primary and item.run == 0:
+            self.gang.consume(item, self.on_event)
+            return True
+        return super().take(item)
+
+    def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.reason = reason if by_user else ""
+        signum = signal.SIGINT if reason == INTERRUPTED_BY_USER else signal.SIGTERM
+        for agent in self.gang.agents:
+            with contextlib.suppress(Exception):  # a lost agent's reply says so
+                agent.stop_script(signum, reason)
+
+    def settle(self) -> None:
+        self.drain_logs()
+        outcomes, raw = rank_outcomes(self.gang, self.replies)
+        result = CellResult(ranks=outcomes, elapsed=time.monotonic() - self.started)
+        result.value = raw[0].exit_code if 0 in raw else None
+        if self.source is not None:
+            result.notes.append(
+                f"{os.path.basename(self.script)} was sent to node(s) {_lacking(self.paths)}, "
+                "which do not have it (files it imports were not)"
+            )
+        if self.reason:
+            result.notes.append(f"the script was stopped: {self.reason}")
+        lost = [o for o in outcomes if o.status == LOST and o.error and o.error.ename == "NodeLost"]
+        if lost:
+            self.gang.close(broken=f"{lost[0].label} was lost")
+            result.notes.append("a node was lost, so the gang was torn down")
+        self.result = result
+
+    def finish(self) -> CellResult:
+        return self.result
+
+
 def run_script(
     gang: Gang,
     script: str,
     args: Sequence[str],
-    on_event: Callable[[Any], None] | None,
+    on_event: OnEvent | None,
     timeout: float | None = None,
 ) -> CellResult:
     """Run ``script`` on every rank; the first failure stops the rest (failures as values)."""
-    paths, source = locate(gang, script)
-    master_addr, _ = gang.master
-    _, port = gang.agents[0].endpoint().result()
-    launch = {
-        "args": list(args),
-        "gpus": gang.spec.gpus,
-        "nnodes": gang.spec.nodes,
-        "master_addr": master_addr,
-        "master_port": port,
-        "backend": gang.provisioner.backend,
-        "nodes": gang.hosts,
-        "pg_timeout": gang.spec.pg_timeout,
-        "env": dict(gang.spec.env),
-        **gang.provisioner.launch_options(),
-    }
-    warm = gang.status.usable
-    if warm:
-        gang._transition(GangStatus.RUNNING)
-    started = time.monotonic()
-    for node, agent in enumerate(gang.agents):
-        path = paths[node]
-        where = {"script": path} if path else {"script": os.path.basename(script), "source": source}
-        gang.call(node, lambda agent=agent, where=where: agent.run_script({**launch, **where}))
-    replies, reason = _collect(gang, on_event, timeout)
-    _drain_logs(gang, replies, on_event)
-    outcomes, raw = rank_outcomes(gang, replies)
-    result = CellResult(ranks=outcomes, elapsed=time.monotonic() - started)
-    result.value = raw.get(0, {}).get("exit_code")
-    if source is not None:
-        result.notes.append(
-            f"{os.path.basename(script)} was sent to node(s) {_lacking(paths)}, which do not "
-            "have it (files it imports were not)"
-        )
-    if reason.startswith("--timeout"):
-        result.notes.append(f"the script was stopped: {reason}")
-    lost = [o for o in outcomes if o.status == LOST and o.error and o.error.ename == "NodeLost"]
-    if lost:
-        gang.close(broken=f"{lost[0].label} was lost")
-        result.notes.append("a node was lost, so the gang was torn down")
-    elif warm:
-        gang._transition(GangStatus.READY)
-    return result
-
-
-def _collect(
-    gang: Gang, on_event: Callable[[Any], None] | None, timeout: float | None
-) -> tuple[dict[int, Reply], str]:
-    """Wait for every node's reply; on a failure, timeout or Ctrl-C, stop every node's script."""
-    deadline = time.monotonic() + timeout if timeout else None
-    replies: dict[int, Reply] = {}
-    reason = ""
-
-    def stop(why: str, signum: int = signal.SIGTERM) -> None:
-        nonlocal reason
-        if not reason:
-            reason = why
-            for agent in gang.agents:
-                with contextlib.suppress(Exception):  # a lost agent's reply says so
-                    agent.stop_script(signum, why)
-
-    while len(replies) < len(gang.agents):
-        try:
-            if deadline is not None and time.monotonic() >= deadline:
-                stop(f"--timeout {timeout:g} s reached")
-            if gang.take(replies, on_event, _TICK_S):
-                stop("another rank failed")
-        except KeyboardInterrupt:
-            stop("interrupted by the user", signal.SIGINT)
-    return replies, reason
+    return gang.run(ScriptJob(gang, script, args, on_event), timeout)

@@ -14,13 +14,14 @@ import queue
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpecError
 from ..rank.worker import run_command, split_lines, stop_command
 from .base import Gang
+from .inbox import Message
+from .job import INTERRUPTED_BY_USER, WorkerCall
 
 _TICK_S = 0.1
 #: How long to wait for the scheduler to confirm the exec topic's subscription.
@@ -38,6 +39,8 @@ class NodeOutput:
     output: str
     timed_out: bool = False
     error: str = ""
+    #: why the command was stopped on request (Cancel, ``--max-runtime``); "" if it was not
+    stopped: str = ""
 
     @property
     def ok(self) -> bool:
@@ -49,6 +52,8 @@ class NodeOutput:
             return f"could not run: {self.error}"
         if self.timed_out:
             return "timed out: stopped"
+        if self.stopped:
+            return f"stopped: {self.stopped}"
         return f"exit code {self.exit_code}" if self.exit_code else ""
 
 
@@ -71,58 +76,103 @@ def run_on_nodes(
 ) -> list[NodeOutput]:
     """Run ``command`` on ``nodes`` at once, ``on_line(node, line)`` for each line as it comes
     and ``flush()`` once no more have arrived (on this thread); their outputs in node order.
-    Ctrl-C stops every node's command, shows what it wrote until then, raises KeyboardInterrupt."""
+    Ctrl-C stops every node's command, shows what it wrote until then, raises KeyboardInterrupt;
+    a request (Cancel, ``--max-runtime``) stops them too, and each output says so."""
     if not command.strip():
         raise SpecError("%cluster exec needs a command after --, e.g. -- nvidia-smi")
     check_nodes(nodes, len(gang.addresses))
-    token = uuid.uuid4().hex
-    addresses = [gang.addresses[n] for n in nodes]
-    cwd = gang.provisioner.launch_options().get("cwd")
-    lines = _Lines(dict(zip(addresses, nodes, strict=True)), on_line, flush)
-
-    def receive(event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
-        if event[1].get("token") == token:
-            lines.arrived.put(event[1])
-
-    interrupted = False
-    try:
-        _subscribe(gang.client, gang.exec_topic, receive, token, lines.arrived)
-        with ThreadPoolExecutor(1, thread_name_prefix="jupyter-mn-exec") as pool:
-            future: Future[dict[str, Any]] = pool.submit(
-                gang.client.run,
-                run_command,
-                command,
-                dict(gang.spec.env),
-                cwd,
-                timeout,
-                token,
-                gang.exec_topic,
-                workers=addresses,
-                on_error="return",
-            )
-            while not future.done():
-                try:
-                    lines.show(_TICK_S)
-                except KeyboardInterrupt:
-                    interrupted = True
-                    gang.client.run(stop_command, token, workers=addresses, on_error="ignore")
-            answers = future.result()
-        lines.finish(answers)
-    finally:
-        with contextlib.suppress(Exception):
-            gang.client.unsubscribe_topic(gang.exec_topic)
-    if interrupted:
+    job = _Exec(gang, command, nodes, timeout, on_line, flush)
+    answers = gang.run(job)
+    if job.reason == INTERRUPTED_BY_USER:
         raise KeyboardInterrupt
     results = []
-    for node, address in zip(nodes, addresses, strict=True):
+    for node, address in zip(nodes, job.workers, strict=True):
         answer = answers.get(address)
         host = gang.hosts[node]
         if isinstance(answer, dict):
             answer.pop("lines")
-            results.append(NodeOutput(node, host, **answer))
+            results.append(NodeOutput(node, host, **answer, stopped=job.reason))
         else:
             results.append(NodeOutput(node, host, None, "", error=repr(answer)))
     return results
+
+
+class _Exec(WorkerCall):
+    """The command on the nodes, its lines shown as they arrive (dask events on the gang's exec
+    topic, put into the inbox as messages), stopped on every node when the run is stopped."""
+
+    def __init__(
+        self,
+        gang: Gang,
+        command: str,
+        nodes: Sequence[int],
+        timeout: float,
+        on_line: Callable[[int, str], None],
+        flush: Callable[[], None],
+    ) -> None:
+        self.token = uuid.uuid4().hex
+        cwd = gang.provisioner.launch_options().get("cwd")
+        env = dict(gang.spec.env)
+        args = (command, env, cwd, timeout, self.token, gang.exec_topic)
+        super().__init__(gang, None, nodes, run_command, *args)
+        self.lines = _Lines(dict(zip(self.workers, nodes, strict=True)), on_line, flush)
+        self.tick_s = _TICK_S
+
+    def start(self) -> None:
+        token, inbox = self.token, self.gang.inbox
+        probes: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+
+        def receive(event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
+            msg = event[1]
+            if msg.get("token") != token:
+                return
+            if "worker" in msg:
+                inbox.put_reply(Message(msg))
+            else:  # our own probe: the subscription is in place
+                probes.put(msg)
+
+        try:
+            _subscribe(self.gang.client, self.gang.exec_topic, receive, token, probes)
+            super().start()
+        except BaseException:
+            self._unsubscribe()
+            raise
+
+    def take(self, item: Any) -> bool:
+        if isinstance(item, Message) and isinstance(item.body, dict):
+            if item.body.get("token") == self.token:
+                self.lines.show(item.body)
+                if self.gang.inbox.empty():  # show it now, not at ipykernel's next flush (0.2 s)
+                    self.lines.flush()
+            return False
+        return super().take(item)
+
+    def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
+        if not self.reason:
+            self.reason = reason
+            self.gang.client.run(stop_command, self.token, workers=self.workers, on_error="ignore")
+
+    def settle(self) -> None:
+        try:
+            self.lines.finish(self.finish(), self._late_lines)
+        finally:
+            self._unsubscribe()
+            super().settle()
+
+    def _late_lines(self, until: float) -> None:
+        """Show the lines that arrive until ``until`` (monotonic), then return."""
+        while (remaining := until - time.monotonic()) > 0:
+            try:
+                item = self.gang.inbox.get(timeout=min(remaining, _TICK_S))
+            except queue.Empty:
+                return
+            self.take(item)
+            if self.lines.complete():
+                return
+
+    def _unsubscribe(self) -> None:
+        with contextlib.suppress(Exception):
+            self.gang.client.unsubscribe_topic(self.gang.exec_topic)
 
 
 def _subscribe(
@@ -157,20 +207,16 @@ class _Lines:
         self.nodes = nodes
         self.on_line = on_line
         self.flush = flush
-        #: the dask events of this command, put there by the client's event loop
-        self.arrived: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         #: per worker: the number of the last line shown, and the lines skipped before it
         self.shown = dict.fromkeys(nodes, 0)
         self.gaps: dict[str, list[range]] = {worker: [] for worker in nodes}
+        #: per worker: how many lines its command wrote in all (known once it answered)
+        self.total: dict[str, int] = {}
 
-    def show(self, wait: float) -> None:
-        """Show the lines of one event, waiting up to ``wait`` seconds for it."""
-        try:
-            msg = self.arrived.get(timeout=wait)
-        except queue.Empty:
-            return
-        worker = msg.get("worker")
-        if worker not in self.shown:  # a probe (_subscribe)
+    def show(self, msg: dict[str, Any]) -> None:
+        """Show the lines of one event."""
+        worker = msg["worker"]
+        if worker not in self.shown:
             return
         first = msg["upto"] - len(msg["lines"]) + 1
         if first > self.shown[worker] + 1:
@@ -178,18 +224,19 @@ class _Lines:
         for n, line in enumerate(msg["lines"], first):
             self.on_line(self.nodes[worker], line)
             self.shown[worker] = n
-        if self.arrived.empty():  # show it now, not at ipykernel's next timed flush (0.2 s)
-            self.flush()
 
-    def finish(self, answers: dict[str, Any]) -> None:
-        """The lines still on their way; any that do not come in time from the replies."""
-        total = {
+    def complete(self) -> bool:
+        return all(self.shown[w] >= n for w, n in self.total.items())
+
+    def finish(self, answers: dict[str, Any], wait: Callable[[float], None]) -> None:
+        """``wait`` for the lines still on their way; any that do not come in time are taken
+        from the replies."""
+        self.total = {
             w: a["lines"] for w, a in answers.items() if isinstance(a, dict) and w in self.shown
         }
-        deadline = time.monotonic() + _LAST_LINES_S
-        while any(self.shown[w] < n for w, n in total.items()) and time.monotonic() < deadline:
-            self.show(_TICK_S)
-        for worker, n in total.items():
+        if not self.complete():
+            wait(time.monotonic() + _LAST_LINES_S)
+        for worker, n in self.total.items():
             lines = split_lines(answers[worker]["output"])
             kept_from = n - len(lines) + 1  # the reply keeps only the output's last MiB
             for k in itertools.chain(*self.gaps[worker], range(self.shown[worker] + 1, n + 1)):

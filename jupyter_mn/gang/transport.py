@@ -33,13 +33,13 @@ def violation(reports: Iterable[TransportReport]) -> str | None:
 
 def require_rdma(gang: Gang) -> None:
     """Ask every node what NCCL chose; raise ``TransportError`` on a socket fallback."""
-    replies = gang._call_all(lambda agent: agent.transport(), _ASK_TIMEOUT_S)
+    replies = gang.ask_all(lambda agent: agent.transport(), _ASK_TIMEOUT_S)
     failed = next((r.error for r in replies if r.error is not None), None)
     if failed is not None:
         raise TransportError(f"--require-rdma: could not ask the nodes: {failed}")
     reports = [from_msg(r.value) for r in replies]
     for report in reports:
-        gang.consume(report, gang._on_event)
+        gang.notify(report)
     problem = violation(reports)
     if problem:
         raise TransportError(f"--require-rdma: {problem}")

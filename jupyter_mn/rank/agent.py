@@ -22,7 +22,7 @@ from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
-from ..events import GangState, LogLines, RankState, to_msg
+from ..events import GangState, LogLines, NodeReply, RankState, to_msg
 from .gpu import RankProcess
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
@@ -114,9 +114,11 @@ class NodeAgent:
         # Every event goes through the loop's callback queue, so events keep their order.
         self._worker.loop.add_callback(self._worker.log_event, self.topic, to_msg(event))
 
-    def _state(self, rank: int, state: str, detail: str = "", run: int = 0) -> None:
+    def _state(
+        self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
+    ) -> None:
         with self._cond:
-            self._publish(RankState(self.node, rank, state, detail, run))
+            self._publish(RankState(self.node, rank, state, detail, run, primary))
 
     # ---- actor methods
     def endpoint(self) -> tuple[str, int]:
@@ -222,14 +224,13 @@ class NodeAgent:
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
         self._telemetry.cell(running=False)
-        return {"node": self.node, "seq": self.flush(), "ranks": replies}
+        return to_msg(NodeReply.build(self.node, self.flush(), replies))
 
     async def _watch(self, r: RankHandle, run_id: int) -> dict[str, Any]:
         reply = await r.reply("done")
         if reply["status"] != "ok":
             error = reply.get("error") or {}
-            primary = "" if error.get("secondary") else "primary"
-            self._state(r.rank, reply["status"], primary, run_id)
+            self._state(r.rank, reply["status"], run=run_id, primary=not error.get("secondary"))
         return reply
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:

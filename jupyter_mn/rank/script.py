@@ -24,6 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..events import NodeReply, to_msg
 from .process import STOP_GRACE_S, TAIL_LINES, RankHandle, describe_exit
 from .runtime import contract_env
 
@@ -220,15 +221,12 @@ class ScriptRun:
                     r = task.result()
                     outcome = r.outcome()
                     if outcome["status"] not in ("ok", "interrupted"):
-                        self.agent._state(r.rank, outcome["status"], "primary")
+                        self.agent._state(r.rank, outcome["status"], primary=True)
                         await self.stop(signal.SIGTERM, f"rank {r.rank} failed")
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
-        return {
-            "node": self.agent.node,
-            "seq": self.agent.flush(),
-            "ranks": [r.outcome() for r in self.ranks],
-        }
+        outcomes = [r.outcome() for r in self.ranks]
+        return to_msg(NodeReply.build(self.agent.node, self.agent.flush(), outcomes))
 
     async def stop(self, signum: int = signal.SIGTERM, why: str = "stopped by the kernel") -> None:
         """``signum`` to the processes still running, SIGKILL after a grace period."""
