@@ -51,7 +51,7 @@ class LocalProvisioner:
                     # a lost worker is reported as NodeLost; the scheduler's own errors
                     # about it would only add noise to the notebook
                     silence_logs=logging.CRITICAL,
-                    preload=["jupyter_mn.rank.agent"],
+                    preload=["jupyter_mn.node.agent"],
                 )
                 self._client = Client(
                     self._cluster, security=security, set_as_default=False, direct_to_workers=True

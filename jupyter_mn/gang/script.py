@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import SpecError
-from ..rank.worker import find_script
+from ..node.worker import find_script
 from ..result import LOST, CellResult
 from .base import Gang
 from .inbox import Reply

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpecError
-from ..rank.worker import run_command, split_lines, stop_command
+from ..node.worker import run_command, split_lines, stop_command
 from .base import Gang
 
 _TICK_S = 0.1

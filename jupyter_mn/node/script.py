@@ -24,8 +24,8 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..rank.runtime import contract_env
 from .process import STOP_GRACE_S, TAIL_LINES, RankHandle, describe_exit
-from .runtime import contract_env
 
 if TYPE_CHECKING:
     from .agent import NodeAgent
@@ -134,7 +134,7 @@ def _last_traceback(lines: list[str]) -> int | None:
 
 def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
     """The exception a Python traceback ends with, else the exit code and the last line."""
-    from .execute import _SECONDARY
+    from ..rank.execute import _SECONDARY
 
     if traceback:  # the exception line ends the last traceback's frames; what follows came later
         start = _last_traceback(lines)

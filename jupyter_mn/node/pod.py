@@ -1,4 +1,4 @@
-"""Container entrypoint of a Kubernetes gang pod: ``python -m jupyter_mn.rank.pod``.
+"""Container entrypoint of a Kubernetes gang pod: ``python -m jupyter_mn.node.pod``.
 
 Each pod runs one dask worker named after its node rank (the Job completion index), which hosts
 the node agent exactly as on the local backend; pod 0 also runs the dask scheduler. Control
@@ -117,7 +117,7 @@ async def serve(env: Mapping[str, str]) -> None:
             host=pod_ip,
             nthreads=1,
             security=security,
-            preload=["jupyter_mn.rank.agent"],
+            preload=["jupyter_mn.node.agent"],
             memory_limit=0,
             death_timeout=connect_timeout,
         )

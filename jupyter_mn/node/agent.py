@@ -23,10 +23,10 @@ from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
+from ..rank.runtime import contract_env
 from .gpu import RankProcess
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
-from .runtime import contract_env
 from .telemetry import NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
 
@@ -335,7 +335,7 @@ class NodeAgent:
             self._state(r.rank, "exited", describe_exit(r.proc.returncode))
 
     async def run_script(self, launch: dict[str, Any]) -> dict[str, Any]:
-        """Run a training script on this node's ranks (``%cluster run``); see rank/script.py."""
+        """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         from .script import ScriptRun
 
         self._begin()

@@ -21,8 +21,8 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RendezvousError
-from . import stacks
-from .runtime import SYNC_MARKER
+from ..rank import stacks
+from ..rank.runtime import SYNC_MARKER
 
 if TYPE_CHECKING:
     from .agent import NodeAgent
