@@ -23,7 +23,7 @@ from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
-from ..rank.runtime import contract_env
+from ..rank.env import rank_env
 from .gpu import RankProcess
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
@@ -40,14 +40,6 @@ _RELEASE_CHECK_S = 1.0
 
 def dask_setup(worker: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _thread_default(ranks_per_node: int) -> dict[str, str]:
-    """torchrun's rule: several ranks on a node get one OpenMP thread each unless told otherwise
-    (more spin-waiting threads than cores made a small DDP step 10× slower here)."""
-    if ranks_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
-        return {"OMP_NUM_THREADS": "1"}
-    return {}
 
 
 class NodeAgent:
@@ -153,25 +145,21 @@ class NodeAgent:
     def _spawn(self, local: int, generation: int) -> RankHandle:
         launch, gpus = self._launch, self._launch["gpus"]
         rank = self.node * gpus + local
-        env = {
-            **os.environ,
-            **_thread_default(gpus),
-            **launch["env"],
-            **contract_env(
-                rank=rank,
-                local_rank=local,
-                gpus=gpus,
-                node_rank=self.node,
-                nnodes=launch["nnodes"],
-                master_addr=launch["master_addr"],
-                master_port=launch["master_port"],
-                job=self.job,
-                backend=launch["backend"],
-                nodes=launch["nodes"],
-                pg_timeout=launch["pg_timeout"],
-            ),
-            "JUPYTER_MN_GENERATION": str(generation),
-        }
+        env = rank_env(
+            rank=rank,
+            local_rank=local,
+            gpus=gpus,
+            node_rank=self.node,
+            nnodes=launch["nnodes"],
+            master_addr=launch["master_addr"],
+            master_port=launch["master_port"],
+            job=self.job,
+            backend=launch["backend"],
+            nodes=launch["nodes"],
+            pg_timeout=launch["pg_timeout"],
+            user=launch["env"],
+            generation=generation,
+        )
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
         proc = RankHandle(self, local, rank, env, launch.get("cwd"))

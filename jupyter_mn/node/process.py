@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RendezvousError
 from ..rank import stacks
-from ..rank.runtime import SYNC_MARKER
+from ..rank.env import CONTROL_FD
+from ..rank.sync import SYNC_MARKER
 
 if TYPE_CHECKING:
     from .agent import NodeAgent
@@ -63,7 +64,7 @@ class RankHandle:
         self.report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
         parent, child = socket.socketpair()
-        env = {**env, "JUPYTER_MN_CONTROL_FD": str(child.fileno())}
+        env = {**env, CONTROL_FD: str(child.fileno())}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mn.rank.runtime"],
             env=env,

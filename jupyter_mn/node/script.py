@@ -24,7 +24,8 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..rank.runtime import contract_env
+from ..rank.causes import says_secondary
+from ..rank.env import rank_env
 from .process import STOP_GRACE_S, TAIL_LINES, RankHandle, describe_exit
 
 if TYPE_CHECKING:
@@ -134,8 +135,6 @@ def _last_traceback(lines: list[str]) -> int | None:
 
 def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
     """The exception a Python traceback ends with, else the exit code and the last line."""
-    from ..rank.execute import _SECONDARY
-
     if traceback:  # the exception line ends the last traceback's frames; what follows came later
         start = _last_traceback(lines)
         candidates = lines if start is None else lines[start + 1 :]
@@ -147,7 +146,7 @@ def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
         ename, evalue = found.group(1), f"{found.group(2) or ''} ({describe_exit(code)})".lstrip()
     else:
         ename, evalue = "ScriptExit", describe_exit(code) + (f": {last}" if last else "")
-    secondary = any(s in evalue for s in _SECONDARY)
+    secondary = says_secondary(evalue)
     return _error(ename, evalue, lines, secondary)
 
 
@@ -182,33 +181,21 @@ class ScriptRun:
 
     def _env(self, launch: dict[str, Any], rank: int, local: int) -> dict[str, str]:
         """torchrun's variables, plus the contract every jupyter_mn rank gets."""
-        nnodes, gpus = launch["nnodes"], launch["gpus"]
-        return {
-            **os.environ,
-            **launch["env"],
-            **contract_env(
-                rank=rank,
-                local_rank=local,
-                gpus=gpus,
-                node_rank=self.agent.node,
-                nnodes=nnodes,
-                master_addr=launch["master_addr"],
-                master_port=launch["master_port"],
-                job=self.agent.job,
-                backend=launch["backend"],
-                nodes=launch["nodes"],
-                pg_timeout=launch["pg_timeout"],
-            ),
-            "GROUP_WORLD_SIZE": str(nnodes),
-            "ROLE_NAME": "default",
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(nnodes * gpus),
-            "TORCHELASTIC_RUN_ID": self.agent.job,
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
-            "TORCHELASTIC_ERROR_FILE": os.path.join(self.folder, f"error-{rank}.json"),
-        }
+        return rank_env(
+            rank=rank,
+            local_rank=local,
+            gpus=launch["gpus"],
+            node_rank=self.agent.node,
+            nnodes=launch["nnodes"],
+            master_addr=launch["master_addr"],
+            master_port=launch["master_port"],
+            job=self.agent.job,
+            backend=launch["backend"],
+            nodes=launch["nodes"],
+            pg_timeout=launch["pg_timeout"],
+            user=launch["env"],
+            error_file=os.path.join(self.folder, f"error-{rank}.json"),
+        )
 
     async def wait(self) -> dict[str, Any]:
         """Until every process exits; the first failure stops this node's others at once."""
