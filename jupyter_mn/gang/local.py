@@ -13,14 +13,8 @@ import os
 from typing import Any
 
 from ..errors import SchedulingError
+from ..node.daskconfig import DASK_CONFIG
 from ..spec import ClusterSpec
-
-DASK_CONFIG = {
-    "distributed.scheduler.allowed-failures": 0,
-    "distributed.worker.daemon": False,
-    "distributed.nanny.pre-spawn-environ": {"MALLOC_TRIM_THRESHOLD_": 65536},
-    "distributed.admin.tick.limit": "1h",
-}
 
 
 class LocalProvisioner:

@@ -16,7 +16,7 @@ import contextlib
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
@@ -27,11 +27,9 @@ from ..rank.env import rank_env
 from .gpu import RankProcess
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
+from .script import ScriptRun
 from .telemetry import NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
-
-if TYPE_CHECKING:
-    from .script import ScriptRun
 
 BATCH_S = 0.005
 #: How often an agent checks that dask still holds it for a client (else: stop its processes).
@@ -106,7 +104,7 @@ class NodeAgent:
         # Every event goes through the loop's callback queue, so events keep their order.
         self._worker.loop.add_callback(self._worker.log_event, self.topic, to_msg(event))
 
-    def _state(self, rank: int, state: str, detail: str = "", run: int = 0) -> None:
+    def rank_state(self, rank: int, state: str, detail: str = "", run: int = 0) -> None:
         with self._cond:
             self._publish(RankState(self.node, rank, state, detail, run))
 
@@ -163,7 +161,7 @@ class NodeAgent:
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
         proc = RankHandle(self, local, rank, env, launch.get("cwd"))
-        self._state(rank, "started", f"pid {proc.proc.pid}")
+        self.rank_state(rank, "started", f"pid {proc.proc.pid}")
         return proc
 
     async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
@@ -185,7 +183,7 @@ class NodeAgent:
             await self._stop_ranks()
             raise
         for info in infos:
-            self._state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
+            self.rank_state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
         return infos
 
     def _sampled(self) -> list[RankProcess]:
@@ -203,8 +201,7 @@ class NodeAgent:
         """Run a cell on every rank of this node; return their replies once output is flushed."""
         self._run_id = run_id
         for r in self._ranks:
-            r.running = run_id
-            r.expected += 1
+            r.begin(run_id)
         self._telemetry.cell(running=True)
         await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
@@ -217,7 +214,7 @@ class NodeAgent:
         if reply["status"] != "ok":
             error = reply.get("error") or {}
             primary = "" if error.get("secondary") else "primary"
-            self._state(r.rank, reply["status"], primary, run_id)
+            self.rank_state(r.rank, reply["status"], primary, run_id)
         return reply
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:
@@ -286,10 +283,6 @@ class NodeAgent:
         if self._watchdog is not None:
             self._watchdog.beat()
 
-    async def lost_while_idle(self, r: RankHandle) -> None:
-        reason = r.exit_reason(await r.exit_code())
-        self._state(r.rank, "lost-idle", r.explain(f"died between cells: {reason}"))
-
     async def _keep_watch(self) -> None:
         assert self._watchdog is not None
         while not self._closing.is_set():
@@ -320,15 +313,14 @@ class NodeAgent:
     async def _stop_ranks(self) -> None:
         await asyncio.gather(*(r.stop() for r in self._ranks))
         for r in self._ranks:
-            self._state(r.rank, "exited", describe_exit(r.proc.returncode))
+            self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 
     async def run_script(self, launch: dict[str, Any]) -> dict[str, Any]:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
-        from .script import ScriptRun
-
         self._begin()
         self.script = ScriptRun(self, launch)
-        return await self.script.wait()
+        outcomes = await self.script.wait()
+        return {"node": self.node, "seq": self.flush(), "ranks": outcomes}
 
     async def stop_script(self, signum: int = signal.SIGTERM, why: str = "") -> None:
         if self.script is not None:

@@ -25,6 +25,8 @@ from distributed import Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.security import Security
 
+from .daskconfig import DASK_CONFIG
+
 log = logging.getLogger("jupyter_mn.pod")
 #: The scheduler's own bookkeeping client, not a kernel.
 _INTERNAL_CLIENTS = frozenset({"fire-and-forget"})
@@ -89,8 +91,6 @@ def security_from(tls_dir: str) -> Security:
 async def serve(env: Mapping[str, str]) -> None:
     """Run this pod's part of the gang until the worker closes (or SIGTERM)."""
     import dask
-
-    from ..gang.local import DASK_CONFIG
 
     node = int(env["NODE_RANK"])
     pod_ip = env["POD_IP"]

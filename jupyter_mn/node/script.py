@@ -20,37 +20,36 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
-from .process import STOP_GRACE_S, TAIL_LINES, RankHandle, describe_exit
-
-if TYPE_CHECKING:
-    from .agent import NodeAgent
+from .link import NodeLink
+from .pipes import TAIL_LINES, PipeReader
+from .process import STOP_GRACE_S, describe_exit, signal_session
 
 ERR_TAIL_LINES = 200
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 
-class ScriptRank(RankHandle):
-    """One script process: a rank for the agent's pipes and logs, without a control socket."""
+class ScriptRank:
+    """One script process: its pipes go to the agent's log like a cell rank's; no control socket."""
 
     def __init__(
         self,
-        agent: NodeAgent,
+        agent: NodeLink,
         local_rank: int,
         rank: int,
         argv: list[str],
         env: dict[str, str],
         cwd: str | None,
     ) -> None:
-        self._watch_output(agent, local_rank, rank)
-        self.err_tail: deque[str] = deque(maxlen=ERR_TAIL_LINES)
-        self.expected = 1  # a script writes no sync marker: synced() waits for its pipes to close
+        self.local_rank = local_rank
+        self.rank = rank
+        self.pipes = PipeReader(agent, rank, err_lines=ERR_TAIL_LINES)
+        self.pipes.expected = 1  # a script writes no sync mark: synced() waits for EOF
         self.stopped_by: str = ""
         self._outcome: dict[str, Any] | None = None
         self.error_file = env["TORCHELASTIC_ERROR_FILE"]
@@ -64,19 +63,17 @@ class ScriptRank(RankHandle):
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        self._read_pipes()
+        self.pipes.start(self.proc)
 
-    def _line(self, stream: str, text: str) -> None:
-        if stream == "err":
-            self.err_tail.append(text)
-        super()._line(stream, text)
+    def signal(self, signum: int) -> None:
+        signal_session(self.proc.pid, signum)
 
     async def finished(self) -> ScriptRank:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.proc.wait)
         self.duration = time.perf_counter() - self.started
         self.finished_at = time.time()
-        await self.synced()  # both pipes read to the end
+        await self.pipes.synced()  # both pipes read to the end
         return self
 
     def outcome(self) -> dict[str, Any]:
@@ -108,10 +105,12 @@ class ScriptRank(RankHandle):
             out["error"] = raised
         elif code is not None and code < 0:
             out["status"] = "lost"
-            out["error"] = _error("RankLost", describe_exit(code), ["last lines:", *self.tail])
+            out["error"] = _error(
+                "RankLost", describe_exit(code), ["last lines:", *self.pipes.tail]
+            )
         elif code:
             out["status"] = "error"
-            lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
+            lines = [_RANK_PREFIX.sub("", line) for line in self.pipes.err_tail]
             out["error"] = _from_lines(lines[-TAIL_LINES:], code, traceback=False)
         return out
 
@@ -122,7 +121,7 @@ class ScriptRank(RankHandle):
             lines = message["extraInfo"]["py_callstack"].rstrip().splitlines()
             return _from_lines(lines, code, traceback=True)
         # torch prefixes an uncaught exception's lines with "[rankN]: " (its excepthook)
-        lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
+        lines = [_RANK_PREFIX.sub("", line) for line in self.pipes.err_tail]
         start = _last_traceback(lines)
         return None if start is None else _from_lines(lines[start:], code, traceback=True)
 
@@ -157,7 +156,7 @@ def _error(ename: str, evalue: str, lines: list[str], secondary: bool = False) -
 class ScriptRun:
     """This node's script processes: started at once, stopped together when one fails."""
 
-    def __init__(self, agent: NodeAgent, launch: dict[str, Any]) -> None:
+    def __init__(self, agent: NodeLink, launch: dict[str, Any]) -> None:
         self.agent = agent
         self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
         script = launch["script"]
@@ -177,7 +176,7 @@ class ScriptRun:
             for local in range(gpus)
         ]
         for r in self.ranks:
-            agent._state(r.rank, "started", f"pid {r.proc.pid}")
+            agent.rank_state(r.rank, "started", f"pid {r.proc.pid}")
 
     def _env(self, launch: dict[str, Any], rank: int, local: int) -> dict[str, str]:
         """torchrun's variables, plus the contract every jupyter_mn rank gets."""
@@ -197,8 +196,9 @@ class ScriptRun:
             error_file=os.path.join(self.folder, f"error-{rank}.json"),
         )
 
-    async def wait(self) -> dict[str, Any]:
-        """Until every process exits; the first failure stops this node's others at once."""
+    async def wait(self) -> list[dict[str, Any]]:
+        """Until every process exits (then their outcomes); the first failure stops this node's
+        others at once."""
         pending = {asyncio.ensure_future(r.finished()) for r in self.ranks}
         try:
             while pending:
@@ -207,15 +207,11 @@ class ScriptRun:
                     r = task.result()
                     outcome = r.outcome()
                     if outcome["status"] not in ("ok", "interrupted"):
-                        self.agent._state(r.rank, outcome["status"], "primary")
+                        self.agent.rank_state(r.rank, outcome["status"], "primary")
                         await self.stop(signal.SIGTERM, f"rank {r.rank} failed")
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
-        return {
-            "node": self.agent.node,
-            "seq": self.agent.flush(),
-            "ranks": [r.outcome() for r in self.ranks],
-        }
+        return [r.outcome() for r in self.ranks]
 
     async def stop(self, signum: int = signal.SIGTERM, why: str = "stopped by the kernel") -> None:
         """``signum`` to the processes still running, SIGKILL after a grace period."""
