@@ -1,6 +1,6 @@
 # The node-agent image for `%%cluster --backend kubernetes --image IMAGE`.
 #
-# Each gang pod runs `python -m jupyter_mn.rank.pod` from this image: one dask worker hosting the
+# Each gang pod runs `python -m jupyter_mn.node.pod` from this image: one dask worker hosting the
 # node agent (pod 0 also the dask scheduler), which starts one rank process per GPU. So the image
 # needs Python, the CUDA build of torch you train with, jupyter_mn, and, for --rdma, the verbs
 # libraries NCCL loads for InfiniBand/RoCE. Keep torch and jupyter_mn at the versions the notebook
@@ -30,4 +30,4 @@ ENV PYTHONUNBUFFERED=1
 # Ranks run as root by default: CAP_IPC_LOCK (added with --rdma) only lifts the memlock limit
 # for root; a non-root user needs the runtime's memlock limit raised instead.
 WORKDIR /workspace
-CMD ["python", "-m", "jupyter_mn.rank.pod"]
+CMD ["python", "-m", "jupyter_mn.node.pod"]

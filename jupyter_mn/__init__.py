@@ -15,8 +15,8 @@ _LAZY = {
     "Cluster": ("cluster", "Cluster"),
     "ClusterSpec": ("spec", "ClusterSpec"),
     "CellResult": ("result", "CellResult"),
-    "cluster_info": ("rank.runtime", "cluster_info"),
-    "ClusterInfo": ("rank.runtime", "ClusterInfo"),
+    "cluster_info": ("rank.info", "cluster_info"),
+    "ClusterInfo": ("rank.info", "ClusterInfo"),
 }
 
 __all__ = [

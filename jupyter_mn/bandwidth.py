@@ -126,7 +126,7 @@ def bench(
     cluster: Cluster, size: int, iters: int = 10, warmup: int = 2, on_event: Any = None
 ) -> BenchReport:
     """Measure all-reduce on ``cluster``'s gang (brought up if needed)."""
-    from .rank.worker import link_facts
+    from .node.worker import link_facts
 
     gang = cluster.up(on_event)
     code = (

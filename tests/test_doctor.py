@@ -25,7 +25,7 @@ from jupyter_mn import Cluster
 from jupyter_mn.doctor import doctor, kernel_facts
 from jupyter_mn.doctor.checks import ifname_matches, judge
 from jupyter_mn.errors import PreflightError
-from jupyter_mn.rank.probe import rdma_ports
+from jupyter_mn.node.probe import rdma_ports
 from jupyter_mn.spec import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def closed_port() -> int:
 
 def probe(options: dict, env: dict | None = None) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "jupyter_mn.rank.probe", json.dumps(options)],
+        [sys.executable, "-m", "jupyter_mn.node.probe", json.dumps(options)],
         capture_output=True,
         text=True,
         check=True,

@@ -6,7 +6,7 @@ import pytest
 
 from jupyter_mn import Cluster
 from jupyter_mn.events import GpuSample, TransportReport
-from jupyter_mn.rank.gpu import GpuSampler, visible_gpu
+from jupyter_mn.node.gpu import GpuSampler, visible_gpu
 
 UUIDS = ["GPU-1111aaaa-0000", "GPU-2222bbbb-0000", "GPU-3333cccc-0000", "GPU-4444dddd-0000"]
 

@@ -109,7 +109,7 @@ def test_job_shape_is_one_pod_per_node_all_or_nothing():
     anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
     container = pod["containers"][0]
-    assert container["command"] == ["python", "-m", "jupyter_mn.rank.pod"]
+    assert container["command"] == ["python", "-m", "jupyter_mn.node.pod"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     env = {e["name"]: e for e in container["env"]}
     assert COMPLETION_INDEX in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_mn.rank.nccl import NcclLog, normalize_path
+from jupyter_mn.node.nccl import NcclLog, normalize_path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from jupyter_mn.rank import ports
+from jupyter_mn.node import ports
 
 
 def _listening(port: int) -> socket.socket:

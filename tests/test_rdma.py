@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_mn.rank.rdma import detect, nccl_auto_gid, plan
+from jupyter_mn.node.rdma import detect, nccl_auto_gid, plan
 
 LINK_LOCAL = "fe80:0000:0000:0000:0a5e:45ff:fe1c:4b2e"
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"

@@ -12,8 +12,8 @@ from test_nccl import FIXTURES
 from jupyter_mn import Cluster
 from jupyter_mn.errors import TransportError
 from jupyter_mn.events import GpuSample, TransportReport
-from jupyter_mn.rank.gpu import RankProcess
-from jupyter_mn.rank.telemetry import NodeTelemetry
+from jupyter_mn.node.gpu import RankProcess
+from jupyter_mn.node.telemetry import NodeTelemetry
 from jupyter_mn.views import TextView
 
 ENV = (

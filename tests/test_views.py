@@ -15,7 +15,7 @@ from jupyter_mn.events import (
     RankTiming,
     TransportReport,
 )
-from jupyter_mn.rank.nccl import NcclLog
+from jupyter_mn.node.nccl import NcclLog
 from jupyter_mn.spec import ClusterSpec
 from jupyter_mn.views import TextView, make_view, widgets_rendered
 from jupyter_mn.views.state import TAIL_LINES

@@ -1,6 +1,6 @@
 """Preflight doctor: the multi-node debugging checklist, on every node, before GPU-hours are spent.
 
-Each node runs a probe (``rank/probe.py``) with its ranks' environment; the facts come back here
+Each node runs a probe (``node/probe.py``) with its ranks' environment; the facts come back here
 and every check judges them across nodes and against the kernel: same Python / torch / CUDA /
 NCCL / jupyter_mn / cloudpickle, GPUs visible for ``--gpus``, MASTER_ADDR:PORT reachable from every
 node, the interface NCCL or gloo will use, RDMA ports ACTIVE with ``--rdma``, /dev/shm size, free
@@ -35,7 +35,7 @@ REACH_TIMEOUT_S = 5.0
 
 def examine(gang: Gang) -> DoctorReport:
     """Probe every node of ``gang`` (its agents must be up) and judge the facts."""
-    from ..rank.worker import probe
+    from ..node.worker import probe
 
     started = time.perf_counter()
     spec = gang.spec

@@ -170,7 +170,7 @@ class Gang(EventHub):
 
     def _place_agents(self, addresses: list[str]) -> None:
         """One node agent (a dask actor) per node; node 0's agent names the master address."""
-        from ..rank.agent import NodeAgent
+        from ..node.agent import NodeAgent
 
         client = self._client
         with client.as_current():

@@ -22,7 +22,7 @@ from typing import Any
 from .. import __version__
 from ..errors import SchedulingError, SpecError
 from ..events import Note
-from ..rank.worker import identity, ignore_sigint, worker_facts
+from ..node.worker import identity, ignore_sigint, worker_facts
 from ..spec import ClusterSpec
 from .hub import topics
 

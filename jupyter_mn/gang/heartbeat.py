@@ -1,6 +1,6 @@
 """The kernel's heartbeat to its node agents: while it beats, the kernel is alive.
 
-Agents stop their ranks when it has been silent for ``heartbeat_timeout`` (``rank/watchdog.py``),
+Agents stop their ranks when it has been silent for ``heartbeat_timeout`` (``node/watchdog.py``),
 so a kernel killed with ``kill -9`` leaves nothing running, on any backend.
 """
 
@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..rank.watchdog import HEARTBEAT_S
+from ..node.watchdog import HEARTBEAT_S
 
 
 class Heartbeat:

@@ -13,14 +13,8 @@ import os
 from typing import Any
 
 from ..errors import SchedulingError
+from ..node.daskconfig import DASK_CONFIG
 from ..spec import ClusterSpec
-
-DASK_CONFIG = {
-    "distributed.scheduler.allowed-failures": 0,
-    "distributed.worker.daemon": False,
-    "distributed.nanny.pre-spawn-environ": {"MALLOC_TRIM_THRESHOLD_": 65536},
-    "distributed.admin.tick.limit": "1h",
-}
 
 
 class LocalProvisioner:
@@ -51,7 +45,7 @@ class LocalProvisioner:
                     # a lost worker is reported as NodeLost; the scheduler's own errors
                     # about it would only add noise to the notebook
                     silence_logs=logging.CRITICAL,
-                    preload=["jupyter_mn.rank.agent"],
+                    preload=["jupyter_mn.node.agent"],
                 )
                 self._client = Client(
                     self._cluster, security=security, set_as_default=False, direct_to_workers=True

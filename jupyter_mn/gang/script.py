@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..events import OnEvent, RankState
-from ..rank.worker import find_script
+from ..node.worker import find_script
 from ..result import LOST, CellResult
 from .base import Gang
 from .job import INTERRUPTED_BY_USER, Job

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpecError
-from ..rank.worker import run_command, split_lines, stop_command
+from ..node.worker import run_command, split_lines, stop_command
 from .base import Gang
 from .inbox import Message
 from .job import INTERRUPTED_BY_USER, WorkerCall

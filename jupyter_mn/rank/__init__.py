@@ -1,5 +1,6 @@
-"""Everything that runs on the nodes: the node agent (a dask actor) and the rank processes.
+"""What runs inside a rank process: its main loop, cell execution, group abort, timing, stacks.
 
-Nothing here is imported by the kernel side at import time, and the rank processes never import
-the kernel side's heavy dependencies (IPython kernel, widgets).
+A rank process is started by its node agent (``jupyter_mn.node``) as ``python -m
+jupyter_mn.rank.runtime``. Nothing here imports the kernel side or the node agent, and the kernel
+side never imports this package at import time.
 """

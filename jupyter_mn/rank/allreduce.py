@@ -40,7 +40,7 @@ def measure(size: int, iters: int, warmup: int) -> list[dict[str, Any]] | None:
     import torch
     import torch.distributed as dist
 
-    from .runtime import cluster_info
+    from .info import cluster_info
 
     info = cluster_info()
     cuda = torch.cuda.is_available()

@@ -8,9 +8,9 @@ notebook), and tracebacks read ``Cell In[N], line L`` with the notebook's own ce
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import random
+import signal
 import sys
 import time
 import traceback
@@ -25,27 +25,13 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 from . import stacks, timing
+from .causes import is_secondary
+from .info import cluster_info
 
 if TYPE_CHECKING:
     from ..cell import CellPayload
-    from .runtime import ClusterInfo, ProcessGroup, _CellSignals
-
-#: Messages of errors that only say a peer went away: a consequence, not the root cause.
-_SECONDARY = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "has been destroyed",
-    "Application timeout caused pair closure",
-    "process group has been aborted",
-    "NCCL communicator was aborted",
-    "Socket Timeout",
-    "SIGABRT",
-    "Connection refused",
-)
-
-
-_TORCH_DISTRIBUTED = f"{os.sep}torch{os.sep}distributed{os.sep}"
+    from .group import ProcessGroup
+    from .info import ClusterInfo
 
 
 class _ValueHook(DisplayHook):
@@ -56,12 +42,20 @@ class _ValueHook(DisplayHook):
             self.exec_result.result = result
 
 
-def is_secondary(exc: BaseException) -> bool:
-    """A consequence of another rank's failure, or an interrupt that found this rank waiting
-    for its peers inside torch.distributed (the rank that kept them waiting is the cause)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return _TORCH_DISTRIBUTED in getattr(exc, "struck_in", "")
-    return any(s in str(exc) for s in _SECONDARY)
+class CellSignals:
+    """SIGINT interrupts a running cell and is ignored between cells (the loop must survive)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.active:
+            interrupt = KeyboardInterrupt()
+            # where it struck: a rank stopped inside torch.distributed was waiting for its peers
+            where = frame.f_code.co_filename if frame is not None else ""
+            interrupt.struck_in = where  # type: ignore[attr-defined]
+            raise interrupt
 
 
 class RankShell(InteractiveShell):
@@ -80,8 +74,6 @@ class RankShell(InteractiveShell):
         shell = cls.instance(config=config, colors="nocolor")
         import torch
         import torch.distributed as dist
-
-        from .runtime import cluster_info
 
         shell.user_ns.update({"torch": torch, "dist": dist, "cluster_info": cluster_info})
         shell.last_traceback = []
@@ -196,7 +188,7 @@ def run(
     payload: CellPayload,
     info: ClusterInfo,
     group: ProcessGroup,
-    signals: _CellSignals,
+    signals: CellSignals,
 ) -> dict[str, Any]:
     """Run one cell; return the reply the agent relays (value only from rank 0, or all ranks)."""
     shell.display_pub.outputs.clear()

@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from jupyter_mn.rank.ports import listen_port
+from jupyter_mn.node.ports import listen_port
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

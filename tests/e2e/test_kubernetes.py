@@ -1,6 +1,6 @@
 """``%%cluster --backend kubernetes`` in a real kernel, against the test API server.
 
-The test kubelet runs each pod's container command (``python -m jupyter_mn.rank.pod``) as a
+The test kubelet runs each pod's container command (``python -m jupyter_mn.node.pod``) as a
 local process with the pod's environment (downward API resolved), so this checks the container
 command, the env contract, the TLS Secret, readiness, cluster DNS between pods and the
 port-forward back to the kernel, without a real cluster. ``%cluster down`` must delete every
@@ -21,7 +21,7 @@ import pytest
 from kube.cluster import FakeCluster
 from test_papermill import ROOT, _texts
 
-from jupyter_mn.rank.ports import is_free, listen_port
+from jupyter_mn.node.ports import is_free, listen_port
 from kernels import Kernel
 
 CELL = """%%cluster --backend kubernetes --nodes 2 --gpus 2 --image registry.example/agent:1 {extra}

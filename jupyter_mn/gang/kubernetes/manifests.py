@@ -221,7 +221,7 @@ def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
         "name": CONTAINER,
         "image": opts.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "jupyter_mn.rank.pod"],
+        "command": ["python", "-m", "jupyter_mn.node.pod"],
         "env": _env(spec, gang_id),
         "ports": [
             {"name": "dask", "containerPort": opts.dask_port, "protocol": "TCP"},

@@ -1,4 +1,4 @@
-"""Container entrypoint of a Kubernetes gang pod: ``python -m jupyter_mn.rank.pod``.
+"""Container entrypoint of a Kubernetes gang pod: ``python -m jupyter_mn.node.pod``.
 
 Each pod runs one dask worker named after its node rank (the Job completion index), which hosts
 the node agent exactly as on the local backend; pod 0 also runs the dask scheduler. Control
@@ -24,6 +24,8 @@ from typing import Any
 from distributed import Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.security import Security
+
+from .daskconfig import DASK_CONFIG
 
 log = logging.getLogger("jupyter_mn.pod")
 #: The scheduler's own bookkeeping client, not a kernel.
@@ -90,8 +92,6 @@ async def serve(env: Mapping[str, str]) -> None:
     """Run this pod's part of the gang until the worker closes (or SIGTERM)."""
     import dask
 
-    from ..gang.local import DASK_CONFIG
-
     node = int(env["NODE_RANK"])
     pod_ip = env["POD_IP"]
     port = int(env["JUPYTER_MN_DASK_PORT"])
@@ -117,7 +117,7 @@ async def serve(env: Mapping[str, str]) -> None:
             host=pod_ip,
             nthreads=1,
             security=security,
-            preload=["jupyter_mn.rank.agent"],
+            preload=["jupyter_mn.node.agent"],
             memory_limit=0,
             death_timeout=connect_timeout,
         )

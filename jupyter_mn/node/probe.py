@@ -1,4 +1,4 @@
-"""``python -m jupyter_mn.rank.probe OPTIONS_JSON``: what a node looks like to its ranks, as JSON.
+"""``python -m jupyter_mn.node.probe OPTIONS_JSON``: what a node looks like to its ranks, as JSON.
 
 It runs as a fresh process with the ranks' environment and working directory, so it sees what
 they will see (PYTHONPATH shadowing, CUDA_VISIBLE_DEVICES, NCCL_* variables, mounts). It only
@@ -141,7 +141,7 @@ def reach(addr: str, port: int, timeout: float) -> dict[str, Any]:
 
 
 def rdma_ports(root: str = "/") -> list[dict[str, Any]]:
-    """The node's InfiniBand / RoCE ports as ``rank/rdma.py`` judges them, as plain data."""
+    """The node's InfiniBand / RoCE ports as ``node/rdma.py`` judges them, as plain data."""
     from .rdma import detect
 
     return [

@@ -20,37 +20,36 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..events import NodeReply, to_msg
-from .process import STOP_GRACE_S, TAIL_LINES, RankHandle, describe_exit
-from .runtime import contract_env
-
-if TYPE_CHECKING:
-    from .agent import NodeAgent
+from ..rank.causes import says_secondary
+from ..rank.env import rank_env
+from .link import NodeLink
+from .pipes import TAIL_LINES, PipeReader
+from .process import STOP_GRACE_S, describe_exit, signal_session
 
 ERR_TAIL_LINES = 200
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 
-class ScriptRank(RankHandle):
-    """One script process: a rank for the agent's pipes and logs, without a control socket."""
+class ScriptRank:
+    """One script process: its pipes go to the agent's log like a cell rank's; no control socket."""
 
     def __init__(
         self,
-        agent: NodeAgent,
+        agent: NodeLink,
         local_rank: int,
         rank: int,
         argv: list[str],
         env: dict[str, str],
         cwd: str | None,
     ) -> None:
-        self._watch_output(agent, local_rank, rank)
-        self.err_tail: deque[str] = deque(maxlen=ERR_TAIL_LINES)
-        self.expected = 1  # a script writes no sync marker: synced() waits for its pipes to close
+        self.local_rank = local_rank
+        self.rank = rank
+        self.pipes = PipeReader(agent, rank, err_lines=ERR_TAIL_LINES)
+        self.pipes.expected = 1  # a script writes no sync mark: synced() waits for EOF
         self.stopped_by: str = ""
         self._outcome: dict[str, Any] | None = None
         self.error_file = env["TORCHELASTIC_ERROR_FILE"]
@@ -64,19 +63,17 @@ class ScriptRank(RankHandle):
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        self._read_pipes()
+        self.pipes.start(self.proc)
 
-    def _line(self, stream: str, text: str) -> None:
-        if stream == "err":
-            self.err_tail.append(text)
-        super()._line(stream, text)
+    def signal(self, signum: int) -> None:
+        signal_session(self.proc.pid, signum)
 
     async def finished(self) -> ScriptRank:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.proc.wait)
         self.duration = time.perf_counter() - self.started
         self.finished_at = time.time()
-        await self.synced()  # both pipes read to the end
+        await self.pipes.synced()  # both pipes read to the end
         return self
 
     def outcome(self) -> dict[str, Any]:
@@ -108,10 +105,12 @@ class ScriptRank(RankHandle):
             out["error"] = raised
         elif code is not None and code < 0:
             out["status"] = "lost"
-            out["error"] = _error("RankLost", describe_exit(code), ["last lines:", *self.tail])
+            out["error"] = _error(
+                "RankLost", describe_exit(code), ["last lines:", *self.pipes.tail]
+            )
         elif code:
             out["status"] = "error"
-            lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
+            lines = [_RANK_PREFIX.sub("", line) for line in self.pipes.err_tail]
             out["error"] = _from_lines(lines[-TAIL_LINES:], code, traceback=False)
         return out
 
@@ -122,7 +121,7 @@ class ScriptRank(RankHandle):
             lines = message["extraInfo"]["py_callstack"].rstrip().splitlines()
             return _from_lines(lines, code, traceback=True)
         # torch prefixes an uncaught exception's lines with "[rankN]: " (its excepthook)
-        lines = [_RANK_PREFIX.sub("", line) for line in self.err_tail]
+        lines = [_RANK_PREFIX.sub("", line) for line in self.pipes.err_tail]
         start = _last_traceback(lines)
         return None if start is None else _from_lines(lines[start:], code, traceback=True)
 
@@ -135,8 +134,6 @@ def _last_traceback(lines: list[str]) -> int | None:
 
 def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
     """The exception a Python traceback ends with, else the exit code and the last line."""
-    from .execute import _SECONDARY
-
     if traceback:  # the exception line ends the last traceback's frames; what follows came later
         start = _last_traceback(lines)
         candidates = lines if start is None else lines[start + 1 :]
@@ -148,7 +145,7 @@ def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
         ename, evalue = found.group(1), f"{found.group(2) or ''} ({describe_exit(code)})".lstrip()
     else:
         ename, evalue = "ScriptExit", describe_exit(code) + (f": {last}" if last else "")
-    secondary = any(s in evalue for s in _SECONDARY)
+    secondary = says_secondary(evalue)
     return _error(ename, evalue, lines, secondary)
 
 
@@ -159,7 +156,7 @@ def _error(ename: str, evalue: str, lines: list[str], secondary: bool = False) -
 class ScriptRun:
     """This node's script processes: started at once, stopped together when one fails."""
 
-    def __init__(self, agent: NodeAgent, launch: dict[str, Any]) -> None:
+    def __init__(self, agent: NodeLink, launch: dict[str, Any]) -> None:
         self.agent = agent
         self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
         script = launch["script"]
@@ -179,40 +176,29 @@ class ScriptRun:
             for local in range(gpus)
         ]
         for r in self.ranks:
-            agent._state(r.rank, "started", f"pid {r.proc.pid}")
+            agent.rank_state(r.rank, "started", f"pid {r.proc.pid}")
 
     def _env(self, launch: dict[str, Any], rank: int, local: int) -> dict[str, str]:
         """torchrun's variables, plus the contract every jupyter_mn rank gets."""
-        nnodes, gpus = launch["nnodes"], launch["gpus"]
-        return {
-            **os.environ,
-            **launch["env"],
-            **contract_env(
-                rank=rank,
-                local_rank=local,
-                gpus=gpus,
-                node_rank=self.agent.node,
-                nnodes=nnodes,
-                master_addr=launch["master_addr"],
-                master_port=launch["master_port"],
-                job=self.agent.job,
-                backend=launch["backend"],
-                nodes=launch["nodes"],
-                pg_timeout=launch["pg_timeout"],
-            ),
-            "GROUP_WORLD_SIZE": str(nnodes),
-            "ROLE_NAME": "default",
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(nnodes * gpus),
-            "TORCHELASTIC_RUN_ID": self.agent.job,
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
-            "TORCHELASTIC_ERROR_FILE": os.path.join(self.folder, f"error-{rank}.json"),
-        }
+        return rank_env(
+            rank=rank,
+            local_rank=local,
+            gpus=launch["gpus"],
+            node_rank=self.agent.node,
+            nnodes=launch["nnodes"],
+            master_addr=launch["master_addr"],
+            master_port=launch["master_port"],
+            job=self.agent.job,
+            backend=launch["backend"],
+            nodes=launch["nodes"],
+            pg_timeout=launch["pg_timeout"],
+            user=launch["env"],
+            error_file=os.path.join(self.folder, f"error-{rank}.json"),
+        )
 
-    async def wait(self) -> dict[str, Any]:
-        """Until every process exits; the first failure stops this node's others at once."""
+    async def wait(self) -> list[dict[str, Any]]:
+        """Until every process exits (then their outcomes); the first failure stops this node's
+        others at once."""
         pending = {asyncio.ensure_future(r.finished()) for r in self.ranks}
         try:
             while pending:
@@ -221,12 +207,11 @@ class ScriptRun:
                     r = task.result()
                     outcome = r.outcome()
                     if outcome["status"] not in ("ok", "interrupted"):
-                        self.agent._state(r.rank, outcome["status"], primary=True)
+                        self.agent.rank_state(r.rank, outcome["status"], primary=True)
                         await self.stop(signal.SIGTERM, f"rank {r.rank} failed")
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
-        outcomes = [r.outcome() for r in self.ranks]
-        return to_msg(NodeReply.build(self.agent.node, self.agent.flush(), outcomes))
+        return [r.outcome() for r in self.ranks]
 
     async def stop(self, signum: int = signal.SIGTERM, why: str = "stopped by the kernel") -> None:
         """``signum`` to the processes still running, SIGKILL after a grace period."""

@@ -16,22 +16,20 @@ import contextlib
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distributed import get_worker
 from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, NodeReply, RankState, to_msg
+from ..rank.env import rank_env
 from .gpu import RankProcess
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
-from .runtime import contract_env
+from .script import ScriptRun
 from .telemetry import NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
-
-if TYPE_CHECKING:
-    from .script import ScriptRun
 
 BATCH_S = 0.005
 #: How often an agent checks that dask still holds it for a client (else: stop its processes).
@@ -40,14 +38,6 @@ _RELEASE_CHECK_S = 1.0
 
 def dask_setup(worker: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _thread_default(ranks_per_node: int) -> dict[str, str]:
-    """torchrun's rule: several ranks on a node get one OpenMP thread each unless told otherwise
-    (more spin-waiting threads than cores made a small DDP step 10× slower here)."""
-    if ranks_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
-        return {"OMP_NUM_THREADS": "1"}
-    return {}
 
 
 class NodeAgent:
@@ -114,7 +104,7 @@ class NodeAgent:
         # Every event goes through the loop's callback queue, so events keep their order.
         self._worker.loop.add_callback(self._worker.log_event, self.topic, to_msg(event))
 
-    def _state(
+    def rank_state(
         self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
     ) -> None:
         with self._cond:
@@ -155,29 +145,25 @@ class NodeAgent:
     def _spawn(self, local: int, generation: int) -> RankHandle:
         launch, gpus = self._launch, self._launch["gpus"]
         rank = self.node * gpus + local
-        env = {
-            **os.environ,
-            **_thread_default(gpus),
-            **launch["env"],
-            **contract_env(
-                rank=rank,
-                local_rank=local,
-                gpus=gpus,
-                node_rank=self.node,
-                nnodes=launch["nnodes"],
-                master_addr=launch["master_addr"],
-                master_port=launch["master_port"],
-                job=self.job,
-                backend=launch["backend"],
-                nodes=launch["nodes"],
-                pg_timeout=launch["pg_timeout"],
-            ),
-            "JUPYTER_MN_GENERATION": str(generation),
-        }
+        env = rank_env(
+            rank=rank,
+            local_rank=local,
+            gpus=gpus,
+            node_rank=self.node,
+            nnodes=launch["nnodes"],
+            master_addr=launch["master_addr"],
+            master_port=launch["master_port"],
+            job=self.job,
+            backend=launch["backend"],
+            nodes=launch["nodes"],
+            pg_timeout=launch["pg_timeout"],
+            user=launch["env"],
+            generation=generation,
+        )
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
         proc = RankHandle(self, local, rank, env, launch.get("cwd"))
-        self._state(rank, "started", f"pid {proc.proc.pid}")
+        self.rank_state(rank, "started", f"pid {proc.proc.pid}")
         return proc
 
     async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
@@ -199,7 +185,7 @@ class NodeAgent:
             await self._stop_ranks()
             raise
         for info in infos:
-            self._state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
+            self.rank_state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
         return infos
 
     def _sampled(self) -> list[RankProcess]:
@@ -217,8 +203,7 @@ class NodeAgent:
         """Run a cell on every rank of this node; return their replies once output is flushed."""
         self._run_id = run_id
         for r in self._ranks:
-            r.running = run_id
-            r.expected += 1
+            r.begin(run_id)
         self._telemetry.cell(running=True)
         await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
@@ -230,7 +215,7 @@ class NodeAgent:
         reply = await r.reply("done")
         if reply["status"] != "ok":
             error = reply.get("error") or {}
-            self._state(r.rank, reply["status"], run=run_id, primary=not error.get("secondary"))
+            self.rank_state(r.rank, reply["status"], run=run_id, primary=not error.get("secondary"))
         return reply
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:
@@ -299,10 +284,6 @@ class NodeAgent:
         if self._watchdog is not None:
             self._watchdog.beat()
 
-    async def lost_while_idle(self, r: RankHandle) -> None:
-        reason = r.exit_reason(await r.exit_code())
-        self._state(r.rank, "lost-idle", r.explain(f"died between cells: {reason}"))
-
     async def _keep_watch(self) -> None:
         assert self._watchdog is not None
         while not self._closing.is_set():
@@ -333,15 +314,14 @@ class NodeAgent:
     async def _stop_ranks(self) -> None:
         await asyncio.gather(*(r.stop() for r in self._ranks))
         for r in self._ranks:
-            self._state(r.rank, "exited", describe_exit(r.proc.returncode))
+            self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 
     async def run_script(self, launch: dict[str, Any]) -> dict[str, Any]:
-        """Run a training script on this node's ranks (``%cluster run``); see rank/script.py."""
-        from .script import ScriptRun
-
+        """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
         self.script = ScriptRun(self, launch)
-        return await self.script.wait()
+        outcomes = await self.script.wait()
+        return to_msg(NodeReply.build(self.node, self.flush(), outcomes))
 
     async def stop_script(self, signum: int = signal.SIGTERM, why: str = "") -> None:
         if self.script is not None:

@@ -2,7 +2,8 @@
 
 The process runs ``python -m jupyter_mn.rank.runtime`` in its own session (a Jupyter interrupt
 never reaches it), with stdout/stderr on pipes (C-level output included) and a control socket.
-Reader threads forward what it says to the agent's event loop; its death shows as EOF at once.
+Its pipes are read by a ``PipeReader`` (``pipes.py``), its control socket by a thread; both hand
+what it says to the agent's event loop; its death shows as EOF at once.
 """
 
 from __future__ import annotations
@@ -16,23 +17,17 @@ import socket
 import subprocess
 import sys
 import threading
-from collections import deque
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import RendezvousError
-from . import stacks
-from .runtime import SYNC_MARKER
+from ..rank import stacks
+from ..rank.env import CONTROL_FD
+from .link import NodeLink
+from .pipes import PipeReader
 
-if TYPE_CHECKING:
-    from .agent import NodeAgent
-
-TAIL_LINES = 20
-MAX_LINE = 10_000
 STOP_GRACE_S = 3.0
-_SYNC_WAIT_S = 2.0
 _STACKS_WAIT_S = 1.0
-_CRASH_LINES = 200
 _SESSION_GRACE_S = 1.0
 #: Messages up to this size are written from the event loop (the socket buffer holds them).
 _INLINE_SEND = 64 * 1024
@@ -49,21 +44,33 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def signal_session(pid: int, signum: int) -> None:
+    """Signal a rank process and what it started (it leads its own session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
 class RankHandle:
-    """One rank process as its agent sees it."""
+    """One cell rank process as its agent sees it."""
 
     def __init__(
-        self, agent: NodeAgent, local_rank: int, rank: int, env: dict[str, str], cwd: str | None
+        self, agent: NodeLink, local_rank: int, rank: int, env: dict[str, str], cwd: str | None
     ) -> None:
-        self._watch_output(agent, local_rank, rank)
+        self.agent = agent
+        self.local_rank = local_rank
+        self.rank = rank
+        self.pipes = PipeReader(agent, rank)
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
-        self.report: asyncio.Future[None] | None = None  # of a death between cells
+        #: why the agent killed it (shown with its exit status)
+        self.killed_because = ""
+        self.stopping = False
+        self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
         parent, child = socket.socketpair()
-        env = {**env, "JUPYTER_MN_CONTROL_FD": str(child.fileno())}
+        env = {**env, CONTROL_FD: str(child.fileno())}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mn.rank.runtime"],
             env=env,
@@ -76,61 +83,17 @@ class RankHandle:
         )
         child.close()
         self.conn = Connection(parent.detach())
-        self._read_pipes()
+        self.pipes.start(self.proc)
         threading.Thread(
             target=self._read_control, daemon=True, name=f"jupyter-mn-rank{rank}-control"
         ).start()
 
-    def _watch_output(self, agent: NodeAgent, local_rank: int, rank: int) -> None:
-        """What reading its pipes needs (script ranks, ``script.py``, share it)."""
-        self.agent = agent
-        self.local_rank = local_rank
-        self.rank = rank
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        #: a fatal error report (segfault) the rank wrote: kept apart, the tail stays readable
-        self.crash: list[str] = []
-        self.markers = {"out": 0, "err": 0}
-        self.expected = 0
-        self.open_streams = {"out", "err"}
-        self.stream_change = asyncio.Event()
-        #: why the agent killed it (shown with its exit status)
-        self.killed_because = ""
-        self.stopping = False
+    def begin(self, run_id: int) -> None:
+        """Run ``run_id`` is sent: the rank is busy, and its output ends at one more mark."""
+        self.running = run_id
+        self.pipes.expected += 1
 
-    # ---- threads: forward what the process says to the event loop
-    def _read_pipes(self) -> None:
-        for stream, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
-            threading.Thread(
-                target=self._read_pipe,
-                args=(pipe, stream),
-                daemon=True,
-                name=f"jupyter-mn-rank{self.rank}-{stream}",
-            ).start()
-
-    def _read_pipe(self, pipe: Any, stream: str) -> None:
-        fd, pending = pipe.fileno(), b""
-        while chunk := os.read(fd, 65536):
-            *lines, pending = (pending + chunk).split(b"\n")
-            for raw in lines:
-                self._line(stream, raw.decode("utf-8", "replace"))
-        if pending:
-            self._line(stream, pending.decode("utf-8", "replace"))
-        self.agent.call_soon(self._stream_closed, stream)
-
-    def _line(self, stream: str, text: str) -> None:
-        if SYNC_MARKER in text:
-            before, _, _ = text.partition(SYNC_MARKER)
-            if before:
-                self._line(stream, before)
-            self.agent.call_soon(self._marked, stream)
-            return
-        text = text.rsplit("\r", 1)[-1][:MAX_LINE]
-        if text.startswith(stacks.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
-            self.crash.append(text)
-        else:
-            self.tail.append(text)
-        self.agent.log(self.rank, stream, text)
-
+    # ---- thread: forward what the process says to the event loop
     def _read_control(self) -> None:
         while True:
             try:
@@ -145,15 +108,11 @@ class RankHandle:
     def _gone(self) -> None:
         """The process went away; when no cell was running, nobody else would notice."""
         if not self.stopping and self.running is None:
-            self.report = asyncio.ensure_future(self.agent.lost_while_idle(self))
+            self._lost_report = asyncio.ensure_future(self._report_lost())
 
-    def _marked(self, stream: str) -> None:
-        self.markers[stream] += 1
-        self.stream_change.set()
-
-    def _stream_closed(self, stream: str) -> None:
-        self.open_streams.discard(stream)
-        self.stream_change.set()
+    async def _report_lost(self) -> None:
+        reason = self.exit_reason(await self.exit_code())
+        self.agent.rank_state(self.rank, "lost-idle", self.explain(f"died between cells: {reason}"))
 
     # ---- event loop side
     async def send(self, msg: dict[str, Any]) -> bool:
@@ -186,7 +145,7 @@ class RankHandle:
         if msg["op"] == op:
             return msg
         code = await self.exit_code()
-        await self.drained()  # its last lines are still on their way
+        await self.pipes.drained()  # its last lines are still on their way
         return {
             "op": op,
             "rank": self.rank,
@@ -197,8 +156,8 @@ class RankHandle:
                 "ename": "RankLost",
                 "evalue": self.exit_reason(code),
                 "traceback": [
-                    *(["last lines:", *self.tail] if self.tail else []),
-                    *stacks.crash_summary(self.crash),
+                    *(["last lines:", *self.pipes.tail] if self.pipes.tail else []),
+                    *stacks.crash_summary(self.pipes.crash),
                 ],
                 "secondary": False,
             },
@@ -223,25 +182,7 @@ class RankHandle:
 
     async def synced(self) -> None:
         """Wait until both pipes are read up to this cell's end (or closed)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _SYNC_WAIT_S
-        while any(self.markers[s] < self.expected for s in self.open_streams):
-            self.stream_change.clear()
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stream_change.wait(), remaining)
-
-    async def drained(self) -> None:
-        """Wait (briefly) until both pipes of a dead process are read to their end."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._closed(), _SYNC_WAIT_S)
-
-    async def _closed(self) -> None:
-        while self.open_streams:
-            self.stream_change.clear()
-            await self.stream_change.wait()
+        await self.pipes.synced()
 
     async def exit_code(self) -> int | None:
         loop = asyncio.get_running_loop()
@@ -251,14 +192,13 @@ class RankHandle:
             return None
 
     def explain(self, what: str) -> str:
-        lines = "\n".join(f"    {line}" for line in self.tail)
+        lines = "\n".join(f"    {line}" for line in self.pipes.tail)
         return f"rank {self.rank} (node {self.agent.node}) {what}" + (
             f"\n  last lines:\n{lines}" if lines else ""
         )
 
     def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signum)
+        signal_session(self.proc.pid, signum)
 
     def kill(self, reason: str) -> None:
         if self.proc.poll() is None:

@@ -19,10 +19,10 @@ from typing import Any
 
 from ..errors import TransportError
 from ..events import GpuSample, TransportReport
+from ..rank.timing import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess
 from .nccl import NcclLog
-from .timing import FR_BUFFER_SIZE
 
 SAMPLE_S = 1.0
 DEBUG_ENV = {

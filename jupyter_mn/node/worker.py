@@ -191,7 +191,7 @@ async def probe(options: dict[str, Any], dask_worker: Any) -> dict[str, Any]:
         server = await asyncio.start_server(accept, listen["host"], listen["port"])
     try:
         proc = await _start(
-            [sys.executable, "-m", "jupyter_mn.rank.probe", json.dumps(options)],
+            [sys.executable, "-m", "jupyter_mn.node.probe", json.dumps(options)],
             options.get("env", {}),
             options.get("cwd"),
         )

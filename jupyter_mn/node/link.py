@@ -1,0 +1,34 @@
+"""The narrow seam between a node agent and what it owns (rank handles, a script run).
+
+They run partly on reader threads and must not reach into the agent: they hop onto its loop,
+hand it output lines, and tell it of a rank's state change. Nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class NodeLink(Protocol):
+    """What rank handles may ask of their node agent (``agent.py`` implements it)."""
+
+    @property
+    def node(self) -> int:
+        """This node's rank in the gang."""
+
+    @property
+    def job(self) -> str:
+        """The gang's id (``TORCHELASTIC_RUN_ID`` of script ranks)."""
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the agent's event loop (callable from any thread)."""
+
+    def log(self, rank: int, stream: str, line: str) -> None:
+        """One output line of a rank (any thread); the agent batches them into events."""
+
+    def rank_state(
+        self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
+    ) -> None:
+        """A rank started, became ready, failed (``primary``: as a cause, not a consequence),
+        was lost or exited (from the loop)."""

@@ -1,0 +1,87 @@
+"""The environment contract of a rank: what its node agent sets, what the rank reads.
+
+torchrun's variables (so existing training code runs unchanged) plus ``JUPYTER_MN_*``. One
+function writes them for cell ranks and script ranks alike. A leaf: it imports nothing from
+jupyter_mn, so the agent, the rank and the kernel can all read the names from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+#: The rank's end of its control socket to the agent (cell ranks only).
+CONTROL_FD = "JUPYTER_MN_CONTROL_FD"
+#: Which generation of the process group the rank joins first (a relaunched rank: a later one).
+GENERATION = "JUPYTER_MN_GENERATION"
+PG_TIMEOUT = "JUPYTER_MN_PG_TIMEOUT"
+JOB = "JUPYTER_MN_JOB"
+BACKEND = "JUPYTER_MN_BACKEND"
+NODES = "JUPYTER_MN_NODES"
+
+
+def rank_env(
+    *,
+    rank: int,
+    local_rank: int,
+    gpus: int,
+    node_rank: int,
+    nnodes: int,
+    master_addr: str,
+    master_port: int,
+    job: str,
+    backend: str,
+    nodes: list[str] | tuple[str, ...],
+    pg_timeout: float,
+    user: Mapping[str, str],
+    base: Mapping[str, str] = os.environ,
+    generation: int = 0,
+    error_file: str | None = None,
+) -> dict[str, str]:
+    """A rank's whole environment: ``base`` (the agent's), the thread default, the user's
+    variables, then the contract. ``error_file``: a script rank's, where torchelastic's
+    ``@record`` writes its uncaught exception (with torchrun's other elastic variables)."""
+    env = {**base, **_thread_default(gpus, base), **user}
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(nnodes * gpus),
+        LOCAL_WORLD_SIZE=str(gpus),
+        NODE_RANK=str(node_rank),
+        GROUP_RANK=str(node_rank),
+        NNODES=str(nnodes),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(
+        {
+            JOB: job,
+            BACKEND: backend,
+            NODES: json.dumps(list(nodes)),
+            PG_TIMEOUT: str(pg_timeout),
+            GENERATION: str(generation),
+        }
+    )
+    if error_file is not None:
+        env.update(
+            GROUP_WORLD_SIZE=str(nnodes),
+            ROLE_NAME="default",
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(nnodes * gpus),
+            TORCHELASTIC_RUN_ID=job,
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+            TORCHELASTIC_USE_AGENT_STORE="False",
+            TORCHELASTIC_ERROR_FILE=error_file,
+        )
+    return env
+
+
+def _thread_default(ranks_per_node: int, base: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's rule: several ranks on a node get one OpenMP thread each unless told otherwise
+    (more spin-waiting threads than cores made a small DDP step 10× slower here)."""
+    if ranks_per_node > 1 and "OMP_NUM_THREADS" not in base:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
