@@ -20,6 +20,7 @@ from .views.text import TextView
 
 if TYPE_CHECKING:
     from .cluster import Cluster
+    from .events import OnEvent
     from .result import CellResult
 
 
@@ -27,7 +28,7 @@ class BackgroundCell:
     """A cell running on the gang in a background thread."""
 
     def __init__(
-        self, cluster: Cluster, cell_id: int, run: Callable[[Callable[[Any], None]], CellResult]
+        self, cluster: Cluster, cell_id: int, run: Callable[[OnEvent], CellResult]
     ) -> None:
         self.cluster = cluster
         self.cell_id = cell_id
@@ -41,7 +42,7 @@ class BackgroundCell:
         )
         self._thread.start()
 
-    def _work(self, run: Callable[[Callable[[Any], None]], CellResult]) -> None:
+    def _work(self, run: Callable[[OnEvent], CellResult]) -> None:
         try:
             self._future.set_result(run(self._view))
         except BaseException as exc:  # handed to whoever asks for the result

@@ -146,7 +146,7 @@ class Recorder:
             if isinstance(event, GangState) and event.state == "CLOSED":
                 self.drain()  # synchronously: the process may be exiting (atexit close)
 
-        gang.subscribe(listener)
+        gang.hub.subscribe(listener)
         return record
 
     def drain(self) -> None:

@@ -24,6 +24,7 @@ from .report import DoctorReport
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
+    from ..events import OnEvent
     from ..gang.base import Gang
 
 __all__ = ["DoctorReport", "doctor", "examine", "preflight"]
@@ -103,7 +104,7 @@ def preflight(gang: Gang, note: Callable[[str], None]) -> None:
     note(f"preflight: {report.summary()}")
 
 
-def doctor(cluster: Cluster, on_event: Callable[[Any], None] | None = None) -> DoctorReport:
+def doctor(cluster: Cluster, on_event: OnEvent | None = None) -> DoctorReport:
     """Run the checks on ``cluster``'s nodes (the warm gang's, or nodes claimed for it)."""
     with cluster.nodes(on_event, preflight=False) as gang:
         return examine(gang)

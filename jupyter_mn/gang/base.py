@@ -51,11 +51,12 @@ class Provisioner(Protocol):
         """Give everything back; safe to call twice and after a failed ``provision``."""
 
 
-class Gang(EventHub):
+class Gang:
     """A running group of node agents and their ranks, driven from the kernel."""
 
     def __init__(self, spec: ClusterSpec, provisioner: Provisioner) -> None:
-        super().__init__()
+        #: where the gang's events go: the running job's inbox, listeners, the last telemetry
+        self.hub = EventHub()
         self.spec = spec
         self.provisioner = provisioner
         self.id = spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
@@ -77,7 +78,7 @@ class Gang(EventHub):
         self._running = 0
         #: bumped whenever rank processes were restarted (they hold no cached notebook names)
         self.incarnation = 0
-        self._on_event: Callable[[Any], None] | None = None
+        self._on_event: OnEvent | None = None
         self._lock = threading.RLock()
         self._heartbeat = Heartbeat(lambda: self._agents)
         self._recovery: Recovery | None = None
@@ -91,7 +92,7 @@ class Gang(EventHub):
             if not allowed(self.status, status):
                 raise JupyterMNError(f"gang {self.id}: cannot go from {self.status} to {status}")
             self.status, self.detail = status, detail
-        self._dispatch(GangState(status.value, detail))
+        self.hub.dispatch(GangState(status.value, detail))
 
     def request_cancel(self, reason: str) -> bool:
         """Stop the running job (a cell, script, node command or doctor), from any thread (the
@@ -100,7 +101,7 @@ class Gang(EventHub):
         with self._lock:
             if not self._running:
                 return False
-            self.inbox.put_reply(InterruptRequest(reason, self._running))
+            self.hub.inbox.put_reply(InterruptRequest(reason, self._running))
             return True
 
     def notify(self, event: Any) -> None:
@@ -108,12 +109,12 @@ class Gang(EventHub):
         after the events queued before it (the SCHEDULING transition)."""
         with contextlib.suppress(queue.Empty):
             while True:
-                self.consume(self.inbox.get(timeout=0), self._on_event)
-        self.announce(event, self._on_event)
+                self.hub.consume(self.hub.inbox.get(timeout=0), self._on_event)
+        self.hub.announce(event, self._on_event)
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         msg = from_msg(event[1])
-        self._dispatch(msg)
+        self.hub.dispatch(msg)
         if isinstance(msg, RankState) and msg.state == "lost-idle" and self.status.idle:
             note = f"{msg.detail}\n{restarted_note(self.spec, {msg.node}, done=True)}"
             self.recover({msg.node}, [note], if_dead=True)
@@ -238,15 +239,15 @@ class Gang(EventHub):
             if remaining <= 0:
                 raise RendezvousError(f"no answer from node agents within {timeout:.0f} s")
             try:
-                item = self.inbox.get(timeout=remaining)
+                item = self.hub.inbox.get(timeout=remaining)
             except queue.Empty:
                 continue
             if isinstance(item, Reply):
                 replies[item.node] = item
                 if item.error is not None:
                     break
-            elif self.inbox.is_event(item):
-                self.consume(item, self._on_event)
+            elif self.hub.inbox.is_event(item):
+                self.hub.consume(item, self._on_event)
         return list(replies.values())
 
     # ---- the run protocol (docs/architecture.md, "The run protocol")
@@ -290,7 +291,7 @@ class Gang(EventHub):
                     if job.tick(now):
                         break
                     try:
-                        item = self.inbox.get(timeout=job.tick_s)
+                        item = self.hub.inbox.get(timeout=job.tick_s)
                     except queue.Empty:
                         continue
                     if isinstance(item, InterruptRequest):
@@ -332,7 +333,7 @@ class Gang(EventHub):
             with contextlib.suppress(Exception):  # a lost agent: its worker goes with the cluster
                 last[node] = future.result(timeout=max(deadline - time.monotonic(), 0.1))
         # An event still on its way would bring the topic back on the scheduler after release.
-        self.wait_delivered(last, _LAST_EVENTS_S)
+        self.hub.wait_delivered(last, _LAST_EVENTS_S)
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.unsubscribe_topic(self.topic)
@@ -354,7 +355,7 @@ class Gang(EventHub):
         """Start an actor call on the client's loop (one wake-up of that loop per call); its
         outcome reaches the inbox as a reply. The actor proxy raises at once when its worker is
         already known lost: that is the reply then."""
-        inbox = self.inbox
+        inbox = self.hub.inbox
 
         async def go() -> None:
             try:

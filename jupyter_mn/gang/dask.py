@@ -15,13 +15,12 @@ import ipaddress
 import logging
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
 from ..errors import SchedulingError, SpecError
-from ..events import Note
+from ..events import Note, OnEvent
 from ..node.worker import identity, ignore_sigint, worker_facts
 from ..spec import ClusterSpec
 from .hub import topics
@@ -165,7 +164,7 @@ class DaskProvisioner:
         self._client: Any = None
         self._locks: list[Any] = []
         self._topics: tuple[str, ...] = ()
-        self.notify: Callable[[Any], None] = lambda event: None
+        self.notify: OnEvent = lambda event: None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         assert spec.scheduler is not None  # ClusterSpec requires it for this backend

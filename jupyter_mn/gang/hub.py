@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import GpuSample, LogLines, TransportReport
+from ..events import GpuSample, LogLines, OnEvent, TransportReport
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ class EventHub:
 
     def __init__(self) -> None:
         self.inbox = Inbox()
-        self._listeners: list[Callable[[Any], None]] = []
+        self._listeners: list[OnEvent] = []
         self._seen: dict[int, int] = {}
         #: the last LogLines sequence number delivered per node (any thread), and its condition
         self._delivered: dict[int, int] = {}
@@ -34,12 +34,12 @@ class EventHub:
         #: the latest GPU sample of each node
         self.gpus: dict[int, GpuSample] = {}
 
-    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+    def subscribe(self, listener: OnEvent) -> Callable[[], None]:
         """Call ``listener(event)`` (from a dask thread) for every event; returns unsubscribe."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def _dispatch(self, event: Any) -> None:
+    def dispatch(self, event: Any) -> None:
         self.inbox.put_event(event)
         self._notify(event)
         if isinstance(event, LogLines):
@@ -54,7 +54,7 @@ class EventHub:
                 lambda: all(self._delivered.get(n, 0) >= seq for n, seq in last.items()), timeout
             )
 
-    def announce(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
+    def announce(self, event: Any, on_event: OnEvent | None) -> None:
         """An event made on the main thread (e.g. ``CellDone``): show it and tell listeners."""
         self.consume(event, on_event)
         self._notify(event)
@@ -66,7 +66,7 @@ class EventHub:
             except Exception:
                 log.exception("jupyter_mn event listener failed")
 
-    def consume(self, event: Any, on_event: Callable[[Any], None] | None) -> None:
+    def consume(self, event: Any, on_event: OnEvent | None) -> None:
         """Handle one event on the main thread: note log progress, then show it."""
         if isinstance(event, LogLines):
             self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
@@ -77,7 +77,7 @@ class EventHub:
         if on_event is not None:
             on_event(event)
 
-    def replay(self, on_event: Callable[[Any], None] | None) -> None:
+    def replay(self, on_event: OnEvent | None) -> None:
         """Show a new cell's view what each node last reported (agents do not repeat it)."""
         if on_event is not None:
             for node in sorted(self.gpus):

@@ -65,9 +65,9 @@ class Job(Generic[T]):
                 item = Reply(item.node, NodeReply.of(item.value))
             self.replies[item.node] = item
             return item.error is not None or item.value.failed
-        if not self.gang.inbox.is_event(item):
+        if not self.gang.hub.inbox.is_event(item):
             return False  # a message for a job that is over
-        self.gang.consume(item, self.on_event)
+        self.gang.hub.consume(item, self.on_event)
         return isinstance(item, RankState) and item.primary and item.run == self.run_id
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
@@ -91,16 +91,16 @@ class Job(Generic[T]):
         """Show every line the ranks wrote before their reply (events travel another path)."""
         wanted = {n: r.value.seq for n, r in self.replies.items() if r.error is None}
         deadline = time.monotonic() + LOG_DRAIN_S
-        while any(self.gang.seen(n) < seq for n, seq in wanted.items()):
+        while any(self.gang.hub.seen(n) < seq for n, seq in wanted.items()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             try:
-                item = self.gang.inbox.get(timeout=remaining)
+                item = self.gang.hub.inbox.get(timeout=remaining)
             except queue.Empty:
                 return
-            if self.gang.inbox.is_event(item):  # a late reply or request is dropped
-                self.gang.consume(item, self.on_event)
+            if self.gang.hub.inbox.is_event(item):  # a late reply or request is dropped
+                self.gang.hub.consume(item, self.on_event)
 
 
 class WorkerCall(Job[dict[str, Any]]):
@@ -127,7 +127,7 @@ class WorkerCall(Job[dict[str, Any]]):
         future = self._pool.submit(
             self.gang.client.run, self.fn, *self.args, workers=self.workers, on_error="return"
         )
-        future.add_done_callback(lambda f: self.gang.inbox.put_reply(Message((self, f))))
+        future.add_done_callback(lambda f: self.gang.hub.inbox.put_reply(Message((self, f))))
 
     def done(self) -> bool:
         return self.answers is not None
@@ -135,8 +135,8 @@ class WorkerCall(Job[dict[str, Any]]):
     def take(self, item: Any) -> bool:
         if isinstance(item, Message) and isinstance(item.body, tuple) and item.body[0] is self:
             self.answers = item.body[1].result()
-        elif self.gang.inbox.is_event(item):
-            self.gang.consume(item, self.on_event)
+        elif self.gang.hub.inbox.is_event(item):
+            self.gang.hub.consume(item, self.on_event)
         return False
 
     def settle(self) -> None:

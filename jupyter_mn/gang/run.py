@@ -62,7 +62,7 @@ class CellJob(Job[CellResult]):
 
     def start(self) -> None:
         self.started = time.monotonic()
-        self.gang.replay(self.on_event)
+        self.gang.hub.replay(self.on_event)
         payload, run_id = self.payload, self.run_id
         for node, agent in enumerate(self.gang.agents):
             self.gang.call(node, lambda agent=agent: agent.run(payload, run_id))
@@ -95,7 +95,7 @@ class CellJob(Job[CellResult]):
             ranks = sorted(self.gang.stacks(), key=lambda r: r["rank"])
         except KeyboardInterrupt:  # impatient: stop without them
             return
-        self.gang.consume(
+        self.gang.hub.consume(
             Stacks(
                 reason,
                 tuple(
@@ -126,8 +126,8 @@ class CellJob(Job[CellResult]):
         cause = result.root_cause
         error = f"{cause.label}: {cause.error.line()}" if cause and cause.error else ""
         done = CellDone(self.payload.cell_id, result.ok, result.elapsed, result.timings(), error)
-        gang.announce(done, self.on_event)
-        if gang.spec.require_rdma and (problem := violation(gang.transport.values())):
+        gang.hub.announce(done, self.on_event)
+        if gang.spec.require_rdma and (problem := violation(gang.hub.transport.values())):
             gang.close(broken=problem)
             raise TransportError(f"--require-rdma: {problem}")
         return result
@@ -144,14 +144,14 @@ def _drain_events(gang: Gang, on_event: OnEvent | None) -> None:
     """Show the events already queued (no waiting); replies stay for whoever waits on them."""
     while True:
         try:
-            item = gang.inbox.get(timeout=0)
+            item = gang.hub.inbox.get(timeout=0)
         except queue.Empty:
             return
         if isinstance(item, Reply):
-            gang.inbox.put_reply(item)
+            gang.hub.inbox.put_reply(item)
             return
-        if gang.inbox.is_event(item):  # an interrupt request that came too late is dropped
-            gang.consume(item, on_event)
+        if gang.hub.inbox.is_event(item):  # an interrupt request that came too late is dropped
+            gang.hub.consume(item, on_event)
 
 
 def _assemble(job: CellJob, elapsed: float) -> CellResult:

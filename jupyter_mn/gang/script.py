@@ -111,7 +111,7 @@ class ScriptJob(Job[CellResult]):
     def take(self, item: Any) -> bool:
         # a script's ranks report their failures outside any cell run (run 0)
         if isinstance(item, RankState) and item.primary and item.run == 0:
-            self.gang.consume(item, self.on_event)
+            self.gang.hub.consume(item, self.on_event)
             return True
         return super().take(item)
 

@@ -119,7 +119,7 @@ class _Exec(WorkerCall):
         self.tick_s = _TICK_S
 
     def start(self) -> None:
-        token, inbox = self.token, self.gang.inbox
+        token, inbox = self.token, self.gang.hub.inbox
         probes: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
 
         def receive(event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
@@ -142,7 +142,7 @@ class _Exec(WorkerCall):
         if isinstance(item, Message) and isinstance(item.body, dict):
             if item.body.get("token") == self.token:
                 self.lines.show(item.body)
-                if self.gang.inbox.empty():  # show it now, not at ipykernel's next flush (0.2 s)
+                if self.gang.hub.inbox.empty():  # now, not at ipykernel's next flush (0.2 s)
                     self.lines.flush()
             return False
         return super().take(item)
@@ -163,7 +163,7 @@ class _Exec(WorkerCall):
         """Show the lines that arrive until ``until`` (monotonic), then return."""
         while (remaining := until - time.monotonic()) > 0:
             try:
-                item = self.gang.inbox.get(timeout=min(remaining, _TICK_S))
+                item = self.gang.hub.inbox.get(timeout=min(remaining, _TICK_S))
             except queue.Empty:
                 return
             self.take(item)

@@ -13,12 +13,11 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import TransportError
-from ..events import GpuSample, TransportReport
+from ..events import GpuSample, OnEvent, TransportReport
 from ..rank.timing import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess
@@ -35,9 +34,7 @@ DEBUG_ENV = {
 class NodeTelemetry:
     """Per-node GPU and transport reporting; ``publish`` sends an event (any thread)."""
 
-    def __init__(
-        self, node: int, job: str, launch: dict[str, Any], publish: Callable[[Any], None]
-    ) -> None:
+    def __init__(self, node: int, job: str, launch: dict[str, Any], publish: OnEvent) -> None:
         self.node, self.publish = node, publish
         self.debug = bool(launch.get("debug"))
         self.plan = (

@@ -179,7 +179,7 @@ class ClusterWidget:
                 if self._handle is not None:
                     self._handle.update(self)  # the text/plain a saved notebook keeps
 
-        unsubscribe = gang.subscribe(settled)
+        unsubscribe = gang.hub.subscribe(settled)
         if gang.status.value != "RENDEZVOUS":  # it settled before we listened
             settled(GangState(gang.status.value, gang.detail))
 

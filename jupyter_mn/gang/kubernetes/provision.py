@@ -13,11 +13,10 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from ...errors import JupyterMNError
-from ...events import NodesWaiting
+from ...events import NodesWaiting, OnEvent
 from ...spec import ClusterSpec
 from .discovery import KUEUE_GROUP, SA_NAMESPACE, choose, discover, load_api
 from .lease import AdmissionLease
@@ -40,7 +39,7 @@ class KubernetesProvisioner:
 
     def __init__(self) -> None:
         #: Set by ``make_gang``: shows pending reasons while the pods come up.
-        self.notify: Callable[[Any], None] = lambda event: None
+        self.notify: OnEvent = lambda event: None
         self._api: Any = None
         self._rollout: Rollout | None = None
         self._lease: AdmissionLease | None = None

@@ -14,11 +14,11 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from ...errors import SchedulingError
-from ...events import NodesWaiting
+from ...events import NodesWaiting, OnEvent
 from . import podstate
 from .manifests import Names, owned_by, selector
 
@@ -72,7 +72,7 @@ class Rollout:
         objects: list[dict[str, Any]],
         nodes: int,
         policy: str,
-        notify: Callable[[Any], None],
+        notify: OnEvent,
         kueue_version: str = "v1beta1",
     ) -> None:
         from kubernetes import client
