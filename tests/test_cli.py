@@ -26,9 +26,9 @@ def test_bad_environment_gives_a_short_error_and_status_2():
 
 def test_doctor_takes_the_kubernetes_flags_into_its_spec(tmp_path):
     env = {"KUBECONFIG": str(tmp_path / "none"), "PATH": ""}
+    flags = ["--backend", "kubernetes", "--image", "agent:1", "--nodes", "1"]
     proc = subprocess.run(
-        [sys.executable, "-m", "jupyter_mn.cli", "doctor", "--backend", "kubernetes"]
-        + ["--image", "agent:1", "--nodes", "1"],
+        [sys.executable, "-m", "jupyter_mn.cli", "doctor", *flags],
         env=env,
         capture_output=True,
         text=True,
