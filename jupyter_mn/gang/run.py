@@ -4,12 +4,12 @@ The kernel's main thread waits on the gang's inbox, where agent replies and even
 output is printed from the main thread (ipykernel routes it to the running cell) and a Ctrl-C
 lands here, where it becomes an interrupt of the ranks rather than a dead kernel.
 
-Stopping a cell escalates (DESIGN.md §3): on ``--timeout``, Ctrl-C or a cancel request every
-rank's stack is shown first; then SIGINT to the busy ranks (Python code stops in ms) while idle
-ranks leave their group (the destroy cascade frees ranks blocked in a collective); ranks still
-busy ``KILL_AFTER_S`` later are killed, and their node's ranks are restarted. A second Ctrl-C
-kills at once. Restarted ranks join the group in the background (``recover.py``), so the error
-shows without waiting for them.
+Stopping a cell escalates (docs/architecture.md, "Stopping a cell"): on ``--timeout``, Ctrl-C or a
+cancel request every rank's stack is shown first; then SIGINT to the busy ranks (Python code stops
+in ms) while idle ranks leave their group (the destroy cascade frees ranks blocked in a collective);
+ranks still busy ``KILL_AFTER_S`` later are killed, and their node's ranks are restarted. A second
+Ctrl-C kills at once. Restarted ranks join the group in the background (``recover.py``), so the
+error shows without waiting for them.
 """
 
 from __future__ import annotations

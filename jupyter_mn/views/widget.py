@@ -2,9 +2,9 @@
 
 Events update a ``CellState`` on the kernel's main thread; a drawing thread turns what changed
 into widget updates at most 10 times a second and within a byte budget, because Jupyter drops
-IOPub messages past 1000 msg/s or 1 MB/s (measured: shared notes, toolchain §5) and every update
-of a log resends the whole bounded tail. Its ``text/plain`` is the text summary, so a saved
-notebook or a papermill output stays readable without a kernel.
+IOPub messages past 1000 msg/s or 1 MB/s (docs/architecture.md, "Views and the IOPub budget")
+and every update of a log resends the whole bounded tail. Its ``text/plain`` is the text summary,
+so a saved notebook or a papermill output stays readable without a kernel.
 """
 
 from __future__ import annotations
