@@ -5,8 +5,11 @@ Every import statement counts, those inside functions too; relative imports are 
 package's ``__init__`` that runs because a submodule is imported is not counted as an import.
 
 1. No import cycle among ``jupyter_mn`` modules. Imports under ``if TYPE_CHECKING:`` are exempt:
-   they never run.
-2. No private name (``_x``, not ``__dunder__`` nor ``_sunder_`` protocol names such as
+   they never run (so in rules 2 and 3 too).
+2. The node agent side (``node/``) and the rank side (``rank/``) import nothing of the kernel
+   side: only their own package (the node side also the rank side's) and the leaves in
+   ``SHARED``.
+3. No private name (``_x``, not ``__dunder__`` nor ``_sunder_`` protocol names such as
    ``_render_traceback_``) used across modules:
 
    - ``from .x import _y`` (``_y`` not a submodule);
@@ -30,6 +33,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: What the node and rank sides may import besides their own packages.
+SHARED = ("jupyter_mn.events", "jupyter_mn.errors", "jupyter_mn.version")
+#: Each side, and the packages it may import.
+SIDES = {
+    "jupyter_mn.node": ("jupyter_mn.node", "jupyter_mn.rank"),
+    "jupyter_mn.rank": ("jupyter_mn.rank",),
+}
 
 
 @dataclass(frozen=True)
@@ -263,11 +273,33 @@ def import_cycles(scans: list[ModuleScan]) -> list[str]:
             if i.source in component and i.target in component:
                 lines.setdefault((i.source, i.target), []).append(i.line)
         edges = [
-            f"    {source} → {target} ({files[source]}:{','.join(map(str, sorted(at)))})"
+            f"    {source} → {target} ({files[source]}:{','.join(map(str, sorted(set(at))))})"
             for (source, target), at in sorted(lines.items())
         ]
         report.append(f"cycle among {', '.join(component)}:\n" + "\n".join(edges))
     return report
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def upward_imports(
+    scans: list[ModuleScan], sides: dict[str, tuple[str, ...]], shared: tuple[str, ...]
+) -> list[str]:
+    """Imports by a side's module of anything but its allowed packages and the shared leaves."""
+    found = []
+    for s in scans:
+        for side, allowed in sides.items():
+            if not within(s.name, side):
+                continue
+            found += [
+                f"{s.file}:{i.line}: {s.name} (the {side} side) imports {i.target}"
+                for i in s.imports
+                if not i.type_checking
+                and not any(within(i.target, ok) for ok in (*allowed, *shared))
+            ]
+    return found
 
 
 def private_uses(scans: list[ModuleScan]) -> list[str]:
@@ -297,12 +329,17 @@ def test_no_import_cycles_among_jupyter_mn_modules(package):
     assert not cycles, "\n".join(cycles)
 
 
+def test_the_node_and_rank_sides_import_nothing_of_the_kernel_side(package):
+    offenders = upward_imports(package, SIDES, SHARED)
+    assert not offenders, "\n".join(offenders)
+
+
 def test_no_private_name_is_used_across_modules(package):
     offenders = private_uses(package)
     assert not offenders, "\n".join(offenders)
 
 
-def test_the_checker_reports_cycles_and_private_names(tmp_path):
+def test_the_checker_reports_cycles_upward_imports_and_private_names(tmp_path):
     files = {
         "__init__.py": "",
         "a.py": "from . import b\n",
@@ -318,7 +355,7 @@ def test_the_checker_reports_cycles_and_private_names(tmp_path):
         ),
         "f.py": "def f(o):\n    return o._other, o._dask\n",
         "sub/__init__.py": "",
-        "sub/leaf.py": "from .. import a\n",
+        "sub/leaf.py": "from .. import a\nfrom ..e import E\n",
     }
     for name, text in files.items():
         (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -330,6 +367,9 @@ def test_the_checker_reports_cycles_and_private_names(tmp_path):
         "    pkg.b → pkg.a (pkg/b.py:2)\n"
         "    pkg.b → pkg.sub.leaf (pkg/b.py:5)\n"
         "    pkg.sub.leaf → pkg.a (pkg/sub/leaf.py:1)"
+    ]
+    assert upward_imports(scans, {"pkg.sub": ("pkg.sub",)}, ("pkg.e",)) == [
+        "pkg/sub/leaf.py:1: pkg.sub.leaf (the pkg.sub side) imports pkg.a"
     ]
     assert private_uses(scans) == [
         "pkg/b.py:2: imports private _x from pkg.a",
