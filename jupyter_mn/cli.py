@@ -213,13 +213,13 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _add_doctor(sub: Any) -> None:
-    from .magics import _spec_flags
+    from .flags import add_spec_flags
 
     p = sub.add_parser(
         "doctor",
         help="check the nodes before a run: versions, GPUs, network, RDMA, /dev/shm, disk, paths",
     )
-    _spec_flags(p)
+    add_spec_flags(p)
     p.set_defaults(func=_doctor)
 
 
@@ -227,11 +227,11 @@ def _doctor(args: argparse.Namespace) -> int:
     """Claim the nodes, print the doctor's table, release them; status 1 when a check fails."""
     from .cluster import Cluster
     from .doctor import doctor
-    from .magics import spec_flags_of
+    from .flags import spec_flags
     from .spec import ClusterSpec
     from .views import TextView
 
-    with Cluster(ClusterSpec.build(spec_flags_of(args))) as cluster:
+    with Cluster(ClusterSpec.build(spec_flags(args))) as cluster:
         report = doctor(cluster, TextView())
     print(report)
     return 0 if report.ok else 1

@@ -1,7 +1,8 @@
 """``%%cluster`` (run a cell on the gang) and ``%cluster VERB`` — a thin shell over ``Cluster``.
 
-Flags are parsed with IPython's argparse wrapper (a bad flag is a short ``UsageError``); values
-are checked by ``ClusterSpec``; everything else is the Python API in ``cluster.py``.
+Flags are declared in ``flags.py`` and parsed with IPython's argparse wrapper (a bad flag is a
+short ``UsageError``); values are checked by ``ClusterSpec``; everything else is the Python API in
+``cluster.py``.
 """
 
 from __future__ import annotations
@@ -17,115 +18,13 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import publish_display_data
 from traitlets import Bool, Dict, Float, Integer, Unicode
 
-from . import kubespec
+from .flags import add_spec_flags, cell_parser, spec_from_flags, verb_parser
 from .node_magics import node_verbs
-from .spec import ClusterSpec, parse_env_pairs, spec_fields
+from .spec import ClusterSpec, spec_fields
 
 
 def _names(text: str | None) -> tuple[str, ...]:
     return tuple(n.strip() for n in (text or "").split(",") if n.strip())
-
-
-def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
-    """Flags that shape the gang or set its cells' defaults (shared by the cell and ``up``)."""
-    parser.add_argument("--nodes", type=int, help="number of nodes (one agent each)")
-    parser.add_argument("--gpus", type=int, help="ranks per node (one per GPU; CPU ranks without)")
-    parser.add_argument("--backend", help="local (default), dask or kubernetes")
-    parser.add_argument("--scheduler", help="dask scheduler address for --backend dask")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="environment variable for every rank (repeatable)",
-    )
-    parser.add_argument("--name", help="job name (lowercase, digits, '-')")
-    parser.add_argument("--timeout", type=float, help="seconds before the cell is interrupted")
-    parser.add_argument("--retries", type=int, help="re-run the cell this often if a rank is lost")
-    parser.add_argument("--seed", type=int, help="seed every rank with SEED + rank")
-    parser.add_argument("--idle-timeout", type=float, help="release the gang after S idle seconds")
-    parser.add_argument("--start-timeout", type=float, help="seconds allowed to bring the gang up")
-    parser.add_argument(
-        "--max-runtime", type=float, help="tear the gang down after S seconds (a cost cap)"
-    )
-    parser.add_argument(
-        "--memory-limit", help="kill a rank whose resident memory exceeds this (e.g. 8GB)"
-    )
-    parser.add_argument(
-        "--rdma", action="store_true", default=None, help="use the RDMA fabric (IB/RoCE/EFA)"
-    )
-    parser.add_argument(
-        "--require-rdma",
-        action="store_true",
-        default=None,
-        help="fail the gang if NCCL would use TCP sockets between nodes",
-    )
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        default=None,
-        help="NCCL_DEBUG=INFO and torch.distributed debug output in the logs",
-    )
-    parser.add_argument("--view", choices=["auto", "widget", "text"], help="how to show the cell")
-    return kubespec.add_flags(_preflight_flags(parser))
-
-
-def _preflight_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
-    """Where nodes come from on a dask cluster, and what the preflight doctor checks."""
-    parser.add_argument(
-        "--same-host",
-        dest="same_host",
-        action="store_const",
-        const=True,
-        help="dask: several workers of one host may be nodes",
-    )
-    parser.add_argument(
-        "--no-preflight",
-        dest="preflight",
-        action="store_const",
-        const=False,
-        help="skip the checks before a new gang",
-    )
-    parser.add_argument(
-        "--preflight",
-        dest="preflight",
-        action="store_const",
-        const=True,
-        help="run the checks before a new gang (default on remote backends)",
-    )
-    parser.add_argument(
-        "--check-path",
-        dest="check_paths",
-        action="append",
-        default=None,
-        metavar="PATH",
-        help="preflight: this path must exist on every node (repeatable)",
-    )
-    parser.add_argument("--min-shm-gb", type=float, help="preflight: least /dev/shm size (GiB)")
-    parser.add_argument("--min-disk-gb", type=float, help="preflight: least free disk (GiB)")
-    return parser
-
-
-def _cell_parser() -> MagicArgumentParser:
-    parser = _spec_flags(MagicArgumentParser(prog="%%cluster", add_help=False))
-    parser.add_argument("--all", action="store_true", help="return every rank's value (a list)")
-    parser.add_argument("--pull", help="copy these names (a,b) from rank 0 into the notebook")
-    parser.add_argument("--push", help="send these notebook names (a,b) even if skipped")
-    parser.add_argument(
-        "--bg", action="store_true", help="run in the background; returns a handle at once"
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print the Kubernetes objects instead of running"
-    )
-    parser.add_argument("--k8s-version", help="with --dry-run: build for 1.MINOR, ask no cluster")
-    return parser
-
-
-def _verb_parser(verb: str, *args: tuple[tuple[str, ...], dict[str, Any]]) -> MagicArgumentParser:
-    parser = MagicArgumentParser(prog=f"%cluster {verb}", add_help=False)
-    for flags, kwargs in args:
-        parser.add_argument(*flags, **kwargs)
-    return parser
 
 
 @magics_class
@@ -147,14 +46,14 @@ class ClusterMagics(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._parser = _cell_parser()
+        self._parser = cell_parser()
         self._verbs: dict[str, tuple[MagicArgumentParser, Callable[[Any], Any]]] = {
-            "status": (_verb_parser("status"), self._status),
-            "up": (_spec_flags(_verb_parser("up")), self._up),
-            "down": (_verb_parser("down"), self._down),
-            "auto": (_verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
-            "config": (_verb_parser("config"), self._config),
-            "stacks": (_verb_parser("stacks"), self._stacks),
+            "status": (verb_parser("status"), self._status),
+            "up": (add_spec_flags(verb_parser("up")), self._up),
+            "down": (verb_parser("down"), self._down),
+            "auto": (verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
+            "config": (verb_parser("config"), self._config),
+            "stacks": (verb_parser("stacks"), self._stacks),
             **node_verbs(self),
         }
         #: verbs whose text after `` -- `` is kept verbatim (a shell command)
@@ -169,15 +68,11 @@ class ClusterMagics(Magics):
         """Flags given on this cell, over the running gang's shape, over configured defaults."""
         from . import cluster
 
-        flags = spec_flags_of(args)
         base = ClusterSpec.build(self._config_layer())
         running = cluster.current()
         if running is not None:
             base = base.replace(**{k: getattr(running.spec, k) for k in _gang_fields()})
-        kube = kubespec.from_args(args)
-        if kube:
-            flags["kubernetes"] = base.kubernetes.replace(**kube)
-        return base.replace(**flags)
+        return spec_from_flags(args, base)
 
     # ---- the magic
     @line_cell_magic
@@ -292,18 +187,6 @@ class ClusterMagics(Magics):
             f"jupyter_mn: auto mode {args.mode}"
             + (": every cell runs on the cluster" if self._auto_on else "")
         )
-
-
-def spec_flags_of(args: Any) -> dict[str, Any]:
-    """The spec fields given as flags (parsed by ``_spec_flags``), ``--env`` pairs split."""
-    flags = {
-        name: getattr(args, name, None)
-        for name in spec_fields()
-        if getattr(args, name, None) is not None
-    }
-    if "env" in flags:
-        flags["env"] = parse_env_pairs(flags["env"])
-    return flags
 
 
 def _split_command(line: str) -> tuple[str, str]:

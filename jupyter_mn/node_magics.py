@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .flags import Argument, add_spec_flags, verb_parser
+
 if TYPE_CHECKING:
     from IPython.core.magic_arguments import MagicArgumentParser
 
@@ -22,10 +24,8 @@ EXEC_TIMEOUT_S = 600.0
 
 
 def node_verbs(magics: ClusterMagics) -> dict[str, tuple[MagicArgumentParser, Callable]]:
-    from .magics import _spec_flags, _verb_parser
-
-    def parser(verb: str, *args: tuple[tuple[str, ...], dict[str, Any]]) -> MagicArgumentParser:
-        return _spec_flags(_verb_parser(verb, *args))
+    def parser(verb: str, *arguments: Argument) -> MagicArgumentParser:
+        return add_spec_flags(verb_parser(verb, *arguments))
 
     verbs = NodeVerbs(magics)
     return {

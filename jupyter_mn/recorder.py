@@ -12,8 +12,6 @@ import contextlib
 import logging
 import os
 import queue
-import re
-import sys
 import threading
 import time
 import weakref
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .events import CellDone, GangState, GpuSample, LogLines, RankState, TransportReport
 from .joblogs import JobLogWriter
+from .kernelid import current_kernel_id
 from .registry import HEARTBEAT_S, JobModel, NodeModel, Registry, Request
 
 if TYPE_CHECKING:
@@ -56,7 +55,7 @@ class JobRecord:
             started=gang.started_at,
             heartbeat=time.time(),
             pid=os.getpid(),
-            kernel_id=_kernel_id(),
+            kernel_id=current_kernel_id(),
             notebook=_notebook(),
             launcher=_launcher(),
             nodes=[NodeModel(node=n, ranks=["pending"] * spec.gpus) for n in range(spec.nodes)],
@@ -203,18 +202,6 @@ def track(cluster: Cluster, gang: Gang) -> None:
         _recorder.track(cluster, gang)
     except Exception:
         log.exception("jupyter_mn: the job registry is not available; the job is not recorded")
-
-
-def _kernel_id() -> str | None:
-    """The Jupyter kernel id, from the connection file name (``kernel-<id>.json``)."""
-    if "ipykernel" not in sys.modules:
-        return None
-    with contextlib.suppress(Exception):
-        from ipykernel.connect import get_connection_file
-
-        match = re.fullmatch(r"kernel-(.+)\.json", os.path.basename(get_connection_file()))
-        return match[1] if match else None
-    return None
 
 
 def _notebook() -> str | None:

@@ -266,8 +266,9 @@ def old_worker(dask_cli, tmp_path) -> Path:
     """A worker on host 127.0.0.3 importing a copy of jupyter_mn that says it is 0.0.9."""
     package = tmp_path / "shadow" / "jupyter_mn"
     shutil.copytree(ROOT / "jupyter_mn", package, ignore=shutil.ignore_patterns("__pycache__"))
-    init = package / "__init__.py"
-    init.write_text(re.sub(r'__version__ = "[^"]+"', '__version__ = "0.0.9"', init.read_text()))
+    version = package / "version.py"
+    text = re.sub(r'__version__ = "[^"]+"', '__version__ = "0.0.9"', version.read_text())
+    version.write_text(text)
     dask_cli.start_worker("w-old", "127.0.0.3", env={"PYTHONPATH": str(package.parent)})
     yield package
     dask_cli.stop_worker("w-old")

@@ -1,4 +1,7 @@
-"""``--rdma`` detection on fake sysfs trees laid out like real ones (see shared notes, k8s §3)."""
+"""``--rdma`` detection on fake sysfs trees laid out like real ones.
+
+See docs/architecture.md, "RDMA detection".
+"""
 
 from __future__ import annotations
 

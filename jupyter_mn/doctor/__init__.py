@@ -116,7 +116,7 @@ def kernel_facts() -> dict[str, str | None]:
 
     import cloudpickle
 
-    from .. import __version__
+    from ..version import __version__
 
     try:
         torch = importlib.metadata.version("torch")

@@ -73,7 +73,10 @@ def _natural(text: str) -> tuple[Any, ...]:
 
 
 def node_order(c: Candidate) -> tuple[Any, ...]:
-    """Stable node order: sorted host, then worker name (DESIGN.md §3)."""
+    """Stable node order: sorted host, then worker name.
+
+    See docs/architecture.md, "Rank environment".
+    """
     try:
         host: tuple[Any, ...] = (0, int(ipaddress.ip_address(c.host)))
     except ValueError:

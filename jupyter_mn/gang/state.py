@@ -1,4 +1,4 @@
-"""The gang's lifecycle as one enum with its allowed moves (see DESIGN.md §3 "Gang states")."""
+"""The gang's lifecycle as one enum with its allowed moves (docs/architecture.md, "Gang states")."""
 
 from __future__ import annotations
 

@@ -2,15 +2,14 @@
 
 Events update a ``CellState`` on the kernel's main thread; a drawing thread turns what changed
 into widget updates at most 10 times a second and within a byte budget, because Jupyter drops
-IOPub messages past 1000 msg/s or 1 MB/s (measured: shared notes, toolchain §5) and every update
-of a log resends the whole bounded tail. Its ``text/plain`` is the text summary, so a saved
-notebook or a papermill output stays readable without a kernel.
+IOPub messages past 1000 msg/s or 1 MB/s (docs/architecture.md, "Views and the IOPub budget")
+and every update of a log resends the whole bounded tail. Its ``text/plain`` is the text summary,
+so a saved notebook or a papermill output stays readable without a kernel.
 """
 
 from __future__ import annotations
 
 import html
-import re
 import threading
 import time
 from typing import Any
@@ -21,6 +20,7 @@ import traitlets
 from IPython.display import display
 
 from ..events import GangState
+from ..kernelid import current_kernel_id
 from ..spec import ClusterSpec
 from .state import CellState
 from .straggler import hints
@@ -92,24 +92,13 @@ class CancelButton(anywidget.AnyWidget):
     kernel_id = traitlets.Unicode("").tag(sync=True)
 
 
-def kernel_id() -> str:
-    """This kernel's id on the Jupyter server ("" outside one): its connection file's name."""
-    try:
-        from ipykernel.connect import get_connection_file
-
-        found = re.search(r"kernel-([0-9a-f-]+)\.json$", get_connection_file())
-    except Exception:  # not an ipykernel, or no connection file
-        return ""
-    return found.group(1) if found else ""
-
-
 class ClusterWidget:
     """One per ``%%cluster`` cell; call it with events, ``show()`` it, ``close()`` it."""
 
     def __init__(self, spec: ClusterSpec, title: str = "cell") -> None:
         self.state = CellState(title, spec.shape, spec.backend, spec.nodes, spec.rdma)
         self._header = W.HTML()
-        self._cancel = CancelButton(kernel_id=kernel_id(), running=True)
+        self._cancel = CancelButton(kernel_id=current_kernel_id() or "", running=True)
         self._logs = [W.HTML() for _ in range(spec.nodes)]
         self._tabs = W.Tab(children=self._logs, titles=[f"node {n}" for n in range(spec.nodes)])
         self._gpu = W.HTML()

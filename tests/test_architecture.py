@@ -1,0 +1,379 @@
+"""The import rules of docs/architecture.md ("Import rules"), checked on the source with ``ast``.
+
+Every import statement counts, those inside functions too; relative imports are resolved, and
+``import a.b`` and ``from a import b`` where ``b`` is a submodule both name that submodule. A
+package's ``__init__`` that runs because a submodule is imported is not counted as an import.
+
+1. No import cycle among ``jupyter_mn`` modules. Imports under ``if TYPE_CHECKING:`` are exempt:
+   they never run (so in rules 2 and 3 too).
+2. The node agent side (``node/``) and the rank side (``rank/``) import nothing of the kernel
+   side: only their own package (the node side also the rank side's) and the leaves in
+   ``SHARED``.
+3. No private name (``_x``, not ``__dunder__`` nor ``_sunder_`` protocol names such as
+   ``_render_traceback_``) used across modules:
+
+   - ``from .x import _y`` (``_y`` not a submodule);
+   - ``mod._y`` where ``mod`` is a ``jupyter_mn`` module imported here, or ``Name._y`` where
+     ``Name`` was imported from one;
+   - ``obj._y`` on any other object except ``self`` and ``cls`` (``self.other._y`` counts), when
+     this module defines no ``_y`` itself (no ``def``/``class _y``, no ``_y = …``, no
+     ``x._y = …``) and another ``jupyter_mn`` module does: the attribute can then only be that
+     module's. A private of another library (a dask scheduler's ``_broker``) is not ours to
+     judge, nor is anything reached from an import from outside ``jupyter_mn`` (``os._exit``,
+     ``t = multiprocessing.resource_tracker; t._stop``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: What the node and rank sides may import besides their own packages.
+SHARED = ("jupyter_mn.events", "jupyter_mn.errors", "jupyter_mn.version")
+#: Each side, and the packages it may import.
+SIDES = {
+    "jupyter_mn.node": ("jupyter_mn.node", "jupyter_mn.rank"),
+    "jupyter_mn.rank": ("jupyter_mn.rank",),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  #: the importing module
+    target: str  #: the imported module
+    line: int
+    type_checking: bool
+
+
+def is_private(name: str) -> bool:
+    """``_x`` but neither ``__x__`` nor an IPython/Python ``_x_`` protocol name."""
+    return name.startswith("_") and not name.endswith("_")
+
+
+def discover(root: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` (a folder under ``root``) by dotted name."""
+    modules = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if "__pycache__" in parts:
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+class ModuleScan(ast.NodeVisitor):
+    """One module's imports, the names they bind, and its uses of private attributes."""
+
+    def __init__(self, root: Path, name: str, modules: dict[str, Path]) -> None:
+        self.name, self.modules = name, modules
+        path = modules[name]
+        self.file = path.relative_to(root).as_posix()
+        self.package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        self.root = name.split(".")[0]
+        self.imports: list[Import] = []
+        #: (line, what) for each private name this module takes from another
+        self.offenders: list[tuple[int, str]] = []
+        #: local name → the jupyter_mn module it is, or (module, name) it was imported from;
+        #: None for a name imported from outside jupyter_mn
+        self.bound: dict[str, str | tuple[str, str] | None] = {}
+        self.defined: set[str] = set()
+        #: ``obj._y`` on objects of unknown origin: (line, ``obj``, ``_y``)
+        self.unknown: list[tuple[int, str, str]] = []
+        self._attributes: list[ast.Attribute] = []
+        self._type_checking = False
+        self.visit(ast.parse(path.read_text(), str(path)))
+        for node in self._attributes:
+            self._check_attribute(node)
+
+    # ---- imports
+    def _module(self, dotted: str) -> str | None:
+        """The longest prefix of ``dotted`` that is one of our modules."""
+        parts = dotted.split(".")
+        for end in range(len(parts), 0, -1):
+            if ".".join(parts[:end]) in self.modules:
+                return ".".join(parts[:end])
+        return None
+
+    def _add(self, target: str | None, node: ast.stmt) -> None:
+        if target is not None and target != self.name:
+            self.imports.append(Import(self.name, target, node.lineno, self._type_checking))
+
+    def visit_If(self, node: ast.If) -> None:
+        test = node.test
+        name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+        if name != "TYPE_CHECKING":
+            self.generic_visit(node)
+            return
+        outer, self._type_checking = self._type_checking, True
+        for child in node.body:
+            self.visit(child)
+        self._type_checking = outer
+        for child in node.orelse:
+            self.visit(child)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            target = self._module(alias.name)
+            self._add(target, node)
+            if alias.asname:
+                self.bound[alias.asname] = target
+            else:  # `import a.b` binds `a`
+                top = alias.name.split(".")[0]
+                self.bound[top] = top if top == self.root else None
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.package.split(".")[: len(self.package.split(".")) - node.level + 1]
+            source = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            source = node.module or ""
+        ours = source.split(".")[0] == self.root
+        for alias in node.names:
+            local = alias.asname or alias.name
+            submodule = f"{source}.{alias.name}"
+            if not ours:
+                self.bound[local] = None
+            elif submodule in self.modules:
+                self._add(submodule, node)
+                self.bound[local] = submodule
+            else:
+                self._add(self._module(source), node)
+                self.bound[local] = (source, alias.name)
+                if is_private(alias.name):
+                    self.offenders.append(
+                        (node.lineno, f"imports private {alias.name} from {source}")
+                    )
+
+    # ---- what this module defines, and the private attributes it reads
+    def _define(self, target: ast.expr) -> None:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                self.defined.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                self.defined.add(node.attr)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.defined.add(node.name)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.defined.add(node.name)
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._define(target)
+        [target] = node.targets if len(node.targets) == 1 else [None]
+        if isinstance(target, ast.Name) and self._resolve(node.value) is None:
+            self.bound[target.id] = None  # reached from outside jupyter_mn
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._define(node.target)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._define(node.target)
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if is_private(node.attr):
+            self._attributes.append(node)
+        self.generic_visit(node)
+
+    def _resolve(self, node: ast.expr) -> str | tuple[str, str] | bool | None:
+        """What ``node`` names: one of our modules, a name imported from one, None (something
+        from outside jupyter_mn) or False (an object of unknown origin)."""
+        if isinstance(node, ast.Name):
+            return self.bound.get(node.id, False)
+        if isinstance(node, ast.Attribute):
+            owner = self._resolve(node.value)
+            if isinstance(owner, str):
+                submodule = f"{owner}.{node.attr}"
+                return submodule if submodule in self.modules else (owner, node.attr)
+            return None if owner is None else False
+        return False
+
+    def _check_attribute(self, node: ast.Attribute) -> None:
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+            return
+        owner = self._resolve(value)
+        if owner is None:
+            return
+        if isinstance(owner, str):
+            what = f"module {owner}"
+        elif isinstance(owner, tuple):
+            what = f"{owner[1]} from {owner[0]}"
+        else:
+            if node.attr not in self.defined:
+                self.unknown.append((node.lineno, ast.unparse(value), node.attr))
+            return
+        self.offenders.append((node.lineno, f"reads private {node.attr} of {what}"))
+
+
+def scan(root: Path, package: str) -> list[ModuleScan]:
+    modules = discover(root, package)
+    return [ModuleScan(root, name, modules) for name in modules]
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> Iterator[list[str]]:
+    """Tarjan's strongly connected components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+
+    def visit(node: str) -> Iterator[list[str]]:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                yield from visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                yield sorted(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            yield from visit(node)
+
+
+def import_cycles(scans: list[ModuleScan]) -> list[str]:
+    """One entry per cycle (strongly connected set of modules), with the imports that make it."""
+    imports = [i for s in scans for i in s.imports if not i.type_checking]
+    graph: dict[str, set[str]] = {}
+    for i in imports:
+        graph.setdefault(i.source, set()).add(i.target)
+    files = {s.name: s.file for s in scans}
+    report = []
+    for component in strongly_connected(graph):
+        lines: dict[tuple[str, str], list[int]] = {}
+        for i in imports:
+            if i.source in component and i.target in component:
+                lines.setdefault((i.source, i.target), []).append(i.line)
+        edges = [
+            f"    {source} → {target} ({files[source]}:{','.join(map(str, sorted(set(at))))})"
+            for (source, target), at in sorted(lines.items())
+        ]
+        report.append(f"cycle among {', '.join(component)}:\n" + "\n".join(edges))
+    return report
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def upward_imports(
+    scans: list[ModuleScan], sides: dict[str, tuple[str, ...]], shared: tuple[str, ...]
+) -> list[str]:
+    """Imports by a side's module of anything but its allowed packages and the shared leaves."""
+    found = []
+    for s in scans:
+        for side, allowed in sides.items():
+            if not within(s.name, side):
+                continue
+            found += [
+                f"{s.file}:{i.line}: {s.name} (the {side} side) imports {i.target}"
+                for i in s.imports
+                if not i.type_checking
+                and not any(within(i.target, ok) for ok in (*allowed, *shared))
+            ]
+    return found
+
+
+def private_uses(scans: list[ModuleScan]) -> list[str]:
+    """Every private name used across modules, in file order."""
+    definers: dict[str, list[str]] = {}
+    for s in scans:
+        for name in s.defined:
+            definers.setdefault(name, []).append(s.name)
+    found = []
+    for s in scans:
+        offenders = s.offenders + [
+            (line, f"reads private {attr} of {obj} (defined in {', '.join(owners)})")
+            for line, obj, attr in s.unknown
+            if (owners := sorted(definers.get(attr, ())))
+        ]
+        found += [f"{s.file}:{line}: {what}" for line, what in sorted(offenders)]
+    return found
+
+
+@pytest.fixture(scope="module")
+def package() -> list[ModuleScan]:
+    return scan(ROOT, "jupyter_mn")
+
+
+def test_no_import_cycles_among_jupyter_mn_modules(package):
+    cycles = import_cycles(package)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_node_and_rank_sides_import_nothing_of_the_kernel_side(package):
+    offenders = upward_imports(package, SIDES, SHARED)
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_private_name_is_used_across_modules(package):
+    offenders = private_uses(package)
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_checker_reports_cycles_upward_imports_and_private_names(tmp_path):
+    files = {
+        "__init__.py": "",
+        "a.py": "from . import b\n",
+        "b.py": (
+            "def f():\n    from .a import _x\n    import pkg.c as c\n    return c._hidden\n"
+            "import pkg.sub.leaf\n"
+        ),
+        "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import D\n",
+        "d.py": "import os\nfrom pkg.c import C\nos._exit\nC._z\nt = os.path\nt._x\n",
+        "e.py": (
+            "class E:\n    _other = 1\n"
+            "    def f(self, o):\n        self._own = o._own\n        return o._dask, o._x\n"
+        ),
+        "f.py": "def f(o):\n    return o._other, o._dask\n",
+        "sub/__init__.py": "",
+        "sub/leaf.py": "from .. import a\nfrom ..e import E\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    scans = scan(tmp_path, "pkg")
+    assert import_cycles(scans) == [
+        "cycle among pkg.a, pkg.b, pkg.sub.leaf:\n"
+        "    pkg.a → pkg.b (pkg/a.py:1)\n"
+        "    pkg.b → pkg.a (pkg/b.py:2)\n"
+        "    pkg.b → pkg.sub.leaf (pkg/b.py:5)\n"
+        "    pkg.sub.leaf → pkg.a (pkg/sub/leaf.py:1)"
+    ]
+    assert upward_imports(scans, {"pkg.sub": ("pkg.sub",)}, ("pkg.e",)) == [
+        "pkg/sub/leaf.py:1: pkg.sub.leaf (the pkg.sub side) imports pkg.a"
+    ]
+    assert private_uses(scans) == [
+        "pkg/b.py:2: imports private _x from pkg.a",
+        "pkg/b.py:4: reads private _hidden of module pkg.c",
+        "pkg/d.py:4: reads private _z of C from pkg.c",
+        "pkg/f.py:2: reads private _other of o (defined in pkg.e)",
+    ]
