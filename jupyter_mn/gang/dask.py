@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import __version__
 from ..errors import SchedulingError, SpecError
 from ..events import Note, OnEvent
 from ..node.worker import identity, ignore_sigint, worker_facts
 from ..spec import ClusterSpec
+from ..version import __version__
 from .hub import topics
 
 log = logging.getLogger(__name__)
