@@ -9,6 +9,7 @@ traceback. The value is rank 0's exit status.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import SpecError
+from ..launch import Script
 from ..node.worker import find_script
 from ..result import LOST, CellResult
 from .base import Gang
@@ -77,28 +79,17 @@ def run_script(
 ) -> CellResult:
     """Run ``script`` on every rank; the first failure stops the rest (failures as values)."""
     paths, source = locate(gang, script)
-    master_addr, _ = gang.master
     _, port = gang.agents[0].endpoint().result()
-    launch = {
-        "args": list(args),
-        "gpus": gang.spec.gpus,
-        "nnodes": gang.spec.nodes,
-        "master_addr": master_addr,
-        "master_port": port,
-        "backend": gang.provisioner.backend,
-        "nodes": gang.hosts,
-        "pg_timeout": gang.spec.pg_timeout,
-        "env": dict(gang.spec.env),
-        **gang.provisioner.launch_options(),
-    }
+    launch = gang.launch(port)
     warm = gang.status.usable
     if warm:
         gang._transition(GangStatus.RUNNING)
     started = time.monotonic()
     for node, agent in enumerate(gang.agents):
         path = paths[node]
-        where = {"script": path} if path else {"script": os.path.basename(script), "source": source}
-        gang.call(node, lambda agent=agent, where=where: agent.run_script({**launch, **where}))
+        sent = Script(path or os.path.basename(script), tuple(args), None if path else source)
+        node_launch = dataclasses.replace(launch, script=sent)
+        gang.call(node, lambda agent=agent, sent=node_launch: agent.run_script(sent))
     replies, reason = _collect(gang, on_event, timeout)
     _drain_logs(gang, replies, on_event)
     outcomes, raw = rank_outcomes(gang, replies)

@@ -23,6 +23,7 @@ from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, RankState, to_msg
+from ..launch import Launch
 from ..rank.env import rank_env
 from .gpu import RankProcess
 from .ports import listen_port
@@ -53,7 +54,7 @@ class NodeAgent:
         self._closing = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._telemetry: NodeTelemetry | None = None
-        self._launch: dict[str, Any] = {}
+        self._launch: Launch  # set by start(), before anything reads it
         self._generation = 0
         self._run_id = 0
         self._watchdog: Watchdog | None = None
@@ -129,46 +130,32 @@ class NodeAgent:
             assert self._loop is not None
             self._loop.create_task(self.stop())
 
-    async def start(self, launch: dict[str, Any]) -> list[dict[str, Any]]:
+    async def start(self, launch: Launch) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._begin()
         self._launch = launch
-        self._telemetry = NodeTelemetry(self.node, self.job, launch, self._publish)
+        self._telemetry = NodeTelemetry(self.node, launch, self._publish)
         infos = await self._spawn_all(generation=0)
         self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
-        self._watchdog = Watchdog(launch["heartbeat_timeout"], launch.get("memory_limit"))
+        self._watchdog = Watchdog(launch.heartbeat_timeout, launch.memory_limit)
         self._guard = asyncio.create_task(self._keep_watch())
         return infos
 
     def _spawn(self, local: int, generation: int) -> RankHandle:
-        launch, gpus = self._launch, self._launch["gpus"]
-        rank = self.node * gpus + local
-        env = rank_env(
-            rank=rank,
-            local_rank=local,
-            gpus=gpus,
-            node_rank=self.node,
-            nnodes=launch["nnodes"],
-            master_addr=launch["master_addr"],
-            master_port=launch["master_port"],
-            job=self.job,
-            backend=launch["backend"],
-            nodes=launch["nodes"],
-            pg_timeout=launch["pg_timeout"],
-            user=launch["env"],
-            generation=generation,
-        )
+        launch = self._launch
+        rank = self.node * launch.gpus + local
+        env = rank_env(launch, self.node, local, generation=generation)
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
-        proc = RankHandle(self, local, rank, env, launch.get("cwd"))
+        proc = RankHandle(self, local, rank, env, launch.cwd)
         self.rank_state(rank, "started", f"pid {proc.proc.pid}")
         return proc
 
     async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
         """Start every rank of this node and wait until they joined group ``generation``."""
         self._generation = generation
-        self._ranks = [self._spawn(local, generation) for local in range(self._launch["gpus"])]
-        timeout = self._launch["start_timeout"]
+        self._ranks = [self._spawn(local, generation) for local in range(self._launch.gpus)]
+        timeout = self._launch.start_timeout
         joined = asyncio.gather(*(r.ready() for r in self._ranks))
         # when the agent is stopped meanwhile nobody awaits it: mark its outcome as seen
         joined.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -188,7 +175,7 @@ class NodeAgent:
 
     def _sampled(self) -> list[RankProcess]:
         """The ranks as GPU sampling knows them (by pid)."""
-        visible = {**os.environ, **self._launch["env"]}.get("CUDA_VISIBLE_DEVICES", "")
+        visible = {**os.environ, **self._launch.env}.get("CUDA_VISIBLE_DEVICES", "")
         return [RankProcess(r.rank, r.local_rank, r.proc.pid, visible) for r in self._ranks]
 
     def transport(self) -> dict[str, Any]:
@@ -302,7 +289,7 @@ class NodeAgent:
         silent = self._watchdog.heartbeat_timeout if self._watchdog else 0
         self._publish(GangState("BROKEN", f"node {self.node}: no heartbeat for {silent:.0f} s"))
         await self.stop()
-        if self._launch.get("exit_when_orphaned"):  # the worker is this gang's alone: end it too
+        if self._launch.exit_when_orphaned:  # the worker is this gang's alone: end it too
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self._worker.close(nanny=True, reason="jupyter_mn: the kernel is gone"),
@@ -315,7 +302,7 @@ class NodeAgent:
         for r in self._ranks:
             self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 
-    async def run_script(self, launch: dict[str, Any]) -> dict[str, Any]:
+    async def run_script(self, launch: Launch) -> dict[str, Any]:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
         self.script = ScriptRun(self, launch)

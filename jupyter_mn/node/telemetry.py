@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import TransportError
 from ..events import GpuSample, TransportReport
+from ..launch import Launch
 from ..rank.timing import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess
@@ -35,23 +36,19 @@ DEBUG_ENV = {
 class NodeTelemetry:
     """Per-node GPU and transport reporting; ``publish`` sends an event (any thread)."""
 
-    def __init__(
-        self, node: int, job: str, launch: dict[str, Any], publish: Callable[[Any], None]
-    ) -> None:
+    def __init__(self, node: int, launch: Launch, publish: Callable[[Any], None]) -> None:
         self.node, self.publish = node, publish
-        self.debug = bool(launch.get("debug"))
-        self.plan = (
-            rdma.plan(nccl_version=rdma.installed_nccl_version()) if launch.get("rdma") else None
-        )
-        if self.plan is not None and launch.get("require_rdma") and not self.plan.usable:
+        self.debug = launch.debug
+        self.plan = rdma.plan(nccl_version=rdma.installed_nccl_version()) if launch.rdma else None
+        if self.plan is not None and launch.require_rdma and not self.plan.usable:
             raise TransportError(
                 f"--require-rdma: node {node} has no usable RDMA port: "
                 + "; ".join(self.plan.labels)
             )
-        user_env = {**os.environ, **launch.get("env", {})}
+        user_env = {**os.environ, **launch.env}
         #: NCCL lines come through the ranks' pipes (shown) rather than a file (hidden)
         self.from_streams = self.debug or "NCCL_DEBUG" in user_env
-        self.dir = Path(tempfile.mkdtemp(prefix=f"jupyter-mn-{job}-node{node}-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"jupyter-mn-{launch.job}-node{node}-"))
         self._log = NcclLog()
         self._lock = threading.Lock()
         self._offsets: dict[Path, int] = {}
