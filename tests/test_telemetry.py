@@ -12,6 +12,7 @@ from test_nccl import FIXTURES
 from jupyter_mn import Cluster
 from jupyter_mn.errors import TransportError
 from jupyter_mn.events import GpuSample, TransportReport
+from jupyter_mn.launch import Launch
 from jupyter_mn.node.gpu import RankProcess
 from jupyter_mn.node.telemetry import NodeTelemetry
 from jupyter_mn.views import TextView
@@ -89,7 +90,8 @@ def test_rdma_asked_on_a_cpu_gang_warns_with_what_was_found(no_leftovers):
 
 def test_node_telemetry_follows_nccl_files_as_ranks_write_them(tmp_path):
     published: list = []
-    telemetry = NodeTelemetry(0, "job", {"env": {}}, published.append)
+    launch = Launch("job", 1, 1, "127.0.0.1", 0, "local", ("127.0.0.1",), 60.0)
+    telemetry = NodeTelemetry(0, launch, published.append)
     try:
         env = telemetry.rank_env(0, {})
         log_file = env["NCCL_DEBUG_FILE"]

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, Note, OnEvent, RankState, from_msg
+from ..launch import Launch, Script
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
 from .hub import EventHub, topics
@@ -199,24 +200,7 @@ class Gang:
         # A port picked now, not before the preflight: the fewer seconds between choosing it and
         # rank 0 listening on it, the less chance another socket takes it meanwhile.
         self.master = tuple(self._agents[0].endpoint().result())
-        master_addr, master_port = self.master
-        launch = {
-            "gpus": self.spec.gpus,
-            "nnodes": self.spec.nodes,
-            "master_addr": master_addr,
-            "master_port": master_port,
-            "backend": self.provisioner.backend,
-            "nodes": self.hosts,
-            "pg_timeout": self.spec.pg_timeout,
-            "start_timeout": self.spec.start_timeout,
-            "env": dict(self.spec.env),
-            "rdma": self.spec.rdma,
-            "require_rdma": self.spec.require_rdma,
-            "debug": self.spec.debug,
-            "heartbeat_timeout": self.spec.heartbeat_timeout,
-            "memory_limit": self.spec.memory_limit,
-            **self.provisioner.launch_options(),
-        }
+        launch = self.launch(self.master[1])
         replies = self.ask_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
         failures = [r.error for r in replies if r.error is not None]
         if failures:
@@ -225,6 +209,29 @@ class Gang:
                 raise primary
             raise RendezvousError(f"{type(primary).__name__}: {primary}")
         return [info for r in sorted(replies, key=lambda r: r.node) for info in r.value]
+
+    def launch(self, master_port: int, script: Script | None = None) -> Launch:
+        """What every node agent starts: this gang's shape and settings, rank 0's store on
+        ``master_port`` (a script gets a fresh one: the warm gang's rank 0 keeps its own)."""
+        return Launch(
+            job=self.id,
+            gpus=self.spec.gpus,
+            nnodes=self.spec.nodes,
+            master_addr=self.master[0],
+            master_port=master_port,
+            backend=self.provisioner.backend,
+            nodes=tuple(self.hosts),
+            pg_timeout=self.spec.pg_timeout,
+            env=dict(self.spec.env),
+            start_timeout=self.spec.start_timeout,
+            heartbeat_timeout=self.spec.heartbeat_timeout,
+            memory_limit=self.spec.memory_limit,
+            rdma=self.spec.rdma,
+            require_rdma=self.spec.require_rdma,
+            debug=self.spec.debug,
+            script=script,
+            **self.provisioner.launch_options(),
+        )
 
     def ask_all(self, call: Callable[[Any], Any], timeout: float) -> list[Reply]:
         """Call an actor method on every agent at once (while the gang starts: no job runs);

@@ -9,6 +9,7 @@ traceback. The value is rank 0's exit status.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..events import OnEvent, RankState
+from ..launch import Script
 from ..node.worker import find_script
 from ..result import LOST, CellResult
 from .base import Gang
@@ -84,29 +86,18 @@ class ScriptJob(Job[CellResult]):
 
     def start(self) -> None:
         gang = self.gang
-        master_addr, _ = gang.master
-        _, port = gang.agents[0].endpoint().result()
-        launch = {
-            "args": self.args,
-            "gpus": gang.spec.gpus,
-            "nnodes": gang.spec.nodes,
-            "master_addr": master_addr,
-            "master_port": port,
-            "backend": gang.provisioner.backend,
-            "nodes": gang.hosts,
-            "pg_timeout": gang.spec.pg_timeout,
-            "env": dict(gang.spec.env),
-            **gang.provisioner.launch_options(),
-        }
+        _, port = gang.agents[0].endpoint().result()  # a fresh store: rank 0 keeps its own
+        launch = gang.launch(port)
         self.started = time.monotonic()
         for node, agent in enumerate(gang.agents):
             path = self.paths[node]
-            where = (
-                {"script": path}
-                if path
-                else {"script": os.path.basename(self.script), "source": self.source}
+            sent = Script(
+                path or os.path.basename(self.script),
+                tuple(self.args),
+                None if path else self.source,
             )
-            gang.call(node, lambda agent=agent, where=where: agent.run_script({**launch, **where}))
+            node_launch = dataclasses.replace(launch, script=sent)
+            gang.call(node, lambda agent=agent, sent=node_launch: agent.run_script(sent))
 
     def take(self, item: Any) -> bool:
         # a script's ranks report their failures outside any cell run (run 0)

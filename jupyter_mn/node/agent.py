@@ -13,27 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import threading
 from typing import Any
 
 from distributed import get_worker
-from tornado.ioloop import PeriodicCallback
 
 from ..errors import RendezvousError
 from ..events import GangState, LogLines, NodeReply, RankState, to_msg
+from ..launch import Launch
 from ..rank.env import rank_env
 from .gpu import RankProcess
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
 from .script import ScriptRun
-from .telemetry import NodeTelemetry
+from .telemetry import SAMPLE_S, NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
 
+log = logging.getLogger("jupyter_mn.agent")
+#: Lines arriving within this window share one event.
 BATCH_S = 0.005
-#: How often an agent checks that dask still holds it for a client (else: stop its processes).
-_RELEASE_CHECK_S = 1.0
 
 
 def dask_setup(worker: Any) -> None:
@@ -41,24 +42,29 @@ def dask_setup(worker: Any) -> None:
 
 
 class NodeAgent:
-    """Dask actor: start this node's ranks, relay cells, publish their output as events."""
+    """Dask actor: start this node's ranks, relay cells, publish their output as events.
+
+    Everything it does runs on the worker's event loop: reader threads only hand over lines and
+    messages (``call_soon``, ``log``); one task (``_keep_watch``) does the periodic work.
+    """
 
     def __init__(self, job: str, topic: str, node: int) -> None:
         self.job, self.topic, self.node = job, topic, node
         self._worker = get_worker()
         self._ranks: list[RankHandle] = []
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # the line buffer, filled by reader threads
         self._buffer: list[tuple[int, str, str]] = []
+        self._flush_armed = False
         self._seq = 0
-        self._closing = threading.Event()
+        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()  # a look at the node is due now (a cell ended, or stop)
         self._telemetry: NodeTelemetry | None = None
-        self._launch: dict[str, Any] = {}
+        self._launch: Launch  # set by start(), before anything reads it
         self._generation = 0
         self._run_id = 0
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
-        self._release_watch: PeriodicCallback | None = None
         self.script: ScriptRun | None = None
 
     # ---- called from threads
@@ -70,23 +76,23 @@ class NodeAgent:
     def log(self, rank: int, stream: str, line: str) -> None:
         if self._telemetry is not None:
             self._telemetry.line(line)
-        with self._cond:
+        with self._lock:
             self._buffer.append((rank, stream, line))
-            self._cond.notify()
+            if self._flush_armed:
+                return
+            self._flush_armed = True
+        self.call_soon(self._arm_flush)
 
-    def _flush_loop(self) -> None:
-        while not self._closing.is_set():
-            with self._cond:
-                while not self._buffer and not self._closing.is_set():
-                    self._cond.wait()
-            self._closing.wait(BATCH_S)  # the batching window: lines arriving now share an event
-            self.flush()
+    def _arm_flush(self) -> None:
+        assert self._loop is not None
+        self._loop.call_later(BATCH_S, self.flush)  # lines arriving meanwhile share the event
 
     def flush(self, always: bool = False) -> int:
         """Publish buffered lines as one ``LogLines`` (``always``: even none, as a last event);
         return the last sequence number sent."""
-        with self._cond:
+        with self._lock:
             lines, self._buffer = self._buffer, []
+            self._flush_armed = False
             if lines or always:
                 items: list[tuple[int, str, list[str]]] = []
                 for rank, stream, text in lines:
@@ -102,12 +108,12 @@ class NodeAgent:
 
     def _publish(self, event: Any) -> None:
         # Every event goes through the loop's callback queue, so events keep their order.
-        self._worker.loop.add_callback(self._worker.log_event, self.topic, to_msg(event))
+        self.call_soon(self._worker.log_event, self.topic, to_msg(event))
 
     def rank_state(
         self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
     ) -> None:
-        with self._cond:
+        with self._lock:  # after the lines flushed before it, before those flushed after it
             self._publish(RankState(self.node, rank, state, detail, run, primary))
 
     # ---- actor methods
@@ -117,60 +123,38 @@ class NodeAgent:
         return host, listen_port(host)
 
     def _begin(self) -> None:
-        """Once, from the first actor call that starts processes: the loop, the log flusher,
-        and the watch that stops them when dask releases this actor (its client is gone)."""
+        """Once, from the first actor call that starts processes: the loop, and the task that
+        watches (dask still holds this actor, the kernel beats, ranks' memory, telemetry)."""
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
-        threading.Thread(target=self._flush_loop, daemon=True, name="jupyter-mn-flush").start()
-        self._release_watch = PeriodicCallback(self._check_claimed, _RELEASE_CHECK_S * 1000)
-        self._release_watch.start()
+        self._guard = asyncio.create_task(self._keep_watch())
 
-    def _check_claimed(self) -> None:
-        if not any(actor is self for actor in self._worker.state.actors.values()):
-            assert self._loop is not None
-            self._loop.create_task(self.stop())
-
-    async def start(self, launch: dict[str, Any]) -> list[dict[str, Any]]:
+    async def start(self, launch: Launch) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._begin()
         self._launch = launch
-        self._telemetry = NodeTelemetry(self.node, self.job, launch, self._publish)
+        self._telemetry = NodeTelemetry(self.node, launch, self._publish)
         infos = await self._spawn_all(generation=0)
         self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
-        self._watchdog = Watchdog(launch["heartbeat_timeout"], launch.get("memory_limit"))
-        self._guard = asyncio.create_task(self._keep_watch())
+        self._watchdog = Watchdog(launch.heartbeat_timeout, launch.memory_limit)
         return infos
 
     def _spawn(self, local: int, generation: int) -> RankHandle:
-        launch, gpus = self._launch, self._launch["gpus"]
-        rank = self.node * gpus + local
-        env = rank_env(
-            rank=rank,
-            local_rank=local,
-            gpus=gpus,
-            node_rank=self.node,
-            nnodes=launch["nnodes"],
-            master_addr=launch["master_addr"],
-            master_port=launch["master_port"],
-            job=self.job,
-            backend=launch["backend"],
-            nodes=launch["nodes"],
-            pg_timeout=launch["pg_timeout"],
-            user=launch["env"],
-            generation=generation,
-        )
+        launch = self._launch
+        rank = self.node * launch.gpus + local
+        env = rank_env(launch, self.node, local, generation=generation)
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
-        proc = RankHandle(self, local, rank, env, launch.get("cwd"))
+        proc = RankHandle(self, local, rank, env, launch.cwd)
         self.rank_state(rank, "started", f"pid {proc.proc.pid}")
         return proc
 
     async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
         """Start every rank of this node and wait until they joined group ``generation``."""
         self._generation = generation
-        self._ranks = [self._spawn(local, generation) for local in range(self._launch["gpus"])]
-        timeout = self._launch["start_timeout"]
+        self._ranks = [self._spawn(local, generation) for local in range(self._launch.gpus)]
+        timeout = self._launch.start_timeout
         joined = asyncio.gather(*(r.ready() for r in self._ranks))
         # when the agent is stopped meanwhile nobody awaits it: mark its outcome as seen
         joined.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -190,7 +174,7 @@ class NodeAgent:
 
     def _sampled(self) -> list[RankProcess]:
         """The ranks as GPU sampling knows them (by pid)."""
-        visible = {**os.environ, **self._launch["env"]}.get("CUDA_VISIBLE_DEVICES", "")
+        visible = {**os.environ, **self._launch.env}.get("CUDA_VISIBLE_DEVICES", "")
         return [RankProcess(r.rank, r.local_rank, r.proc.pid, visible) for r in self._ranks]
 
     def transport(self) -> dict[str, Any]:
@@ -209,6 +193,7 @@ class NodeAgent:
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
         self._telemetry.cell(running=False)
+        self._wake.set()  # its last look, now
         return to_msg(NodeReply.build(self.node, self.flush(), replies))
 
     async def _watch(self, r: RankHandle, run_id: int) -> dict[str, Any]:
@@ -285,25 +270,47 @@ class NodeAgent:
             self._watchdog.beat()
 
     async def _keep_watch(self) -> None:
-        assert self._watchdog is not None
-        while not self._closing.is_set():
-            await asyncio.sleep(CHECK_S)
-            if self._watchdog.kernel_gone():
-                await self._orphaned()
+        """The agent's periodic work, every ``CHECK_S`` (or when woken): stop when dask no longer
+        holds this actor (its client is gone) or the kernel stopped beating; kill a rank over
+        ``--memory-limit``; sample GPUs and NCCL's transport while a cell runs (in a thread:
+        NVML and file reads block)."""
+        loop = asyncio.get_running_loop()
+        last_look = loop.time()
+        while not self._closing:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), CHECK_S)
+            self._wake.clear()
+            if self._closing:
                 return
-            running = {r.rank: r for r in self._ranks if r.proc.poll() is None}
-            limit = self._watchdog.memory_limit
-            for rank, rss in self._watchdog.over_memory(
-                {k: r.proc.pid for k, r in running.items()}
-            ).items():
-                running[rank].kill(f"out of memory: {mib(rss)} > --memory-limit {mib(limit or 0)}")
+            if not any(actor is self for actor in self._worker.state.actors.values()):
+                await self.stop()
+                return
+            if self._watchdog is not None:
+                if self._watchdog.kernel_gone():
+                    await self._orphaned()
+                    return
+                self._kill_over_memory(self._watchdog)
+            telemetry = self._telemetry
+            if telemetry is not None and telemetry.due(loop.time() - last_look >= SAMPLE_S):
+                last_look = loop.time()
+                try:
+                    await loop.run_in_executor(None, telemetry.look)
+                except Exception:  # a failed sample must not end the watch over the ranks
+                    log.exception("node %s: telemetry failed", self.node)
+
+    def _kill_over_memory(self, watchdog: Watchdog) -> None:
+        running = {r.rank: r for r in self._ranks if r.proc.poll() is None}
+        over = watchdog.over_memory({k: r.proc.pid for k, r in running.items()})
+        for rank, rss in over.items():
+            limit = mib(watchdog.memory_limit or 0)
+            running[rank].kill(f"out of memory: {mib(rss)} > --memory-limit {limit}")
 
     async def _orphaned(self) -> None:
         """The kernel stopped beating: free the node rather than hold its GPUs forever."""
         silent = self._watchdog.heartbeat_timeout if self._watchdog else 0
         self._publish(GangState("BROKEN", f"node {self.node}: no heartbeat for {silent:.0f} s"))
         await self.stop()
-        if self._launch.get("exit_when_orphaned"):  # the worker is this gang's alone: end it too
+        if self._launch.exit_when_orphaned:  # the worker is this gang's alone: end it too
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self._worker.close(nanny=True, reason="jupyter_mn: the kernel is gone"),
@@ -316,7 +323,7 @@ class NodeAgent:
         for r in self._ranks:
             self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 
-    async def run_script(self, launch: dict[str, Any]) -> dict[str, Any]:
+    async def run_script(self, launch: Launch) -> dict[str, Any]:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
         self.script = ScriptRun(self, launch)
@@ -329,15 +336,12 @@ class NodeAgent:
 
     async def stop(self) -> int:
         """Stop everything of this node; return the sequence number of its last event."""
-        if self._release_watch is not None:
-            self._release_watch.stop()
+        self._closing = True
         if self._guard is not None and self._guard is not asyncio.current_task():
-            self._guard.cancel()
+            self._wake.set()  # its look in a thread, if any, ends before telemetry closes
+            await asyncio.wait([self._guard], timeout=2 * SAMPLE_S)
         await self.stop_script()
         await self._stop_ranks()
-        self._closing.set()
-        with self._cond:
-            self._cond.notify_all()
         if self._telemetry is not None:
             self._telemetry.close()
         return self.flush(always=True)  # last: once the kernel has it, the topic can be dropped

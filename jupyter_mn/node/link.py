@@ -17,10 +17,6 @@ class NodeLink(Protocol):
     def node(self) -> int:
         """This node's rank in the gang."""
 
-    @property
-    def job(self) -> str:
-        """The gang's id (``TORCHELASTIC_RUN_ID`` of script ranks)."""
-
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the agent's event loop (callable from any thread)."""
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..launch import Launch
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
 from .link import NodeLink
@@ -156,45 +157,33 @@ def _error(ename: str, evalue: str, lines: list[str], secondary: bool = False) -
 class ScriptRun:
     """This node's script processes: started at once, stopped together when one fails."""
 
-    def __init__(self, agent: NodeLink, launch: dict[str, Any]) -> None:
+    def __init__(self, agent: NodeLink, launch: Launch) -> None:
+        assert launch.script is not None
         self.agent = agent
         self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
-        script = launch["script"]
-        if launch.get("source") is not None:  # this node lacks it: the kernel sent its bytes
+        script = launch.script.path
+        if launch.script.source is not None:  # this node lacks it: the kernel sent its bytes
             script = os.path.join(self.folder, script)
-            Path(script).write_bytes(launch["source"])
-        gpus = launch["gpus"]
+            Path(script).write_bytes(launch.script.source)
+        argv = [sys.executable, "-u", script, *launch.script.args]
+        node, gpus = agent.node, launch.gpus
         self.ranks = [
             ScriptRank(
                 agent,
                 local,
-                agent.node * gpus + local,
-                [sys.executable, "-u", script, *launch["args"]],
-                self._env(launch, agent.node * gpus + local, local),
-                launch.get("cwd"),
+                node * gpus + local,
+                argv,
+                # torchrun's variables, plus the contract every jupyter_mn rank gets
+                rank_env(launch, node, local, error_file=self._error_file(node * gpus + local)),
+                launch.cwd,
             )
             for local in range(gpus)
         ]
         for r in self.ranks:
             agent.rank_state(r.rank, "started", f"pid {r.proc.pid}")
 
-    def _env(self, launch: dict[str, Any], rank: int, local: int) -> dict[str, str]:
-        """torchrun's variables, plus the contract every jupyter_mn rank gets."""
-        return rank_env(
-            rank=rank,
-            local_rank=local,
-            gpus=launch["gpus"],
-            node_rank=self.agent.node,
-            nnodes=launch["nnodes"],
-            master_addr=launch["master_addr"],
-            master_port=launch["master_port"],
-            job=self.agent.job,
-            backend=launch["backend"],
-            nodes=launch["nodes"],
-            pg_timeout=launch["pg_timeout"],
-            user=launch["env"],
-            error_file=os.path.join(self.folder, f"error-{rank}.json"),
-        )
+    def _error_file(self, rank: int) -> str:
+        return os.path.join(self.folder, f"error-{rank}.json")
 
     async def wait(self) -> list[dict[str, Any]]:
         """Until every process exits (then their outcomes); the first failure stops this node's

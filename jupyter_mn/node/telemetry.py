@@ -14,10 +14,10 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
 
 from ..errors import TransportError
 from ..events import GpuSample, OnEvent, TransportReport
+from ..launch import Launch
 from ..rank.timing import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess
@@ -34,21 +34,19 @@ DEBUG_ENV = {
 class NodeTelemetry:
     """Per-node GPU and transport reporting; ``publish`` sends an event (any thread)."""
 
-    def __init__(self, node: int, job: str, launch: dict[str, Any], publish: OnEvent) -> None:
+    def __init__(self, node: int, launch: Launch, publish: OnEvent) -> None:
         self.node, self.publish = node, publish
-        self.debug = bool(launch.get("debug"))
-        self.plan = (
-            rdma.plan(nccl_version=rdma.installed_nccl_version()) if launch.get("rdma") else None
-        )
-        if self.plan is not None and launch.get("require_rdma") and not self.plan.usable:
+        self.debug = launch.debug
+        self.plan = rdma.plan(nccl_version=rdma.installed_nccl_version()) if launch.rdma else None
+        if self.plan is not None and launch.require_rdma and not self.plan.usable:
             raise TransportError(
                 f"--require-rdma: node {node} has no usable RDMA port: "
                 + "; ".join(self.plan.labels)
             )
-        user_env = {**os.environ, **launch.get("env", {})}
+        user_env = {**os.environ, **launch.env}
         #: NCCL lines come through the ranks' pipes (shown) rather than a file (hidden)
         self.from_streams = self.debug or "NCCL_DEBUG" in user_env
-        self.dir = Path(tempfile.mkdtemp(prefix=f"jupyter-mn-{job}-node{node}-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"jupyter-mn-{launch.job}-node{node}-"))
         self._log = NcclLog()
         self._lock = threading.Lock()
         self._offsets: dict[Path, int] = {}
@@ -57,12 +55,9 @@ class NodeTelemetry:
         self._published: TransportReport | None = None
         self._sampler: GpuSampler | None = None
         self._noted = False
-        self._running = threading.Event()
-        self._wake = threading.Event()
-        self._due = ""
+        self._running = False
+        self._final = False  # one last look is due: a cell ended
         self._poll_lock = threading.Lock()
-        self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # ---- before the ranks start
     def rank_env(self, rank: int, env: dict[str, str]) -> dict[str, str]:
@@ -87,8 +82,6 @@ class NodeTelemetry:
         self._sampler = GpuSampler()
         self._sample()
         self.poll(force=True)
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="jupyter-mn-telemetry")
-        self._thread.start()
 
     def restarted(self, ranks: list[RankProcess]) -> None:
         """The node's ranks were replaced (one was lost): sample the new processes."""
@@ -101,17 +94,23 @@ class NodeTelemetry:
                 self._log.feed(text)
 
     def cell(self, running: bool) -> None:
-        """A cell starts or ends; the sampling thread does the work (off the cell's path).
+        """A cell starts or ends; the agent's periodic task does the looking (off the cell's path).
 
         Nothing is re-sent at a cell's start: the kernel keeps each node's last report and
         shows it to the new cell's view (``Gang.replay``), so a trivial cell costs no events.
         """
-        if running:
-            self._running.set()
-        else:
-            self._running.clear()
-            self._due = "final"
-        self._wake.set()
+        self._running = running
+        self._final = self._final or not running
+
+    def due(self, period_over: bool) -> bool:
+        """Whether to ``look`` now: every ``SAMPLE_S`` while a cell runs, once at its end."""
+        return self._final or (self._running and period_over)
+
+    def look(self) -> None:
+        """Sample the GPUs and read NCCL's lines (blocking: the agent calls it in a thread)."""
+        self._final = False
+        self._sample()
+        self.poll()
 
     def report(self) -> TransportReport:
         hcas = self.plan.labels if self.plan is not None else ()
@@ -150,23 +149,7 @@ class NodeTelemetry:
         self._noted = bool(sampler.note)
         self.publish(GpuSample(self.node, sampler.sample(self._ranks), sampler.note))
 
-    def _loop(self) -> None:
-        """~1 Hz while a cell runs, and one last look at its end."""
-        while not self._closed.is_set():
-            self._wake.wait(SAMPLE_S)
-            self._wake.clear()
-            due, self._due = self._due, ""
-            if self._closed.is_set():
-                return
-            if due or self._running.is_set():
-                self._sample()
-                self.poll()
-
     def close(self) -> None:
-        self._closed.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(SAMPLE_S * 2)
         if self._sampler is not None:
             self._sampler.close()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,8 +1,8 @@
 """The environment contract of a rank: what its node agent sets, what the rank reads.
 
 torchrun's variables (so existing training code runs unchanged) plus ``JUPYTER_MN_*``. One
-function writes them for cell ranks and script ranks alike. A leaf: it imports nothing from
-jupyter_mn, so the agent, the rank and the kernel can all read the names from here.
+function writes them for cell ranks and script ranks alike, from the gang's ``Launch``. A leaf:
+it imports nothing from jupyter_mn (but a type), so the agent and the rank both read it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..launch import Launch
 
 #: The rank's end of its control socket to the agent (cell ranks only).
 CONTROL_FD = "JUPYTER_MN_CONTROL_FD"
@@ -22,27 +26,21 @@ NODES = "JUPYTER_MN_NODES"
 
 
 def rank_env(
-    *,
-    rank: int,
-    local_rank: int,
-    gpus: int,
+    gang: Launch,
     node_rank: int,
-    nnodes: int,
-    master_addr: str,
-    master_port: int,
-    job: str,
-    backend: str,
-    nodes: list[str] | tuple[str, ...],
-    pg_timeout: float,
-    user: Mapping[str, str],
+    local_rank: int,
+    *,
     base: Mapping[str, str] = os.environ,
     generation: int = 0,
     error_file: str | None = None,
 ) -> dict[str, str]:
     """A rank's whole environment: ``base`` (the agent's), the thread default, the user's
-    variables, then the contract. ``error_file``: a script rank's, where torchelastic's
-    ``@record`` writes its uncaught exception (with torchrun's other elastic variables)."""
-    env = {**base, **_thread_default(gpus, base), **user}
+    variables (``gang.env``), then the contract. ``error_file``: a script rank's, where
+    torchelastic's ``@record`` writes its uncaught exception (with torchrun's other elastic
+    variables)."""
+    gpus, nnodes, job = gang.gpus, gang.nnodes, gang.job
+    rank = node_rank * gpus + local_rank
+    env = {**base, **_thread_default(gpus, base), **gang.env}
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
@@ -51,16 +49,16 @@ def rank_env(
         NODE_RANK=str(node_rank),
         GROUP_RANK=str(node_rank),
         NNODES=str(nnodes),
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
+        MASTER_ADDR=gang.master_addr,
+        MASTER_PORT=str(gang.master_port),
         PYTHONUNBUFFERED="1",
     )
     env.update(
         {
             JOB: job,
-            BACKEND: backend,
-            NODES: json.dumps(list(nodes)),
-            PG_TIMEOUT: str(pg_timeout),
+            BACKEND: gang.backend,
+            NODES: json.dumps(list(gang.nodes)),
+            PG_TIMEOUT: str(gang.pg_timeout),
             GENERATION: str(generation),
         }
     )
