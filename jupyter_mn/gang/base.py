@@ -110,7 +110,9 @@ class Gang:
         after the events queued before it (the SCHEDULING transition)."""
         with contextlib.suppress(queue.Empty):
             while True:
-                self.hub.consume(self.hub.inbox.get(timeout=0), self._on_event)
+                item = self.hub.inbox.get(timeout=0)
+                if self.hub.inbox.is_event(item):  # no job runs yet: nothing else is waited for
+                    self.hub.consume(item, self._on_event)
         self.hub.announce(event, self._on_event)
 
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
