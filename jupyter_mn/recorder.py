@@ -37,13 +37,11 @@ class JobRecord:
     """One gang's row and log files; only the recorder thread touches it."""
 
     def __init__(self, registry: Registry, cluster: Cluster, gang: Gang) -> None:
-        import uuid
-
         spec = gang.spec
         self.registry = registry
         self.cluster = weakref.ref(cluster)
         self.gang = gang
-        job_id = f"{spec.name}-{uuid.uuid4().hex[:4]}" if spec.name else gang.id
+        job_id = gang.id  # unique and path-safe; the user's name is ``name``
         self.model = JobModel(
             id=job_id,
             name=spec.name or gang.id,

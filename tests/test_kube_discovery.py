@@ -142,7 +142,8 @@ def test_cli_manifests_prints_validated_yaml_without_a_cluster(tmp_path):
     )
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["Job", "Service", "Secret", "NetworkPolicy", "PodGroup"]
-    assert docs[0]["metadata"]["name"] == "train-1"
+    assert docs[0]["metadata"]["name"].startswith("train-1-")  # unique per gang
+    assert docs[0]["metadata"]["annotations"]["jupyter-mn.io/name"] == "train-1"
 
 
 def test_cli_manifests_refuses_bad_input_with_a_short_error():

@@ -21,16 +21,19 @@ from jupyter_mn.gang.kubernetes.manifests import (
     GANG_LABEL,
     LATEST_MINOR,
     MIN_MINOR,
+    NAME_KEY,
     Names,
     Target,
     build,
     selector,
 )
 from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.names import gang_id
 from jupyter_mn.spec import ClusterSpec
 
 MINORS = range(MIN_MINOR, LATEST_MINOR + 1)
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 GANG = "jmn-5f3a9c2e"
 FULL = KubeOptions(
     image="registry.example/jupyter-mn-agent:1.0",
@@ -88,14 +91,35 @@ def test_every_manifest_set_validates_for_every_version(policy, rdma, nodes):
     assert checked >= 4 * 3  # at least three minors for every policy
 
 
-@pytest.mark.parametrize("gang_id", ["jmn-1", "a" * 44, "2024-run"])
-def test_names_fit_dns_limits_even_for_long_and_numeric_names(gang_id):
-    names = Names.of(gang_id)
+@pytest.mark.parametrize("name", [None, "My_Sweep_03", "2024 run", "x" * 128, "ünïcødé ☃"])
+def test_any_name_makes_objects_within_dns_limits_and_keeps_the_name(name):
+    """The gang id (from the user's name) names the objects; the name itself rides along."""
+    gang = gang_id(name)
+    names = Names.of(gang)
     assert DNS_LABEL.match(names.service) and len(names.service) <= 63
     pod_name = f"{names.job}-{65535}-abcde"  # the Job controller's pod names
     assert len(pod_name) <= 63 and len(names.host(65535).split(".")[0]) <= 63
+    spec = spec_for(2, rdma=False).replace(name=name)
+    objects = build(spec, gang, Target())
+    for obj in objects:
+        validate(obj, LATEST_MINOR)
+        assert DNS_LABEL.match(obj["metadata"]["name"]), obj["metadata"]["name"]
+    job, pod = job_of(objects), pod_of(objects)
+    if name is None:
+        assert NAME_KEY not in job["metadata"].get("annotations", {})
+        return
+    assert job["metadata"]["annotations"][NAME_KEY] == name
+    assert pod["metadata"]["annotations"][NAME_KEY] == name
+    label = job["metadata"]["labels"].get(NAME_KEY)
+    assert label == pod["metadata"]["labels"].get(NAME_KEY)
+    assert label is None or (len(label) <= 63 and LABEL_VALUE.match(label)), label
+
+
+def test_ids_not_made_by_gang_id_are_refused():
     with pytest.raises(SpecError, match="at most 44 characters"):
         Names.of("a" * 45)
+    with pytest.raises(SpecError, match="not a DNS label"):
+        Names.of("My_Sweep")
 
 
 def test_job_shape_is_one_pod_per_node_all_or_nothing():

@@ -17,9 +17,12 @@ from kube.cluster import NAMESPACE, FakeCluster
 
 from jupyter_mn.errors import SchedulingError
 from jupyter_mn.events import NodesWaiting
-from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX
+from jupyter_mn.gang.base import Gang
+from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX, GANG_LABEL, NAME_KEY
 from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
 from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.reaper import collect as reap
+from jupyter_mn.registry import ORPHANED, JobModel, NodeModel, Registry
 from jupyter_mn.spec import ClusterSpec
 
 IMAGE = "registry.example/jupyter-mn-agent:1"
@@ -276,32 +279,54 @@ def test_an_expired_lease_of_a_dead_kernel_is_taken_over(cluster):
     api.close()
 
 
-def test_jupyter_mn_gc_deletes_an_orphaned_kubernetes_job(cluster, tmp_path, monkeypatch):
-    """The registry's orphaned Kubernetes job is cleaned by label through `jupyter mn gc`."""
-    from jupyter_mn.reaper import collect as reap
-    from jupyter_mn.registry import ORPHANED, JobModel, NodeModel, Registry
+def orphaned(gang: str, name: str = "gone") -> JobModel:
+    """The registry's record of a Kubernetes job whose kernel died."""
+    return JobModel(
+        id=gang,
+        name=name,
+        gang=gang,
+        backend="kubernetes",
+        shape="1×2",
+        gpus=2,
+        world_size=2,
+        state=ORPHANED,
+        started=0.0,
+        nodes=[NodeModel(node=0)],
+    )
 
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+
+@pytest.fixture
+def registry(tmp_path) -> Iterator[Registry]:
+    reg = Registry(tmp_path / "registry")
+    yield reg
+    reg.close()
+
+
+def test_jupyter_mn_gc_deletes_an_orphaned_kubernetes_job(cluster, registry):
+    """The registry's orphaned Kubernetes job is cleaned by label through `jupyter mn gc`."""
     dead = Recorder()
     dead.up(kube_spec(nodes=1), "jmn-gone0001")  # its kernel "dies": no release()
-    registry = Registry()
-    registry.save(
-        JobModel(
-            id="jmn-gone0001",
-            name="gone",
-            gang="jmn-gone0001",
-            backend="kubernetes",
-            shape="1×2",
-            gpus=2,
-            world_size=2,
-            state=ORPHANED,
-            started=0.0,
-            nodes=[NodeModel(node=0)],
-        )
-    )
+    registry.save(orphaned("jmn-gone0001"))
     dry = reap(registry, keep_s=1e9, dry_run=True)
     assert any("would delete" in line for line in dry) and cluster.ours()
     done = reap(registry, keep_s=1e9)
     assert any("deleted" in line and "jmn-gone0001" in line for line in done)
     assert cluster.ours() == []
-    registry.close()
+
+
+def test_two_gangs_of_one_name_both_start_and_gc_of_one_leaves_the_other(cluster, registry):
+    """Both notebooks call their gang "train"; one kernel dies and `jupyter mn gc` runs."""
+    spec = kube_spec(nodes=1).replace(name="train")
+    live, dead = Recorder(), Recorder()
+    live_gang, dead_gang = Gang(spec, live.provisioner), Gang(spec, dead.provisioner)
+    assert sorted(live.up(spec, live_gang.id)) == [0]
+    assert sorted(dead.up(spec, dead_gang.id)) == [0]  # not 409: the names differ
+    jobs = [o for o in cluster.ours() if o["kind"] == "Job"]
+    assert [j["metadata"]["annotations"][NAME_KEY] for j in jobs] == ["train", "train"]
+    registry.save(orphaned(dead_gang.id, name="train"))
+    reap(registry, keep_s=1e9)
+    left = {o["metadata"]["labels"][GANG_LABEL] for o in cluster.ours()}
+    assert left == {live_gang.id}
+    assert len([p for p in cluster.live("pods") if p["spec"].get("nodeName")]) == 1
+    live.provisioner.release()
+    assert cluster.ours() == []

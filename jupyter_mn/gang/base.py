@@ -11,12 +11,12 @@ import contextlib
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, Note, RankState, from_msg
+from ..names import gang_id
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
 from .hub import EventHub, topics
@@ -53,7 +53,7 @@ class Gang(EventHub):
         super().__init__()
         self.spec = spec
         self.provisioner = provisioner
-        self.id = spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
+        self.id = gang_id(spec.name)
         self.topic, self.exec_topic = topics(self.id)
         self.status = GangStatus.PENDING
         self.detail = ""

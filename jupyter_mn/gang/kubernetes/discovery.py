@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SchedulingError, SpecError
+from ...names import gang_id as new_gang_id
 from ...spec import ClusterSpec
 from . import gangs
 from .manifests import LATEST_MINOR, Target, build, to_yaml
@@ -142,7 +142,7 @@ def plan(
     With ``minor`` (``--k8s-version``) nothing is asked of a cluster: ``--gang auto`` then means
     ``none``. Without it the configured cluster is asked, exactly as a real run does.
     """
-    gang_id = gang_id or spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
+    gang_id = gang_id or new_gang_id(spec.name)
     opts = spec.kubernetes
     if minor is not None:
         policy = "none" if opts.gang == "auto" else opts.gang

@@ -17,6 +17,7 @@ from typing import Any
 
 from ...errors import SpecError
 from ...kubespec import KubeOptions, Volume, parse_toleration
+from ...names import MAX_ID, label_value
 from ...spec import ClusterSpec
 from . import gangs
 
@@ -24,6 +25,8 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "jupyter-mn"
 GANG_LABEL = "jupyter-mn.io/gang"
 OWNER_ANNOTATION = "jupyter-mn.io/owner"
+#: The user's ``--name``: exact in this annotation, as a valid label value in this label.
+NAME_KEY = "jupyter-mn.io/name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "agent"
 TLS_DIR = "/etc/jupyter-mn/tls"
@@ -33,7 +36,6 @@ TTL_AFTER_FINISHED_S = 300
 #: Oldest and newest Kubernetes minor versions the builders are validated against.
 MIN_MINOR, LATEST_MINOR = 28, 37
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_MAX_BASE = 44  # <base>-<index>-<5 random> pod names stay within 63 characters
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,13 @@ class Names:
 
     @classmethod
     def of(cls, gang_id: str) -> Names:
-        base = gang_id if gang_id[:1].isalpha() else f"jmn-{gang_id}"
-        if len(base) > _MAX_BASE or not _NAME.match(base):
+        """``gang_id`` comes from ``names.gang_id``; anything else is a programming error."""
+        if len(gang_id) > MAX_ID or not _NAME.match(gang_id):
             raise SpecError(
-                f"gang name {gang_id!r}: use lowercase letters, digits and '-' "
-                f"(at most {_MAX_BASE} characters)"
+                f"gang id {gang_id!r}: not a DNS label of at most {MAX_ID} characters "
+                "(make ids with jupyter_mn.names.gang_id)"
             )
-        return cls(base)
+        return cls(gang_id)
 
     @property
     def job(self) -> str:
@@ -139,16 +141,21 @@ def _job(
 ) -> dict[str, Any]:
     opts = spec.kubernetes
     names = Names.of(gang_id)
+    named = _named(spec.name)
     meta = _meta(
         names.job,
         gang_id,
         target,
-        annotations={OWNER_ANNOTATION: owner} if owner else None,
+        annotations={**named["annotations"], **({OWNER_ANNOTATION: owner} if owner else {})},
         ownerReferences=[dict(job_owner)] if job_owner else None,
     )
-    meta["labels"] = {**meta["labels"], **group.job_labels}
-    pod_labels = {**labels(gang_id), **group.pod_labels}
-    pod_annotations = {"sidecar.istio.io/inject": "false", **group.pod_annotations}
+    meta["labels"] = {**meta["labels"], **named["labels"], **group.job_labels}
+    pod_labels = {**labels(gang_id), **named["labels"], **group.pod_labels}
+    pod_annotations = {
+        "sidecar.istio.io/inject": "false",
+        **named["annotations"],
+        **group.pod_annotations,
+    }
     if spec.rdma and opts.networks:
         pod_annotations["k8s.v1.cni.cncf.io/networks"] = ",".join(opts.networks)
     return {
@@ -176,6 +183,17 @@ def _job(
                 "spec": _pod_spec(spec, gang_id, group),
             },
         },
+    }
+
+
+def _named(name: str | None) -> dict[str, dict[str, str]]:
+    """The user's name on the Job and its pods (``kubectl get pods -l jupyter-mn.io/name=…``)."""
+    if not name:
+        return {"labels": {}, "annotations": {}}
+    value = label_value(name)
+    return {
+        "labels": {NAME_KEY: value} if value else {},
+        "annotations": {NAME_KEY: name},
     }
 
 
