@@ -31,6 +31,8 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "agent"
 TLS_DIR = "/etc/jupyter-mn/tls"
 TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+#: The agent's user and group: ``USER`` in docs/agent.Dockerfile; the pods' volumes are theirs.
+AGENT_UID = 1000
 #: Finished Jobs (and their pods) are deleted this long after they end.
 TTL_AFTER_FINISHED_S = 300
 #: Oldest and newest Kubernetes minor versions the builders are validated against.
@@ -216,6 +218,7 @@ def _pod_spec(spec: ClusterSpec, gang_id: str, group: gangs.GangParts) -> dict[s
                 ]
             }
         },
+        "securityContext": _pod_security(spec.rdma),
         "containers": [_container(spec, gang_id)],
         "volumes": _volumes(opts, names),
         **group.pod_spec,
@@ -248,6 +251,7 @@ def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
         # Ready = this pod's dask worker registered with the scheduler (the port opens then).
         "readinessProbe": {"tcpSocket": {"port": "ready"}, "periodSeconds": 2},
         "resources": _resources(spec),
+        "securityContext": _container_security(spec.rdma),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
@@ -257,9 +261,29 @@ def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
             ),
         ],
     }
-    if spec.rdma:  # pinning memory for verbs needs IPC_LOCK (memlock comes from the runtime)
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     return container
+
+
+def _pod_security(rdma: bool) -> dict[str, Any]:
+    """Admitted where the "restricted" Pod Security Standard is enforced; with ``--rdma``,
+    "baseline" plus ``IPC_LOCK``.
+
+    Pinning memory for verbs needs ``IPC_LOCK`` beyond a small memlock limit, and Kubernetes
+    grants an added capability to root only (it sets no ambient capabilities), so RDMA pods run
+    as uid 0 with every other capability dropped. ``fsGroup`` makes the volumes (the TLS Secret
+    included, 0440 then) readable by the agent's group.
+    """
+    pod: dict[str, Any] = {"fsGroup": AGENT_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+    if rdma:
+        return {**pod, "runAsUser": 0}
+    return {**pod, "runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID}
+
+
+def _container_security(rdma: bool) -> dict[str, Any]:
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if rdma:
+        capabilities["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
 def _env(spec: ClusterSpec, gang_id: str) -> list[dict[str, Any]]:
