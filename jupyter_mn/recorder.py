@@ -19,7 +19,15 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .events import CellDone, GangState, GpuSample, LogLines, RankState, TransportReport
+from .events import (
+    CellDone,
+    GangState,
+    GpuSample,
+    LogLines,
+    NodesWaiting,
+    RankState,
+    TransportReport,
+)
 from .joblogs import JobLogWriter
 from .registry import HEARTBEAT_S, JobModel, NodeModel, Registry, Request
 
@@ -68,7 +76,10 @@ class JobRecord:
             self.logs.write(event)
             return False
         model = self.model
+        if isinstance(event, NodesWaiting):  # the first comes once the namespace is chosen
+            return self._placed()
         if isinstance(event, GangState):
+            self._placed()
             model.state, model.detail = event.state, event.detail
             if event.state == "READY":
                 self._ranks_up()
@@ -91,6 +102,14 @@ class JobRecord:
         else:
             return False
         return True
+
+    def _placed(self) -> bool:
+        """Record the gang's Kubernetes namespace once its provisioner has chosen it (``gc``
+        deletes there); other provisioners have none."""
+        namespace = getattr(self.gang.provisioner, "namespace", "")
+        changed = namespace != self.model.namespace
+        self.model.namespace = namespace
+        return changed
 
     def _ranks_up(self) -> None:
         for info in self.gang.ranks:

@@ -7,6 +7,8 @@ admission Lease without running the pods' processes (tests/test_kube_e2e.py does
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -295,6 +297,12 @@ def orphaned(gang: str, name: str = "gone") -> JobModel:
     )
 
 
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 @pytest.fixture
 def registry(tmp_path) -> Iterator[Registry]:
     reg = Registry(tmp_path / "registry")
@@ -330,3 +338,25 @@ def test_two_gangs_of_one_name_both_start_and_gc_of_one_leaves_the_other(cluster
     assert len([p for p in cluster.live("pods") if p["spec"].get("nodeName")]) == 1
     live.provisioner.release()
     assert cluster.ours() == []
+
+
+def test_the_registry_records_the_namespace_and_gc_deletes_there(cluster, registry):
+    """The kubeconfig says "notebooks"; the gang went to "research" (--namespace)."""
+    from jupyter_mn import Cluster
+    from jupyter_mn.gang import make_gang
+    from jupyter_mn.recorder import JobRecord
+
+    spec = kube_spec(nodes=1, namespace="research")
+    gang = make_gang(spec)
+    record = JobRecord(registry, Cluster(spec), gang)
+    gang.subscribe(lambda event: record.handle(event) and record.save())
+    gang.provisioner.bring_up(spec, gang.id, Security.temporary())  # its kernel then "dies"
+    job = registry.job(record.model.id)
+    assert job.namespace == "research"
+    assert {o["metadata"]["namespace"] for o in cluster.ours()} == {"research"}
+    job.state, job.pid = ORPHANED, dead_pid()
+    registry.save(job)
+    done = reap(registry, keep_s=1e9)
+    assert any(f"{gang.id}: deleted" in line and "in research" in line for line in done), done
+    assert cluster.ours() == []
+    gang.provisioner.release()
