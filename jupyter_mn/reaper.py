@@ -30,7 +30,7 @@ def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[st
     report: list[str] = []
     now = time.time()
     for job in registry.jobs():
-        if job.state == ORPHANED and job.host == HOST and kernel_alive(job):
+        if job.state == ORPHANED and job.host == HOST and _kernel_alive(job):
             report.append(
                 f"{job.id}: its kernel (pid {job.pid}) still runs, only its heartbeat stalled: "
                 "left alone"
@@ -50,7 +50,7 @@ def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[st
     return report
 
 
-def kernel_alive(job: JobModel) -> bool:
+def _kernel_alive(job: JobModel) -> bool:
     """Whether ``job``'s kernel process (on this host) still runs: its pid exists and started
     before the job did, so a pid recycled after the kernel died does not count."""
     import psutil
