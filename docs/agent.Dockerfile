@@ -27,7 +27,12 @@ COPY . /src/jupyter_mn
 RUN pip install --no-cache-dir /src/jupyter_mn && rm -rf /src
 
 ENV PYTHONUNBUFFERED=1
-# Ranks run as root by default: CAP_IPC_LOCK (added with --rdma) only lifts the memlock limit
-# for root; a non-root user needs the runtime's memlock limit raised instead.
+# The agent runs as this non-root user (uid 1000, the pods' runAsUser), so the pods pass the
+# "restricted" Pod Security Standard. With --rdma the pods run as root instead, holding only
+# CAP_IPC_LOCK: Kubernetes grants an added capability to root only, and verbs needs it to pin
+# memory beyond the memlock limit. /workspace is writable for both (sticky, like /tmp).
+RUN useradd --uid 1000 --user-group --create-home --home-dir /home/agent agent \
+ && install -d -m 1777 -o 1000 -g 1000 /workspace
+USER 1000:1000
 WORKDIR /workspace
 CMD ["python", "-m", "jupyter_mn.node.pod"]

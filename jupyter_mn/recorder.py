@@ -17,7 +17,15 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .events import CellDone, GangState, GpuSample, LogLines, RankState, TransportReport
+from .events import (
+    CellDone,
+    GangState,
+    GpuSample,
+    LogLines,
+    NodesWaiting,
+    RankState,
+    TransportReport,
+)
 from .joblogs import JobLogWriter
 from .kernelid import current_kernel_id
 from .registry import HEARTBEAT_S, JobModel, NodeModel, Registry, Request
@@ -36,13 +44,11 @@ class JobRecord:
     """One gang's row and log files; only the recorder thread touches it."""
 
     def __init__(self, registry: Registry, cluster: Cluster, gang: Gang) -> None:
-        import uuid
-
         spec = gang.spec
         self.registry = registry
         self.cluster = weakref.ref(cluster)
         self.gang = gang
-        job_id = f"{spec.name}-{uuid.uuid4().hex[:4]}" if spec.name else gang.id
+        job_id = gang.id  # unique and path-safe; the user's name is ``name``
         self.model = JobModel(
             id=job_id,
             name=spec.name or gang.id,
@@ -69,7 +75,10 @@ class JobRecord:
             self.logs.write(event)
             return False
         model = self.model
+        if isinstance(event, NodesWaiting):  # the first comes once the namespace is chosen
+            return self._placed()
         if isinstance(event, GangState):
+            self._placed()
             model.state, model.detail = event.state, event.detail
             if event.state == "READY":
                 self._ranks_up()
@@ -92,6 +101,14 @@ class JobRecord:
         else:
             return False
         return True
+
+    def _placed(self) -> bool:
+        """Record the gang's Kubernetes namespace once its provisioner has chosen it (``gc``
+        deletes there); other provisioners have none."""
+        namespace = getattr(self.gang.provisioner, "namespace", "")
+        changed = namespace != self.model.namespace
+        self.model.namespace = namespace
+        return changed
 
     def _ranks_up(self) -> None:
         for info in self.gang.ranks:

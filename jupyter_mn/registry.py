@@ -85,6 +85,8 @@ class JobModel:
     heartbeat: float = 0.0
     host: str = HOST
     pid: int = 0
+    #: Kubernetes: the namespace of the job's objects (``jupyter mn gc`` deletes there)
+    namespace: str = ""
     kernel_id: str | None = None
     notebook: str | None = None
     launcher: str = ""

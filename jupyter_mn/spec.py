@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,13 +18,13 @@ from typing import Any
 from .errors import SpecError
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
+from .names import name_problem
 
 BACKENDS = ("local", "dask", "kubernetes")
 VIEWS = ("auto", "widget", "text")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_PREFIX = "JUPYTER_MN_"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 MAX_WORLD_SIZE = 65536
 _SCHEDULER = re.compile(r"^(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}$")
 
@@ -121,10 +122,9 @@ class ClusterSpec:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value <= 0):
                 raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
-        if self.name is not None and not _JOB_NAME.match(self.name):
-            raise SpecError(
-                f"name {self.name!r} must be lowercase letters, digits and '-', at most 40 chars"
-            )
+        problem = name_problem(self.name) if self.name is not None else None
+        if problem:
+            raise SpecError(f"name {reprlib.repr(self.name)} {problem}")
         for key, value in self.env:
             if not _ENV_NAME.match(key):
                 raise SpecError(f"--env {key!r}: not a valid environment variable name")

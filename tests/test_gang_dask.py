@@ -12,6 +12,7 @@ import dask
 import pytest
 from daskcli import tls_config
 from distributed import Client, Security
+from polling import wait_until
 from procs import ours, rank_processes, wait_gone
 from test_cluster import ENV_CHECK
 
@@ -107,6 +108,46 @@ def test_two_gangs_never_share_a_worker(dask_tls, no_leftovers):
         first.close()
     with dask_cluster(dask_tls, nodes=2, gpus=1) as third:  # the claims were given back
         assert third.run("1").value == 1
+
+
+WHERE = "import os\nprint('{who} runs here')\nos.environ['MASTER_ADDR']"
+
+
+def test_two_gangs_of_one_name_are_two_gangs(dask_tls, no_leftovers):
+    """Two notebooks both call their gang "train" on one scheduler: each has its own agents and
+    sees only its own logs, and releasing one leaves the other working."""
+    from jupyter_mn.joblogs import read_logs
+    from jupyter_mn.registry import Registry
+
+    first = dask_cluster(dask_tls, nodes=1, gpus=1, name="train")
+    second = dask_cluster(dask_tls, nodes=1, gpus=1, name="train")
+    registry = Registry()
+    try:
+        first.up()
+        second.up()
+        assert first.gang.id != second.gang.id
+        hosts = {
+            first.run(WHERE.format(who="first")).value,
+            second.run(WHERE.format(who="second")).value,
+        }
+        assert hosts == {"127.0.0.1", "127.0.0.2"}  # one node each, not one shared agent
+
+        def logged(cluster: Cluster) -> list[str]:
+            jobs = [j for j in registry.jobs() if j.gang == cluster.gang.id]
+            assert len(jobs) == 1 and jobs[0].name == "train"
+            return [line.text for line in read_logs(registry.log_dir(jobs[0].id))[0]]
+
+        wait_until(lambda: "first runs here" in logged(first), what="the first gang's log")
+        wait_until(lambda: "second runs here" in logged(second), what="the second gang's log")
+        assert "second runs here" not in logged(first)
+        assert "first runs here" not in logged(second)
+        first.close()
+        assert second.run(WHERE.format(who="second again")).value in hosts
+        assert second.gang.status.usable
+    finally:
+        first.close()
+        second.close()
+        registry.close()
 
 
 def test_too_few_hosts_says_what_is_missing(dask_tls, no_leftovers):

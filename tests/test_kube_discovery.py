@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -142,7 +143,8 @@ def test_cli_manifests_prints_validated_yaml_without_a_cluster(tmp_path):
     )
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["Job", "Service", "Secret", "NetworkPolicy", "PodGroup"]
-    assert docs[0]["metadata"]["name"] == "train-1"
+    assert docs[0]["metadata"]["name"].startswith("train-1-")  # unique per gang
+    assert docs[0]["metadata"]["annotations"]["jupyter-mn.io/name"] == "train-1"
 
 
 def test_cli_manifests_refuses_bad_input_with_a_short_error():
@@ -164,10 +166,7 @@ def test_cli_manifests_refuses_bad_input_with_a_short_error():
     )
 
 
-def test_an_unreachable_cluster_is_a_short_error(tmp_path):
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+def kubeconfig(path, port: int) -> str:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -176,12 +175,43 @@ def test_an_unreachable_cluster_is_a_short_error(tmp_path):
         "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u"}}],
         "current-context": "c",
     }
-    (tmp_path / "config").write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_an_unreachable_cluster_is_a_short_error(tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "jupyter_mn.cli", "manifests", "--image", "a:1"]
-    env = {"PATH": "", "KUBECONFIG": str(tmp_path / "config")}
+    env = {"PATH": "", "KUBECONFIG": kubeconfig(tmp_path / "config", port)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "jupyter mn manifests: asking the API server what it offers: "
         "cannot reach the API server ([Errno 111] Connection refused)"
     )
+
+
+def test_a_hung_api_server_is_an_error_after_the_request_timeout(tmp_path, monkeypatch):
+    """A server that accepts connections and never answers: every call has a timeout."""
+    from jupyter_mn.gang.kubernetes import discovery, gc
+
+    monkeypatch.setattr(discovery, "REQUEST_TIMEOUT_S", (1.0, 1.0))
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)  # the kernel completes the handshakes; nothing ever reads or answers
+        monkeypatch.setenv("KUBECONFIG", kubeconfig(tmp_path / "config", hung.getsockname()[1]))
+        outcome: list[BaseException] = []
+
+        def find() -> None:
+            try:
+                gc.find()
+            except SchedulingError as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=find, daemon=True)
+        worker.start()
+        worker.join(120)  # 4 tries of 1 s each, on a loaded machine
+    assert not worker.is_alive(), "gc.find hung on an API server that never answers"
+    assert "cannot reach the API server" in str(outcome[0]) and "timed out" in str(outcome[0])

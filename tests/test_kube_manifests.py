@@ -12,25 +12,30 @@ import re
 
 import jsonschema
 import pytest
+from kube.podsecurity import violations
 from kube.schemas import KUEUE_JOB, validate
 
 from jupyter_mn.errors import SpecError
 from jupyter_mn.gang.kubernetes import gangs
 from jupyter_mn.gang.kubernetes.manifests import (
+    AGENT_UID,
     COMPLETION_INDEX,
     GANG_LABEL,
     LATEST_MINOR,
     MIN_MINOR,
+    NAME_KEY,
     Names,
     Target,
     build,
     selector,
 )
 from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.names import gang_id
 from jupyter_mn.spec import ClusterSpec
 
 MINORS = range(MIN_MINOR, LATEST_MINOR + 1)
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 GANG = "jmn-5f3a9c2e"
 FULL = KubeOptions(
     image="registry.example/jupyter-mn-agent:1.0",
@@ -88,14 +93,35 @@ def test_every_manifest_set_validates_for_every_version(policy, rdma, nodes):
     assert checked >= 4 * 3  # at least three minors for every policy
 
 
-@pytest.mark.parametrize("gang_id", ["jmn-1", "a" * 44, "2024-run"])
-def test_names_fit_dns_limits_even_for_long_and_numeric_names(gang_id):
-    names = Names.of(gang_id)
+@pytest.mark.parametrize("name", [None, "My_Sweep_03", "2024 run", "x" * 128, "ünïcødé ☃"])
+def test_any_name_makes_objects_within_dns_limits_and_keeps_the_name(name):
+    """The gang id (from the user's name) names the objects; the name itself rides along."""
+    gang = gang_id(name)
+    names = Names.of(gang)
     assert DNS_LABEL.match(names.service) and len(names.service) <= 63
     pod_name = f"{names.job}-{65535}-abcde"  # the Job controller's pod names
     assert len(pod_name) <= 63 and len(names.host(65535).split(".")[0]) <= 63
+    spec = spec_for(2, rdma=False).replace(name=name)
+    objects = build(spec, gang, Target())
+    for obj in objects:
+        validate(obj, LATEST_MINOR)
+        assert DNS_LABEL.match(obj["metadata"]["name"]), obj["metadata"]["name"]
+    job, pod = job_of(objects), pod_of(objects)
+    if name is None:
+        assert NAME_KEY not in job["metadata"].get("annotations", {})
+        return
+    assert job["metadata"]["annotations"][NAME_KEY] == name
+    assert pod["metadata"]["annotations"][NAME_KEY] == name
+    label = job["metadata"]["labels"].get(NAME_KEY)
+    assert label == pod["metadata"]["labels"].get(NAME_KEY)
+    assert label is None or (len(label) <= 63 and LABEL_VALUE.match(label)), label
+
+
+def test_ids_not_made_by_gang_id_are_refused():
     with pytest.raises(SpecError, match="at most 44 characters"):
         Names.of("a" * 45)
+    with pytest.raises(SpecError, match="not a DNS label"):
+        Names.of("My_Sweep")
 
 
 def test_job_shape_is_one_pod_per_node_all_or_nothing():
@@ -115,7 +141,7 @@ def test_job_shape_is_one_pod_per_node_all_or_nothing():
     assert COMPLETION_INDEX in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert env["JUPYTER_MN_SCHEDULER"]["value"] == f"tls://{GANG}-0.{GANG}:8786"
     assert not any(name.startswith("NCCL_") for name in env)
-    assert "securityContext" not in container
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     service = next(o for o in objects if o["kind"] == "Service")["spec"]
     assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
     assert service["selector"].items() <= job["template"]["metadata"]["labels"].items()
@@ -130,7 +156,8 @@ def test_rdma_and_every_option_reach_the_pod():
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net-0,rdma-net-1"
     container = spec["containers"][0]
-    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert spec["securityContext"]["runAsUser"] == 0  # only root holds an added capability
     limits, requests = container["resources"]["limits"], container["resources"]["requests"]
     assert limits["rdma/rdma_shared_device_a"] == requests["rdma/rdma_shared_device_a"] == "1"
     assert (requests["cpu"], requests["memory"], limits["memory"]) == ("96", "900Gi", "900Gi")
@@ -254,6 +281,84 @@ def test_the_validators_do_reject_bad_objects():
     group = build(spec_for(2, rdma=False), GANG, Target(policy="volcano"))[-1]
     with pytest.raises(jsonschema.ValidationError, match="minMembers"):
         validate({**group, "spec": {"minMembers": 2}}, LATEST_MINOR)
+
+
+@pytest.mark.parametrize("policy", gangs.POLICIES)
+@pytest.mark.parametrize("rdma", [False, True])
+def test_pods_pass_restricted_pod_security_and_rdma_pods_baseline_plus_ipc_lock(policy, rdma):
+    spec = spec_for(2, rdma, queue="team-a", volumes=("datasets:/data:ro",))
+    pod = pod_of(build(spec, GANG, Target(LATEST_MINOR, policy)))
+    if not rdma:
+        assert violations(pod, "restricted") == []
+        assert pod["spec"]["securityContext"]["runAsUser"] == AGENT_UID
+        return
+    assert violations(pod, "baseline", allow_capabilities=("IPC_LOCK",)) == []
+    assert violations(pod, "baseline") == [  # IPC_LOCK is the one exemption it needs
+        "capabilities: containers[agent].securityContext.capabilities.add has ['IPC_LOCK']"
+    ]
+
+
+def test_the_pod_security_checker_rejects_what_the_standards_forbid():
+    """Guards the check above: a default pod is baseline, not restricted; a bad one is neither."""
+    default = {"spec": {"containers": [{"name": "c", "image": "x"}]}}
+    assert violations(default, "baseline") == []
+    assert [v.split(":")[0] for v in violations(default, "restricted")] == [
+        "privilege escalation",
+        "running as non-root",
+        "seccomp",
+        "capabilities",
+    ]
+    bad = {
+        "metadata": {
+            "annotations": {"container.apparmor.security.beta.kubernetes.io/c": "unconfined"}
+        },
+        "spec": {
+            "hostNetwork": True,
+            "securityContext": {
+                "runAsUser": 0,
+                "runAsNonRoot": True,
+                "seccompProfile": {"type": "Unconfined"},
+                "sysctls": [{"name": "kernel.msgmax", "value": "1"}],
+            },
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "x",
+                    "ports": [{"containerPort": 80, "hostPort": 80}],
+                    "securityContext": {
+                        "privileged": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+                    },
+                }
+            ],
+            "volumes": [
+                {"name": "root", "hostPath": {"path": "/"}},
+                {"name": "share", "nfs": {"server": "nfs", "path": "/"}},
+            ],
+        },
+    }
+    controls = {v.split(":")[0] for v in violations(bad, "baseline")}
+    assert controls == {
+        "host namespaces",
+        "privileged",
+        "seccomp",
+        "capabilities",
+        "sysctls",
+        "HostPath volumes",
+        "host ports",
+        "AppArmor",
+    }
+    restricted = {v.split(":")[0] for v in violations(bad, "restricted")}
+    assert restricted - controls == {"volume types", "running as non-root user"}
+
+
+def test_the_agent_image_runs_as_the_pods_user():
+    from pathlib import Path
+
+    dockerfile = (Path(__file__).parents[1] / "docs" / "agent.Dockerfile").read_text()
+    users = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert users == [f"{AGENT_UID}:{AGENT_UID}"]  # numeric: the kubelet can verify runAsNonRoot
 
 
 def test_the_documented_agent_image_runs_what_the_pods_run():

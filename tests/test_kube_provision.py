@@ -7,6 +7,8 @@ admission Lease without running the pods' processes (tests/test_kube_e2e.py does
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,9 +19,12 @@ from kube.cluster import NAMESPACE, FakeCluster
 
 from jupyter_mn.errors import SchedulingError
 from jupyter_mn.events import NodesWaiting
-from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX
+from jupyter_mn.gang.base import Gang
+from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX, GANG_LABEL, NAME_KEY
 from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
 from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.reaper import collect as reap
+from jupyter_mn.registry import ORPHANED, JobModel, NodeModel, Registry
 from jupyter_mn.spec import ClusterSpec
 
 IMAGE = "registry.example/jupyter-mn-agent:1"
@@ -276,32 +281,82 @@ def test_an_expired_lease_of_a_dead_kernel_is_taken_over(cluster):
     api.close()
 
 
-def test_jupyter_mn_gc_deletes_an_orphaned_kubernetes_job(cluster, tmp_path, monkeypatch):
-    """The registry's orphaned Kubernetes job is cleaned by label through `jupyter mn gc`."""
-    from jupyter_mn.reaper import collect as reap
-    from jupyter_mn.registry import ORPHANED, JobModel, NodeModel, Registry
+def orphaned(gang: str, name: str = "gone") -> JobModel:
+    """The registry's record of a Kubernetes job whose kernel died."""
+    return JobModel(
+        id=gang,
+        name=name,
+        gang=gang,
+        backend="kubernetes",
+        shape="1×2",
+        gpus=2,
+        world_size=2,
+        state=ORPHANED,
+        started=0.0,
+        nodes=[NodeModel(node=0)],
+    )
 
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def registry(tmp_path) -> Iterator[Registry]:
+    reg = Registry(tmp_path / "registry")
+    yield reg
+    reg.close()
+
+
+def test_jupyter_mn_gc_deletes_an_orphaned_kubernetes_job(cluster, registry):
+    """The registry's orphaned Kubernetes job is cleaned by label through `jupyter mn gc`."""
     dead = Recorder()
     dead.up(kube_spec(nodes=1), "jmn-gone0001")  # its kernel "dies": no release()
-    registry = Registry()
-    registry.save(
-        JobModel(
-            id="jmn-gone0001",
-            name="gone",
-            gang="jmn-gone0001",
-            backend="kubernetes",
-            shape="1×2",
-            gpus=2,
-            world_size=2,
-            state=ORPHANED,
-            started=0.0,
-            nodes=[NodeModel(node=0)],
-        )
-    )
+    registry.save(orphaned("jmn-gone0001"))
     dry = reap(registry, keep_s=1e9, dry_run=True)
     assert any("would delete" in line for line in dry) and cluster.ours()
     done = reap(registry, keep_s=1e9)
     assert any("deleted" in line and "jmn-gone0001" in line for line in done)
     assert cluster.ours() == []
-    registry.close()
+
+
+def test_two_gangs_of_one_name_both_start_and_gc_of_one_leaves_the_other(cluster, registry):
+    """Both notebooks call their gang "train"; one kernel dies and `jupyter mn gc` runs."""
+    spec = kube_spec(nodes=1).replace(name="train")
+    live, dead = Recorder(), Recorder()
+    live_gang, dead_gang = Gang(spec, live.provisioner), Gang(spec, dead.provisioner)
+    assert sorted(live.up(spec, live_gang.id)) == [0]
+    assert sorted(dead.up(spec, dead_gang.id)) == [0]  # not 409: the names differ
+    jobs = [o for o in cluster.ours() if o["kind"] == "Job"]
+    assert [j["metadata"]["annotations"][NAME_KEY] for j in jobs] == ["train", "train"]
+    registry.save(orphaned(dead_gang.id, name="train"))
+    reap(registry, keep_s=1e9)
+    left = {o["metadata"]["labels"][GANG_LABEL] for o in cluster.ours()}
+    assert left == {live_gang.id}
+    assert len([p for p in cluster.live("pods") if p["spec"].get("nodeName")]) == 1
+    live.provisioner.release()
+    assert cluster.ours() == []
+
+
+def test_the_registry_records_the_namespace_and_gc_deletes_there(cluster, registry):
+    """The kubeconfig says "notebooks"; the gang went to "research" (--namespace)."""
+    from jupyter_mn import Cluster
+    from jupyter_mn.gang import make_gang
+    from jupyter_mn.recorder import JobRecord
+
+    spec = kube_spec(nodes=1, namespace="research")
+    gang = make_gang(spec)
+    record = JobRecord(registry, Cluster(spec), gang)
+    gang.subscribe(lambda event: record.handle(event) and record.save())
+    gang.provisioner.bring_up(spec, gang.id, Security.temporary())  # its kernel then "dies"
+    job = registry.job(record.model.id)
+    assert job.namespace == "research"
+    assert {o["metadata"]["namespace"] for o in cluster.ours()} == {"research"}
+    job.state, job.pid = ORPHANED, dead_pid()
+    registry.save(job)
+    done = reap(registry, keep_s=1e9)
+    assert any(f"{gang.id}: deleted" in line and "in research" in line for line in done), done
+    assert cluster.ours() == []
+    gang.provisioner.release()

@@ -11,13 +11,13 @@ import contextlib
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from ..errors import JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, Note, OnEvent, RankState, from_msg
 from ..launch import Launch, Script
+from ..names import gang_id
 from ..spec import ClusterSpec
 from .heartbeat import Heartbeat
 from .hub import EventHub, topics
@@ -60,7 +60,7 @@ class Gang:
         self.hub = EventHub()
         self.spec = spec
         self.provisioner = provisioner
-        self.id = spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
+        self.id = gang_id(spec.name)
         self.topic, self.exec_topic = topics(self.id)
         self.status = GangStatus.PENDING
         self.detail = ""

@@ -29,6 +29,8 @@ export interface IJobModel {
   heartbeat: number;
   host: string;
   pid: number;
+  /** Kubernetes: the namespace of the job's objects */
+  namespace: string;
   kernel_id: string | null;
   notebook: string | null;
   launcher: string;

@@ -9,13 +9,14 @@ created.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SchedulingError, SpecError
+from ...names import gang_id as new_gang_id
 from ...spec import ClusterSpec
 from . import gangs
 from .manifests import LATEST_MINOR, Target, build, to_yaml
@@ -29,6 +30,9 @@ GROUPS = {
     "native": "scheduling.k8s.io",
 }
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: (connect, read) seconds for every API call that sets none itself (watches set their own): an
+#: unreachable or hung API server is an error, never a kernel or ``jupyter mn gc`` hanging.
+REQUEST_TIMEOUT_S = (10.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,14 @@ def load_api() -> tuple[Any, str]:
         raise SchedulingError(
             f"no Kubernetes cluster configured ({exc}); set KUBECONFIG or run in a pod"
         ) from None
-    return client.ApiClient(cfg), namespace
+    api = client.ApiClient(cfg)
+    api.rest_client.request = functools.partial(_timed, api.rest_client.request)
+    return api, namespace
+
+
+def _timed(request: Any, *args: Any, _request_timeout: Any = None, **kw: Any) -> Any:
+    """The REST client's ``request`` with ``REQUEST_TIMEOUT_S`` unless the call set a timeout."""
+    return request(*args, _request_timeout=_request_timeout or REQUEST_TIMEOUT_S, **kw)
 
 
 def plan(
@@ -142,7 +153,7 @@ def plan(
     With ``minor`` (``--k8s-version``) nothing is asked of a cluster: ``--gang auto`` then means
     ``none``. Without it the configured cluster is asked, exactly as a real run does.
     """
-    gang_id = gang_id or spec.name or f"jmn-{uuid.uuid4().hex[:8]}"
+    gang_id = gang_id or new_gang_id(spec.name)
     opts = spec.kubernetes
     if minor is not None:
         policy = "none" if opts.gang == "auto" else opts.gang

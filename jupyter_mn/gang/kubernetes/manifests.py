@@ -17,6 +17,7 @@ from typing import Any
 
 from ...errors import SpecError
 from ...kubespec import KubeOptions, Volume, parse_toleration
+from ...names import MAX_ID, label_value
 from ...spec import ClusterSpec
 from . import gangs
 
@@ -24,16 +25,19 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "jupyter-mn"
 GANG_LABEL = "jupyter-mn.io/gang"
 OWNER_ANNOTATION = "jupyter-mn.io/owner"
+#: The user's ``--name``: exact in this annotation, as a valid label value in this label.
+NAME_KEY = "jupyter-mn.io/name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "agent"
 TLS_DIR = "/etc/jupyter-mn/tls"
 TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+#: The agent's user and group: ``USER`` in docs/agent.Dockerfile; the pods' volumes are theirs.
+AGENT_UID = 1000
 #: Finished Jobs (and their pods) are deleted this long after they end.
 TTL_AFTER_FINISHED_S = 300
 #: Oldest and newest Kubernetes minor versions the builders are validated against.
 MIN_MINOR, LATEST_MINOR = 28, 37
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_MAX_BASE = 44  # <base>-<index>-<5 random> pod names stay within 63 characters
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,13 @@ class Names:
 
     @classmethod
     def of(cls, gang_id: str) -> Names:
-        base = gang_id if gang_id[:1].isalpha() else f"jmn-{gang_id}"
-        if len(base) > _MAX_BASE or not _NAME.match(base):
+        """``gang_id`` comes from ``names.gang_id``; anything else is a programming error."""
+        if len(gang_id) > MAX_ID or not _NAME.match(gang_id):
             raise SpecError(
-                f"gang name {gang_id!r}: use lowercase letters, digits and '-' "
-                f"(at most {_MAX_BASE} characters)"
+                f"gang id {gang_id!r}: not a DNS label of at most {MAX_ID} characters "
+                "(make ids with jupyter_mn.names.gang_id)"
             )
-        return cls(base)
+        return cls(gang_id)
 
     @property
     def job(self) -> str:
@@ -139,16 +143,21 @@ def _job(
 ) -> dict[str, Any]:
     opts = spec.kubernetes
     names = Names.of(gang_id)
+    named = _named(spec.name)
     meta = _meta(
         names.job,
         gang_id,
         target,
-        annotations={OWNER_ANNOTATION: owner} if owner else None,
+        annotations={**named["annotations"], **({OWNER_ANNOTATION: owner} if owner else {})},
         ownerReferences=[dict(job_owner)] if job_owner else None,
     )
-    meta["labels"] = {**meta["labels"], **group.job_labels}
-    pod_labels = {**labels(gang_id), **group.pod_labels}
-    pod_annotations = {"sidecar.istio.io/inject": "false", **group.pod_annotations}
+    meta["labels"] = {**meta["labels"], **named["labels"], **group.job_labels}
+    pod_labels = {**labels(gang_id), **named["labels"], **group.pod_labels}
+    pod_annotations = {
+        "sidecar.istio.io/inject": "false",
+        **named["annotations"],
+        **group.pod_annotations,
+    }
     if spec.rdma and opts.networks:
         pod_annotations["k8s.v1.cni.cncf.io/networks"] = ",".join(opts.networks)
     return {
@@ -179,6 +188,17 @@ def _job(
     }
 
 
+def _named(name: str | None) -> dict[str, dict[str, str]]:
+    """The user's name on the Job and its pods (``kubectl get pods -l jupyter-mn.io/name=…``)."""
+    if not name:
+        return {"labels": {}, "annotations": {}}
+    value = label_value(name)
+    return {
+        "labels": {NAME_KEY: value} if value else {},
+        "annotations": {NAME_KEY: name},
+    }
+
+
 def _pod_spec(spec: ClusterSpec, gang_id: str, group: gangs.GangParts) -> dict[str, Any]:
     opts = spec.kubernetes
     names = Names.of(gang_id)
@@ -198,6 +218,7 @@ def _pod_spec(spec: ClusterSpec, gang_id: str, group: gangs.GangParts) -> dict[s
                 ]
             }
         },
+        "securityContext": _pod_security(spec.rdma),
         "containers": [_container(spec, gang_id)],
         "volumes": _volumes(opts, names),
         **group.pod_spec,
@@ -230,6 +251,7 @@ def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
         # Ready = this pod's dask worker registered with the scheduler (the port opens then).
         "readinessProbe": {"tcpSocket": {"port": "ready"}, "periodSeconds": 2},
         "resources": _resources(spec),
+        "securityContext": _container_security(spec.rdma),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
@@ -239,9 +261,29 @@ def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
             ),
         ],
     }
-    if spec.rdma:  # pinning memory for verbs needs IPC_LOCK (memlock comes from the runtime)
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     return container
+
+
+def _pod_security(rdma: bool) -> dict[str, Any]:
+    """Admitted where the "restricted" Pod Security Standard is enforced; with ``--rdma``,
+    "baseline" plus ``IPC_LOCK``.
+
+    Pinning memory for verbs needs ``IPC_LOCK`` beyond a small memlock limit, and Kubernetes
+    grants an added capability to root only (it sets no ambient capabilities), so RDMA pods run
+    as uid 0 with every other capability dropped. ``fsGroup`` makes the volumes (the TLS Secret
+    included, 0440 then) readable by the agent's group.
+    """
+    pod: dict[str, Any] = {"fsGroup": AGENT_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+    if rdma:
+        return {**pod, "runAsUser": 0}
+    return {**pod, "runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID}
+
+
+def _container_security(rdma: bool) -> dict[str, Any]:
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if rdma:
+        capabilities["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
 def _env(spec: ClusterSpec, gang_id: str) -> list[dict[str, Any]]:

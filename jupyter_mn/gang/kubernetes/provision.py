@@ -40,6 +40,8 @@ class KubernetesProvisioner:
     def __init__(self) -> None:
         #: Set by ``make_gang``: shows pending reasons while the pods come up.
         self.notify: OnEvent = lambda event: None
+        #: Where the gang's objects are, once chosen (the job registry records it for ``gc``).
+        self.namespace = ""
         self._api: Any = None
         self._rollout: Rollout | None = None
         self._lease: AdmissionLease | None = None
@@ -64,7 +66,7 @@ class KubernetesProvisioner:
         opts = spec.kubernetes
         deadline = time.monotonic() + opts.schedule_timeout
         self._api, namespace = load_api()
-        namespace = opts.namespace or namespace
+        namespace = self.namespace = opts.namespace or namespace
         with api_errors("asking the API server what it offers"):
             facts = discover(self._api, namespace)
             job_owner = _kernel_pod(client.CoreV1Api(self._api), namespace)

@@ -1,0 +1,80 @@
+"""``jupyter mn gc`` kills a dead kernel's leftover ranks, and never a live kernel's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jobs import make_job
+
+from jupyter_mn.reaper import collect
+from jupyter_mn.registry import ORPHAN_AFTER_S, ORPHANED, NodeModel, Registry
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    reg = Registry(tmp_path / "reg")
+    yield reg
+    reg.close()
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    """Start sleeping processes (each leading its own session, as ranks do); stop them after."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(**env: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)"],
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def stalled_job(gang: str, kernel_pid: int, rank_pid: int, started: float):
+    """A local job whose kernel stopped beating ``ORPHAN_AFTER_S`` ago, with one rank."""
+    return make_job(
+        gang,
+        pid=kernel_pid,
+        started=started,
+        heartbeat=time.time() - ORPHAN_AFTER_S - 1,
+        nodes=[NodeModel(0, ranks=["ready"], pids=[rank_pid])],
+    )
+
+
+def test_a_live_kernel_whose_heartbeat_stalled_keeps_its_ranks(registry, spawn):
+    """This test process is the kernel: alive, started before its job, silent for 31 s."""
+    rank = spawn(JUPYTER_MN_JOB="jmn-busy")
+    registry.save(stalled_job("jmn-busy", os.getpid(), rank.pid, started=time.time()))
+    assert registry.reap() == ["jmn-busy"]  # the registry cannot tell from the heartbeat alone
+    assert registry.job("jmn-busy").state == ORPHANED
+    report = collect(registry, keep_s=0)
+    assert report == [
+        f"jmn-busy: its kernel (pid {os.getpid()}) still runs, only its heartbeat stalled: "
+        "left alone"
+    ]
+    assert rank.poll() is None  # not killed
+    assert registry.job("jmn-busy")  # not forgotten either
+
+
+def test_a_kernel_that_is_gone_has_its_ranks_killed_even_if_its_pid_was_reused(registry, spawn):
+    rank = spawn(JUPYTER_MN_JOB="jmn-gone")
+    reused = spawn()  # a new process that got the dead kernel's pid: it started after the job
+    registry.save(stalled_job("jmn-gone", reused.pid, rank.pid, started=time.time() - 60))
+    report = collect(registry, keep_s=1e9)
+    assert report == [f"jmn-gone: killed 1 leftover rank process(es): {rank.pid}"]
+    rank.wait(10)  # ended (gc reaped it: its exit status went to psutil)
+    assert reused.poll() is None  # only the rank was touched
