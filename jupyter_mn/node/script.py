@@ -1,10 +1,11 @@
 """A training script on one node's ranks (``%cluster run train.py``), the way torchrun runs it.
 
-Each rank is a fresh ``python -u SCRIPT ARGS`` process with torchrun's environment and its own
-rendezvous port (the warm gang's rank 0 keeps its TCPStore on MASTER_PORT), so an unchanged
-script that calls ``init_process_group()`` (env://) works. Output goes through the node agent's
-log path like a cell's. As torchrun does, the first rank to fail stops the others; its traceback
-comes from torchelastic's error file (``@record``) or else from its last stderr lines.
+Each rank is a fresh ``python -u SCRIPT ARGS`` (or ``-m MODULE``) process with torchrun's
+environment and its own rendezvous port (the warm gang's rank 0 keeps its TCPStore on
+MASTER_PORT), so an unchanged script that calls ``init_process_group()`` (env://) works. Output
+goes through the node agent's log path like a cell's. As torchrun does, the first rank to fail
+stops the others; its traceback comes from torchelastic's error file (``@record``) or else from
+its last stderr lines.
 """
 
 from __future__ import annotations
@@ -159,17 +160,14 @@ class ScriptRun:
     def __init__(self, agent: NodeLink, launch: dict[str, Any]) -> None:
         self.agent = agent
         self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
-        script = launch["script"]
-        if launch.get("source") is not None:  # this node lacks it: the kernel sent its bytes
-            script = os.path.join(self.folder, script)
-            Path(script).write_bytes(launch["source"])
         gpus = launch["gpus"]
+        argv = [sys.executable, "-u", *self._target(launch), *launch["args"]]
         self.ranks = [
             ScriptRank(
                 agent,
                 local,
                 agent.node * gpus + local,
-                [sys.executable, "-u", script, *launch["args"]],
+                argv,
                 self._env(launch, agent.node * gpus + local, local),
                 launch.get("cwd"),
             )
@@ -177,6 +175,16 @@ class ScriptRun:
         ]
         for r in self.ranks:
             agent.rank_state(r.rank, "started", f"pid {r.proc.pid}")
+
+    def _target(self, launch: dict[str, Any]) -> list[str]:
+        """``-m MODULE``, or the script's path (written here when the kernel sent its bytes)."""
+        if launch.get("module"):
+            return ["-m", launch["module"]]
+        script = launch["script"]
+        if launch.get("source") is not None:  # this node lacks it: the kernel sent its bytes
+            script = os.path.join(self.folder, script)
+            Path(script).write_bytes(launch["source"])
+        return [script]
 
     def _env(self, launch: dict[str, Any], rank: int, local: int) -> dict[str, str]:
         """torchrun's variables, plus the contract every jupyter_mn rank gets."""
