@@ -83,10 +83,11 @@ class ClusterMagics(Magics):
             return self._run(self._parser.parse_argstring(line), cell)
         raw = None
         verb = (line.split() or [""])[0]
-        if verb in self._raw_verbs:
+        call = line.strip().removeprefix(verb).strip()
+        if verb == "launch" and not call.startswith("-"):  # no flags: no ``--`` needed
+            line, raw = verb, call
+        elif verb in self._raw_verbs:
             line, raw = _split_command(line)
-            if not raw and verb == "launch":  # no flags: the call needs no ``--``
-                line, raw = verb, line.strip().removeprefix(verb)
         words = shlex.split(line)
         if not words or words[0] not in self._verbs:
             raise UsageError(
