@@ -23,6 +23,7 @@ from .background import BackgroundCell
 from .cell import Captured, CellPayload, Shipper, bound_names, compile_cell
 from .errors import ClusterBusy
 from .events import Note, OnEvent, Stacks
+from .launcher import CALL_CELL, call_names
 from .result import LOST, CellResult
 from .spec import ClusterSpec
 
@@ -249,6 +250,28 @@ class Cluster:
         self._rank_defined |= defines
         result.notes[:0] = [*notes, *self._notes]
         return result
+
+    def launch(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(*args, **kwargs)`` on every rank and return rank 0's return value (a failure
+        raises ``CellError``), as accelerate's ``notebook_launcher`` does. ``fn`` and its
+        arguments are cloudpickled, so a function defined in the notebook works; the ranks'
+        output shows as a cell's does (the widget in a notebook, text elsewhere).
+
+        >>> def world(scale):                                     # doctest: +SKIP
+        ...     import torch.distributed as dist
+        ...     return dist.get_world_size() * scale
+        >>> Cluster(nodes=2, gpus=2).launch(world, 10)           # doctest: +SKIP
+        40
+        """
+        from .views import make_view
+
+        names = call_names(fn, args, kwargs)
+        view = make_view(self.spec, title=f"launch {getattr(fn, '__name__', 'function')}")
+        try:
+            result = self.run(CALL_CELL, namespace=names, push=names, on_event=view)
+        finally:
+            view.close()
+        return result.unwrap()
 
     def _capture(
         self, python: str, namespace: Mapping[str, Any] | None, push: Iterable[str]

@@ -60,6 +60,7 @@ def add_spec_flags(parser: Parser) -> Parser:
         help="NCCL_DEBUG=INFO and torch.distributed debug output in the logs",
     )
     add("--view", choices=["auto", "widget", "text"], help="how to show the cell")
+    add("--ranks", help="show only these ranks' lines (0,3); all still go to the logs")
     return kubespec.add_flags(_add_preflight_flags(parser))
 
 

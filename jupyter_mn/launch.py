@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 class Script:
     """A training script to run on every rank (``%cluster run``)."""
 
-    #: where this node finds it (or its file name, when ``source`` is sent)
+    #: where this node finds it (or its file name, when ``source`` is sent; a module's name
+    #: with ``module``)
     path: str
     args: tuple[str, ...] = ()
     #: the kernel's copy, for a node that does not have the file
     source: bytes | None = None
+    #: ``python -m path`` (``%cluster run -m package.module``)
+    module: bool = False
 
 
 @dataclass(frozen=True)

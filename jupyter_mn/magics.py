@@ -54,10 +54,11 @@ class ClusterMagics(Magics):
             "auto": (verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
             "config": (verb_parser("config"), self._config),
             "stacks": (verb_parser("stacks"), self._stacks),
+            "launch": (add_spec_flags(verb_parser("launch")), self._launch),
             **node_verbs(self),
         }
-        #: verbs whose text after `` -- `` is kept verbatim (a shell command)
-        self._raw_verbs = {"exec"}
+        #: verbs whose text after `` -- `` is kept verbatim (a shell command, a Python call)
+        self._raw_verbs = {"exec", "launch"}
         self._auto_on = False
 
     # ---- spec from config + flags
@@ -81,7 +82,11 @@ class ClusterMagics(Magics):
         if cell is not None:
             return self._run(self._parser.parse_argstring(line), cell)
         raw = None
-        if (line.split() or [""])[0] in self._raw_verbs:
+        verb = (line.split() or [""])[0]
+        call = line.strip().removeprefix(verb).strip()
+        if verb == "launch" and not call.startswith("-"):  # no flags: no ``--`` needed
+            line, raw = verb, call
+        elif verb in self._raw_verbs:
             line, raw = _split_command(line)
         words = shlex.split(line)
         if not words or words[0] not in self._verbs:
@@ -166,6 +171,15 @@ class ClusterMagics(Magics):
             print("jupyter_mn: no gang is up")
             return
         print(format_stacks(running.stacks()))
+
+    def _launch(self, args: Any) -> Any:
+        """``%cluster launch [flags --] train(cfg, lr=0.1)``: an existing function on every rank;
+        the arguments are evaluated in the notebook."""
+        from . import cluster
+        from .launcher import parse_call
+
+        fn, fargs, fkwargs = parse_call(args.command, self.shell.user_ns)
+        return cluster.session(self.spec_from(args)).launch(fn, *fargs, **fkwargs)
 
     def _down(self, args: Any) -> None:
         from . import cluster

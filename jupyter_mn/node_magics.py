@@ -41,6 +41,7 @@ def node_verbs(magics: ClusterMagics) -> dict[str, tuple[MagicArgumentParser, Ca
         "run": (
             parser(
                 "run",
+                (("-m", "--module"), {"action": "store_true", "help": "SCRIPT is a module"}),
                 (("script",), {"help": "the training script, e.g. train.py"}),
                 (("script_args",), {"nargs": argparse.REMAINDER, "help": "its arguments"}),
             ),
@@ -105,7 +106,14 @@ class NodeVerbs:
         target = self._cluster(args)
         view = TextView()
         with target.nodes(view) as gang:
-            result = run_script(gang, args.script, args.script_args, view, target.spec.timeout)
+            result = run_script(
+                gang,
+                args.script,
+                args.script_args,
+                view,
+                target.spec.timeout,
+                module=args.module,
+            )
         value = result.unwrap()
         for note in result.notes:
             print(f"jupyter_mn: {note}")

@@ -61,6 +61,9 @@ class ClusterSpec:
     name: str | None = None
     #: how the cell shows its gang: a widget where a frontend renders widgets, else text
     view: str = "auto"
+    #: the ranks whose lines the cell shows (empty: all), as torchrun's ``--local-ranks-filter``;
+    #: every line still goes to the logs and the Clusters panel
+    ranks: tuple[int, ...] = ()
     timeout: float | None = None
     retries: int = 0
     seed: int | None = None
@@ -96,6 +99,12 @@ class ClusterSpec:
             object.__setattr__(self, "rdma", True)  # frozen: normalized once, here
         if self.view not in VIEWS:
             raise SpecError(f"unknown view {self.view!r}; choose one of {', '.join(VIEWS)}")
+        for rank in self.ranks:
+            _check_int("ranks", rank, minimum=0)
+            if rank >= self.world_size:
+                raise SpecError(
+                    f"--ranks {rank}: a {self.shape} gang has ranks 0–{self.world_size - 1}"
+                )
         if self.backend == "dask" and not self.scheduler:
             raise SpecError("backend 'dask' needs --scheduler ADDRESS (e.g. tls://host:8786)")
         if self.scheduler is not None and not _SCHEDULER.match(self.scheduler):
@@ -228,6 +237,10 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(values.get("check_paths"), (list, str)):
         paths = values["check_paths"]
         values = {**values, "check_paths": (paths,) if isinstance(paths, str) else tuple(paths)}
+    if isinstance(values.get("ranks"), str):
+        values = {**values, "ranks": _ranks(values["ranks"])}
+    elif isinstance(values.get("ranks"), list):
+        values = {**values, "ranks": tuple(values["ranks"])}
     if isinstance(values.get("kubernetes"), Mapping):
         values = {**values, "kubernetes": KubeOptions.from_mapping(values["kubernetes"])}
     env = values.get("env")
@@ -236,6 +249,14 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(env, list):
         values = {**values, "env": tuple(tuple(p) for p in env)}
     return values
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    """``"0,3"`` → ``(0, 3)``."""
+    try:
+        return tuple(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        raise SpecError(f"--ranks {text!r}: expected rank numbers, e.g. 0,3") from None
 
 
 def _check_preflight(spec: ClusterSpec) -> None:

@@ -82,10 +82,16 @@ def scripts(tmp_path_factory) -> Path:
     return folder
 
 
-def run(gang_2x2: Cluster, script: Path, *args: str, timeout: float | None = None):
+def run(
+    gang_2x2: Cluster,
+    script: Path | str,
+    *args: str,
+    timeout: float | None = None,
+    module: bool = False,
+):
     out, err = io.StringIO(), io.StringIO()
     with gang_2x2.nodes() as gang:
-        result = run_script(gang, str(script), args, TextView(out, err), timeout)
+        result = run_script(gang, str(script), args, TextView(out, err), timeout, module=module)
     return result, out.getvalue(), err.getvalue()
 
 
@@ -157,3 +163,23 @@ def test_timeout_stops_every_rank_and_missing_scripts_are_refused(gang_2x2, scri
     assert not wait_gone([p for p in ours(since) if "sleepy.py" in " ".join(p.cmdline())])
     with pytest.raises(SpecError, match=r"nope\.py: no such file on node\(s\) 0, 1"):
         run(gang_2x2, scripts / "nope.py")
+
+
+def test_a_module_runs_as_python_m_does_and_a_missing_package_is_refused(
+    gang_2x2, tmp_path, monkeypatch
+):
+    (tmp_path / "trainpkg").mkdir()
+    (tmp_path / "trainpkg" / "__init__.py").write_text("")
+    (tmp_path / "trainpkg" / "train.py").write_text(TRAIN)
+    monkeypatch.chdir(tmp_path)  # the local ranks' working directory: the package is found there
+    result, out, _ = run(gang_2x2, "trainpkg.train", "--steps", "2", module=True)
+    assert result.ok and result.value == 0
+    for rank in range(4):
+        assert f"[node {rank // 2} rank {rank}] rank {rank}/4 node {rank // 2} " in out
+    assert out.count(" total 20 run ") == 4
+    with pytest.raises(SpecError, match=r"-m nopkg\.train: no package 'nopkg' on node\(s\) 0, 1"):
+        run(gang_2x2, "nopkg.train", module=True)
+    with pytest.raises(SpecError, match=r"-m train\.py: give the module's name \(-m train\)"):
+        run(gang_2x2, "train.py", module=True)
+    with pytest.raises(SpecError, match="not a module name"):
+        run(gang_2x2, "train-v2", module=True)

@@ -26,6 +26,9 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"memory_limit": 0}, "memory_limit must be ≥ 1"),
         ({"view": "html"}, "unknown view 'html'"),
         ({"rdma": "yes"}, "rdma must be true or false"),
+        ({"nodes": 2, "gpus": 2, "ranks": "0,4"}, "--ranks 4: a 2×2 gang has ranks 0–3"),
+        ({"ranks": "0,x"}, "--ranks '0,x': expected rank numbers, e.g. 0,3"),
+        ({"ranks": (-1,)}, "ranks must be ≥ 0, got -1"),
     ],
 )
 def test_bad_values_raise_a_short_spec_error(kwargs, message):
@@ -107,3 +110,10 @@ def test_dask_and_preflight_fields_are_checked_and_read_from_the_environment():
     assert ClusterSpec(backend="dask", scheduler="tcp://h:1").runs_preflight
     assert not ClusterSpec().runs_preflight
     assert ClusterSpec(check_paths=("/data",)).runs_preflight
+
+
+def test_ranks_to_show_come_from_flags_and_the_environment(monkeypatch):
+    assert ClusterSpec.build({"nodes": 2, "gpus": 2, "ranks": "0, 3"}).ranks == (0, 3)
+    monkeypatch.setenv("JUPYTER_MN_RANKS", "1")
+    assert ClusterSpec.build({"nodes": 2}).ranks == (1,)
+    assert ClusterSpec.build({"nodes": 2}).gang_key() == ClusterSpec(nodes=2).gang_key()

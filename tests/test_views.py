@@ -166,3 +166,19 @@ def test_the_widget_header_follows_a_background_re_form_to_ready():
         wait_until(lambda: "READY" in widget._header.value, 60, "the header to say READY")
         assert "failed" in widget._header.value
         assert "READY" in widget._repr_mimebundle_()["text/plain"].splitlines()[0]
+
+
+def test_ranks_filter_keeps_only_those_ranks_lines_in_both_views():
+    out, err = io.StringIO(), io.StringIO()
+    view = TextView(out, err, spec=SPEC.replace(ranks=(1, 2)), title="train")
+    widget = ClusterWidget(SPEC.replace(ranks=(1, 2)), title="train")
+    for event in events():
+        view(event)
+        widget.state.apply(event)
+    assert "[node 0 rank 0]" not in out.getvalue() + err.getvalue()
+    assert "[node 0 rank 1] oops <b>" in err.getvalue()
+    assert "[node 1 rank 2] hello from 2" in out.getvalue()
+    assert "    0     0  ok" in out.getvalue()  # the per-rank table still has every rank
+    widget._draw(widget.state.take_dirty())
+    node0 = widget._logs[0].value
+    assert "oops &lt;b&gt;" in node0 and "line 499" not in node0

@@ -1,6 +1,7 @@
 """``%cluster run SCRIPT [ARGS…]``: an unchanged training script on every rank of a gang's nodes.
 
-Like torchrun: every rank runs ``python -u SCRIPT ARGS`` with the env contract, on a fresh
+Like torchrun: every rank runs ``python -u SCRIPT ARGS`` (``-m``: ``python -u -m MODULE ARGS``)
+with the env contract, on a fresh
 rendezvous port (rank 0 of a warm gang already hosts a TCPStore on MASTER_PORT); output streams
 live like a cell's; the first rank to fail stops all of them, and the result names it with its
 traceback. The value is rank 0's exit status.
@@ -19,7 +20,7 @@ from typing import Any
 from ..errors import SpecError
 from ..events import OnEvent, RankState
 from ..launch import Script
-from ..node.worker import find_script
+from ..node.worker import find_script, has_package
 from ..result import LOST, CellResult
 from .base import Gang
 from .job import INTERRUPTED_BY_USER, Job
@@ -62,6 +63,24 @@ def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
         return paths, f.read()
 
 
+def check_module(gang: Gang, module: str) -> None:
+    """Raise before anything starts unless ``module`` is a dotted name whose package every node
+    has (a missing submodule shows as the ranks' own ``No module named`` error)."""
+    if module.endswith(".py"):
+        raise SpecError(f"-m {module}: give the module's name (-m {module[:-3]}), not a file")
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise SpecError(f"-m {module}: not a module name (e.g. -m package.train)")
+    cwd = gang.provisioner.launch_options().get("cwd")
+    found = gang.client.run(has_package, module, cwd, workers=gang.addresses, on_error="return")
+    missing = [str(n) for n, a in enumerate(gang.addresses) if found.get(a) is not True]
+    if missing:
+        top = module.partition(".")[0]
+        raise SpecError(
+            f"-m {module}: no package {top!r} on node(s) {', '.join(missing)}; install it there "
+            "or run from a directory that holds it"
+        )
+
+
 def _lacking(paths: list[str | None]) -> str:
     """The nodes without the script, as "1, 3"."""
     return ", ".join(str(node) for node, path in enumerate(paths) if path is None)
@@ -76,10 +95,16 @@ class ScriptJob(Job[CellResult]):
         script: str,
         args: Sequence[str],
         on_event: OnEvent | None,
+        module: bool = False,
     ) -> None:
         super().__init__(gang, on_event)
         self.script = script
-        self.paths, self.source = locate(gang, script)
+        self.module = module
+        if module:
+            check_module(gang, script)
+            self.paths, self.source = [], None
+        else:
+            self.paths, self.source = locate(gang, script)
         self.args = list(args)
         self.started = time.monotonic()
         self.stopped = False
@@ -90,14 +115,18 @@ class ScriptJob(Job[CellResult]):
         launch = gang.launch(port)
         self.started = time.monotonic()
         for node, agent in enumerate(gang.agents):
-            path = self.paths[node]
-            sent = Script(
-                path or os.path.basename(self.script),
-                tuple(self.args),
-                None if path else self.source,
-            )
-            node_launch = dataclasses.replace(launch, script=sent)
+            node_launch = dataclasses.replace(launch, script=self._script(node))
             gang.call(node, lambda agent=agent, sent=node_launch: agent.run_script(sent))
+
+    def _script(self, node: int) -> Script:
+        """What node ``node`` runs: the module, its own copy of the script, or the kernel's."""
+        args = tuple(self.args)
+        if self.module:
+            return Script(self.script, args, module=True)
+        path = self.paths[node]
+        if path:
+            return Script(path, args)
+        return Script(os.path.basename(self.script), args, self.source)
 
     def take(self, item: Any) -> bool:
         # a script's ranks report their failures outside any cell run (run 0)
@@ -144,6 +173,9 @@ def run_script(
     args: Sequence[str],
     on_event: OnEvent | None,
     timeout: float | None = None,
+    *,
+    module: bool = False,
 ) -> CellResult:
-    """Run ``script`` on every rank; the first failure stops the rest (failures as values)."""
-    return gang.run(ScriptJob(gang, script, args, on_event), timeout)
+    """Run ``script`` on every rank (``module``: ``python -m script``, as torchrun's ``-m``); the
+    first failure stops the rest (failures as values)."""
+    return gang.run(ScriptJob(gang, script, args, on_event, module), timeout)

@@ -1,10 +1,11 @@
 """A training script on one node's ranks (``%cluster run train.py``), the way torchrun runs it.
 
-Each rank is a fresh ``python -u SCRIPT ARGS`` process with torchrun's environment and its own
-rendezvous port (the warm gang's rank 0 keeps its TCPStore on MASTER_PORT), so an unchanged
-script that calls ``init_process_group()`` (env://) works. Output goes through the node agent's
-log path like a cell's. As torchrun does, the first rank to fail stops the others; its traceback
-comes from torchelastic's error file (``@record``) or else from its last stderr lines.
+Each rank is a fresh ``python -u SCRIPT ARGS`` (or ``-m MODULE``) process with torchrun's
+environment and its own rendezvous port (the warm gang's rank 0 keeps its TCPStore on
+MASTER_PORT), so an unchanged script that calls ``init_process_group()`` (env://) works. Output
+goes through the node agent's log path like a cell's. As torchrun does, the first rank to fail
+stops the others; its traceback comes from torchelastic's error file (``@record``) or else from
+its last stderr lines.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..launch import Launch
+from ..launch import Launch, Script
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
 from .link import NodeLink
@@ -161,11 +162,7 @@ class ScriptRun:
         assert launch.script is not None
         self.agent = agent
         self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
-        script = launch.script.path
-        if launch.script.source is not None:  # this node lacks it: the kernel sent its bytes
-            script = os.path.join(self.folder, script)
-            Path(script).write_bytes(launch.script.source)
-        argv = [sys.executable, "-u", script, *launch.script.args]
+        argv = [sys.executable, "-u", *self._target(launch.script), *launch.script.args]
         node, gpus = agent.node, launch.gpus
         self.ranks = [
             ScriptRank(
@@ -184,6 +181,16 @@ class ScriptRun:
 
     def _error_file(self, rank: int) -> str:
         return os.path.join(self.folder, f"error-{rank}.json")
+
+    def _target(self, script: Script) -> list[str]:
+        """``-m MODULE``, or the script's path (written here when the kernel sent its bytes)."""
+        if script.module:
+            return ["-m", script.path]
+        path = script.path
+        if script.source is not None:  # this node lacks it: the kernel sent its bytes
+            path = os.path.join(self.folder, path)
+            Path(path).write_bytes(script.source)
+        return [path]
 
     async def wait(self) -> list[dict[str, Any]]:
         """Until every process exits (then their outcomes); the first failure stops this node's

@@ -74,6 +74,17 @@ def find_script(paths: list[str], cwd: str | None) -> str | None:
     return None
 
 
+def has_package(name: str, cwd: str | None) -> bool:
+    """Whether ``python -m name`` in ``cwd`` finds ``name``'s top-level package here (found on
+    the path without importing anything into the user's worker)."""
+    from importlib.machinery import PathFinder
+
+    top = name.partition(".")[0]
+    if top in sys.builtin_module_names:
+        return True
+    return PathFinder.find_spec(top, [cwd or os.getcwd(), *sys.path]) is not None
+
+
 async def _start(argv_or_shell: list[str] | str, env: dict[str, str], cwd: str | None) -> Any:
     kwargs: dict[str, Any] = {
         "stdin": asyncio.subprocess.DEVNULL,

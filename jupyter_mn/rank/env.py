@@ -23,6 +23,9 @@ PG_TIMEOUT = "JUPYTER_MN_PG_TIMEOUT"
 JOB = "JUPYTER_MN_JOB"
 BACKEND = "JUPYTER_MN_BACKEND"
 NODES = "JUPYTER_MN_NODES"
+#: Set by a rank without CUDA unless the user set it: Accelerate (and the HF ``Trainer`` on it)
+#: otherwise takes a CPU rank for a lone process and trains it unsynchronized.
+ACCELERATE_CPU = "ACCELERATE_USE_CPU"
 
 
 def rank_env(
@@ -35,9 +38,9 @@ def rank_env(
     error_file: str | None = None,
 ) -> dict[str, str]:
     """A rank's whole environment: ``base`` (the agent's), the thread default, the user's
-    variables (``gang.env``), then the contract. ``error_file``: a script rank's, where
-    torchelastic's ``@record`` writes its uncaught exception (with torchrun's other elastic
-    variables)."""
+    variables (``gang.env``), then the contract (torchrun's variables, torchelastic's included).
+    ``error_file``: a script rank's, where torchelastic's ``@record`` writes its uncaught
+    exception."""
     gpus, nnodes, job = gang.gpus, gang.nnodes, gang.job
     rank = node_rank * gpus + local_rank
     env = {**base, **_thread_default(gpus, base), **gang.env}
@@ -62,18 +65,20 @@ def rank_env(
             GENERATION: str(generation),
         }
     )
+    # torchelastic's variables, as torchrun sets them: frameworks (Lightning, Accelerate) take
+    # their presence to mean "launched externally" and join the existing process group
+    env.update(
+        GROUP_WORLD_SIZE=str(nnodes),
+        ROLE_NAME="default",
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(nnodes * gpus),
+        TORCHELASTIC_RUN_ID=job,
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0",
+        TORCHELASTIC_USE_AGENT_STORE="False",
+    )
     if error_file is not None:
-        env.update(
-            GROUP_WORLD_SIZE=str(nnodes),
-            ROLE_NAME="default",
-            ROLE_RANK=str(rank),
-            ROLE_WORLD_SIZE=str(nnodes * gpus),
-            TORCHELASTIC_RUN_ID=job,
-            TORCHELASTIC_RESTART_COUNT="0",
-            TORCHELASTIC_MAX_RESTARTS="0",
-            TORCHELASTIC_USE_AGENT_STORE="False",
-            TORCHELASTIC_ERROR_FILE=error_file,
-        )
+        env["TORCHELASTIC_ERROR_FILE"] = error_file
     return env
 
 

@@ -80,6 +80,11 @@ class RankShell(InteractiveShell):
         shell._warm_up()
         return shell
 
+    def init_prompts(self) -> None:
+        """Leave ``sys.ps1`` unset: a rank is a torchrun-style child, not an interactive session
+        (Lightning refuses ``strategy="ddp"`` where ``sys.ps1`` exists, and other frameworks
+        take it to mean a notebook that must launch its own processes)."""
+
     def _warm_up(self) -> None:
         """Format one traceback now: the first one costs a loaded core a few hundred ms, and
         the first failure is when a peer waits for this rank."""

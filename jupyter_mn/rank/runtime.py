@@ -79,6 +79,8 @@ def main() -> None:
     info = cluster_info()
     try:
         group = ProcessGroup(info, float(os.environ.get(contract.PG_TIMEOUT, "1800")))
+        if not group.cuda:
+            os.environ.setdefault(contract.ACCELERATE_CPU, "true")
         group.init(int(os.environ.get(contract.GENERATION, "0")))
         shell = execute.RankShell.for_rank()
     except Exception as exc:

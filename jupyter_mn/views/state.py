@@ -51,8 +51,18 @@ class NodeLog:
 class CellState:
     """Accumulates one cell's events; thread-safe (events on the main thread, drawing elsewhere)."""
 
-    def __init__(self, title: str, shape: str, backend: str, nodes: int, rdma: bool) -> None:
+    def __init__(
+        self,
+        title: str,
+        shape: str,
+        backend: str,
+        nodes: int,
+        rdma: bool,
+        ranks: tuple[int, ...] = (),
+    ) -> None:
         self.title, self.shape, self.backend, self.rdma = title, shape, backend, rdma
+        #: the ranks whose lines are shown (``--ranks``; empty: all)
+        self.ranks = frozenset(ranks)
         self.state, self.detail = "PENDING", ""
         self.started = time.monotonic()
         self.ended: float | None = None
@@ -68,6 +78,9 @@ class CellState:
         self.dirty: set[str] = {"header"}
         self.lock = threading.Lock()
 
+    def shows(self, rank: int) -> bool:
+        return not self.ranks or rank in self.ranks
+
     @property
     def elapsed(self) -> float:
         return (self.ended or time.monotonic()) - self.started
@@ -78,10 +91,12 @@ class CellState:
 
     def _apply(self, event: Any) -> None:
         if isinstance(event, LogLines):
-            log = self.logs.setdefault(event.node, NodeLog())
-            for rank, stream, lines in event.items:
-                log.add(rank, stream, lines)
-            self.dirty.add(f"log{event.node}")
+            shown = [item for item in event.items if self.shows(item[0])]
+            if shown:
+                log = self.logs.setdefault(event.node, NodeLog())
+                for rank, stream, lines in shown:
+                    log.add(rank, stream, lines)
+                self.dirty.add(f"log{event.node}")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail
             if event.state not in ("PENDING", "SCHEDULING"):

@@ -34,7 +34,9 @@ class TextView:
         spec = spec or ClusterSpec()
         self._stdout = stdout
         self._stderr = stderr
-        self.state = CellState(title, spec.shape, spec.backend, spec.nodes, spec.rdma)
+        self.state = CellState(
+            title, spec.shape, spec.backend, spec.nodes, spec.rdma, ranks=spec.ranks
+        )
         self._warned: set[int] = set()
         #: this cell brought the gang up: its first table says where the ranks run
         self._cold = False
@@ -66,6 +68,8 @@ class TextView:
 
     def _lines(self, event: LogLines) -> None:
         for rank, stream, lines in event.items:
+            if not self.state.shows(rank):
+                continue
             prefix = f"[node {event.node} rank {rank}] "
             out = self._out(stream)
             out.write("".join(f"{prefix}{line}\n" for line in lines))

@@ -96,7 +96,9 @@ class ClusterWidget:
     """One per ``%%cluster`` cell; call it with events, ``show()`` it, ``close()`` it."""
 
     def __init__(self, spec: ClusterSpec, title: str = "cell") -> None:
-        self.state = CellState(title, spec.shape, spec.backend, spec.nodes, spec.rdma)
+        self.state = CellState(
+            title, spec.shape, spec.backend, spec.nodes, spec.rdma, ranks=spec.ranks
+        )
         self._header = W.HTML()
         self._cancel = CancelButton(kernel_id=current_kernel_id() or "", running=True)
         self._logs = [W.HTML() for _ in range(spec.nodes)]

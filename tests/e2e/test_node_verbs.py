@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
+from polling import wait_until
 from procs import ours, rank_processes, wait_gone
 
 from kernels import Kernel
@@ -126,3 +129,45 @@ def test_run_a_script_on_the_gang_then_doctor_reaches_its_master(kernel, tmp_pat
     assert "(ok," in doctor.result and "master" in doctor.result
     after = kernel.run("%%cluster\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
     assert after.result == "4.0"  # the TCPStore the doctor connected to still serves the gang
+
+
+def test_launch_a_notebook_function_then_run_a_module_as_python_m(kernel, tmp_path):
+    (tmp_path / "trainpkg").mkdir()
+    (tmp_path / "trainpkg" / "__init__.py").write_text("")
+    (tmp_path / "trainpkg" / "train.py").write_text(SCRIPT)
+    kernel.run(
+        "def world(scale, *, label):\n    import torch.distributed as dist\n"
+        "    print(label, dist.get_rank())\n    return dist.get_world_size() * scale\n"
+        "factor = 2.5"
+    )
+    launched = kernel.run("%cluster launch --nodes 2 --gpus 2 -- world(factor, label='on rank')")
+    assert launched.status == "ok", launched.error_text
+    assert launched.result == "10.0"  # rank 0's return value; the argument came from the notebook
+    for rank in range(4):
+        assert f"[node {rank // 2} rank {rank}] on rank {rank}" in launched.stdout
+    assert kernel.run("%cluster launch world(1, label='again')").result == "4"
+    bad = kernel.run("%cluster launch world(")
+    assert bad.ename == "SpecError" and "not a function call" in bad.evalue
+    kernel.run(f"import os\nhere = os.getcwd()\nos.chdir({str(tmp_path)!r})")
+    try:  # the local ranks start in the kernel's working directory, where the package is
+        reply = kernel.run("%cluster run -m trainpkg.train --scale 2.5")
+    finally:
+        kernel.run("os.chdir(here)")
+    assert reply.status == "ok", reply.error_text
+    assert reply.result == "0"
+    for rank in range(4):
+        assert f"[node {rank // 2} rank {rank}] sum 10.0" in reply.stdout
+
+
+def test_ranks_flag_shows_only_those_ranks_and_the_logs_keep_every_line(kernel):
+    reply = kernel.run("%%cluster --nodes 2 --gpus 2 --ranks 0,3\nprint('hi', dist.get_rank())")
+    assert reply.status == "ok", reply.error_text
+    shown = sorted(line for line in reply.stdout.splitlines() if "] hi " in line)
+    assert shown == ["[node 0 rank 0] hi 0", "[node 1 rank 3] hi 3"]
+    job = kernel.run("from jupyter_mn import cluster\ncluster.current().gang.id").result.strip("'")
+
+    def logged(rank: int) -> str:
+        cli = [sys.executable, "-m", "jupyter_mn.cli", "logs", job, "--rank", str(rank)]
+        return subprocess.run(cli, capture_output=True, text=True, timeout=60).stdout
+
+    wait_until(lambda: "] hi 1" in logged(1), 10, "rank 1's line in the job's logs")

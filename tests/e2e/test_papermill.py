@@ -157,3 +157,28 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
     values = [m["state"].get("value", "") for m in state.values()]
     assert any("[rank 0] from the widget cell" in v for v in values if isinstance(v, str))
+
+
+@pytest.mark.timeout(900)  # imports Lightning, transformers and inductor on four loaded ranks
+def test_frameworks_notebook_trains_with_each_framework(tmp_path, no_leftovers):
+    nb = papermill.execute_notebook(
+        str(ROOT / "notebooks" / "05-frameworks.ipynb"),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="jupyter_mn",
+        progress_bar=False,
+        cwd=str(tmp_path),
+    )
+    text = _texts(nb)
+    for value in [
+        "(4, 'gloo', True, False)",
+        "('fabric', 4, True)",
+        "('trainer', 4, 4)",
+        "('accelerate', 4, True)",
+        "('hf trainer', 4, 3)",
+        "('fsdp2', True, (8, 8), (16, 8))",
+        "('compile', True)",
+    ]:
+        assert value in text
+    for rank in range(4):
+        assert re.search(rf"\[node {rank // 2} rank {rank}\] rank {rank}: loss \d", text)
+    assert "cluster released" in text
