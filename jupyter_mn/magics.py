@@ -33,6 +33,12 @@ def _spec_flags(parser: MagicArgumentParser) -> MagicArgumentParser:
     parser.add_argument("--backend", help="local (default), dask or kubernetes")
     parser.add_argument("--scheduler", help="dask scheduler address for --backend dask")
     parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a plain tcp:// scheduler on another host (unencrypted pickles)",
+    )
+    parser.add_argument(
         "--env",
         action="append",
         default=None,
