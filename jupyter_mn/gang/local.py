@@ -17,6 +17,11 @@ import os
 import sys
 from typing import Any
 
+import dask
+from distributed import Client, Scheduler, SpecCluster
+from distributed.deploy.subprocess import Subprocess
+from distributed.security import Security
+
 from ..errors import SchedulingError
 from ..spec import ClusterSpec
 
@@ -37,50 +42,42 @@ _TLS_FIELDS = (
 )
 
 
-def _node_class() -> type:
-    """``LocalNode`` is built on first use: ``distributed`` loads only when a gang starts."""
-    from distributed.deploy.subprocess import Subprocess
+class LocalNode(Subprocess):
+    """One node: ``dask spec`` running ``rank.localnode.worker`` in a session of its own."""
 
-    class LocalNode(Subprocess):
-        """One node: ``dask spec`` running ``rank.localnode.worker`` in its own session."""
+    def __init__(self, scheduler: str, name: str, security: Security) -> None:
+        super().__init__()
+        self.scheduler, self.name, self._security = scheduler, name, security
 
-        def __init__(self, scheduler: str, name: str, security: Any) -> None:
-            super().__init__()
-            self.scheduler, self.name, self._security = scheduler, name, security
-
-        async def _start(self) -> None:
-            import dask
-
-            spec = {
-                "cls": "jupyter_mn.rank.localnode.worker",
-                "opts": {
-                    "name": self.name,
-                    "host": "127.0.0.1",
-                    "nthreads": 1,
-                    "memory_limit": 0,
-                    "preload": ["jupyter_mn.rank.agent"],
-                },
-            }
-            config = dask.config.merge(dask.config.config, _WORKER_CONFIG)
-            env = {
-                **os.environ,
-                **_WORKER_ENV,
-                "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
-            }
-            self.process = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler),
-                *("--spec", json.dumps(spec)),
-                stdin=asyncio.subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
-            pems = {f: getattr(self._security, f) for f in _TLS_FIELDS}
-            assert self.process.stdin is not None
-            self.process.stdin.write(json.dumps(pems).encode())
-            await self.process.stdin.drain()
-            self.process.stdin.close()
-
-    return LocalNode
+    async def _start(self) -> None:
+        spec = {
+            "cls": "jupyter_mn.rank.localnode.worker",
+            "opts": {
+                "name": self.name,
+                "host": "127.0.0.1",
+                "nthreads": 1,
+                "memory_limit": 0,
+                "preload": ["jupyter_mn.rank.agent"],
+            },
+        }
+        config = dask.config.merge(dask.config.config, _WORKER_CONFIG)
+        env = {
+            **os.environ,
+            **_WORKER_ENV,
+            "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
+        }
+        self.process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler),
+            *("--spec", json.dumps(spec)),
+            stdin=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        pems = {f: getattr(self._security, f) for f in _TLS_FIELDS}
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(pems).encode())
+        await self.process.stdin.drain()
+        self.process.stdin.close()
 
 
 class LocalProvisioner:
@@ -91,12 +88,7 @@ class LocalProvisioner:
         self._client: Any = None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
-        import dask
-        from distributed import Client, Scheduler, SpecCluster
-        from distributed.security import Security
-
         security = Security.temporary()
-        node = _node_class()
         try:
             with dask.config.set(DASK_CONFIG):
                 self._cluster = SpecCluster(
@@ -112,7 +104,7 @@ class LocalProvisioner:
                         },
                     },
                     workers={
-                        i: {"cls": node, "options": {"name": str(i), "security": security}}
+                        i: {"cls": LocalNode, "options": {"name": str(i), "security": security}}
                         for i in range(spec.nodes)
                     },
                     security=security,
