@@ -4,6 +4,8 @@ The handle is a future in the ipyparallel ``AsyncResult`` / dask ``Future`` trad
 ``done()``, ``result()`` (rank 0's value, or the cell's ``CellError``), plus ``output`` (the ranks'
 labelled lines so far, kept here rather than printed into whichever cell runs at the time),
 ``stacks()`` (where every rank is now) and ``cancel()`` (the same escalation as Ctrl-C).
+A handle lives as long as the kernel holds it, so ``output`` keeps only the newest lines; the
+job's log files (``joblogs.py``) keep every one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import concurrent.futures
 import io
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +25,34 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .events import OnEvent
     from .result import CellResult
+
+#: Lines a handle's ``output`` keeps (about 1 MB of typical lines).
+OUTPUT_LINES = 10_000
+
+
+class RecentLines(io.TextIOBase):
+    """A text stream that keeps its newest ``limit`` lines and counts those it let go."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self._lines: deque[str] = deque(maxlen=limit)
+        self._partial = ""
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *done, self._partial = (self._partial + text).split("\n")
+            self.dropped += max(0, len(self._lines) + len(done) - self._lines.maxlen)
+            self._lines.extend(done)
+        return len(text)
+
+    def getvalue(self) -> str:
+        with self._lock:
+            return "".join(f"{line}\n" for line in self._lines) + self._partial
 
 
 class BackgroundCell:
@@ -34,8 +65,9 @@ class BackgroundCell:
         self.cell_id = cell_id
         self.started = time.monotonic()
         self._ended: float | None = None
-        self._buffer = io.StringIO()
-        self._view = TextView(self._buffer, self._buffer)
+        self._buffer = RecentLines(OUTPUT_LINES)
+        self._text = TextView(self._buffer, self._buffer)
+        self._job = ""
         self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._work, args=(run,), name=f"jupyter-mn-bg-{cell_id}", daemon=True
@@ -49,6 +81,11 @@ class BackgroundCell:
             self._future.set_exception(exc)
         finally:
             self._ended = time.monotonic()
+
+    def _view(self, event: Any) -> None:
+        if not self._job and self.cluster.gang is not None:  # events come once the gang exists
+            self._job = self.cluster.spec.name or self.cluster.gang.id
+        self._text(event)
 
     def done(self) -> bool:
         return self._future.done()
@@ -71,8 +108,15 @@ class BackgroundCell:
 
     @property
     def output(self) -> str:
-        """What the ranks printed so far, ``[node N rank R]``-labelled."""
-        return self._buffer.getvalue()
+        """What the ranks printed so far, ``[node N rank R]``-labelled: the newest
+        ``OUTPUT_LINES`` lines, after a note on where the earlier ones are."""
+        text, dropped = self._buffer.getvalue(), self._buffer.dropped
+        if not dropped:
+            return text
+        return (
+            f"jupyter_mn: {dropped} earlier line(s) are not kept here: "
+            f"`jupyter mn logs {self._job}` shows every line\n{text}"
+        )
 
     def cancel(self) -> None:
         """Stop the cell as Ctrl-C would: stacks, SIGINT, the destroy cascade, then kill."""

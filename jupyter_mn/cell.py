@@ -13,9 +13,10 @@ import builtins
 import hashlib
 import re
 import symtable
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
 import cloudpickle
@@ -175,6 +176,13 @@ class Shipper:
                     f"(use --push {name} to send it)"
                 )
                 continue
+            hidden = sorted(_secrets_read_by(value) - push)
+            if hidden:
+                notes.append(
+                    f"not sending {name!r}: it reads {', '.join(hidden)}, which looks like a "
+                    f"credential (use --push {','.join(hidden)} to send it along)"
+                )
+                continue
             picked[name] = value
         captured, problems = [], []
         for name, value in picked.items():
@@ -216,6 +224,66 @@ def _looks_secret(name: str, value: Any) -> bool:
     if _SECRET_NAME.search(name) and isinstance(value, (str, bytes)):
         return True
     return isinstance(value, str) and bool(_SECRET_VALUE.match(value.strip()))
+
+
+def _secrets_read_by(value: Any) -> set[str]:
+    """Credential-looking globals that cloudpickle would send along with ``value``.
+
+    A notebook function (or class, or an instance of one) goes by value, with the globals its code
+    reads, and so do the notebook functions and classes those are. Best effort: a credential
+    held inside an object, or read through ``globals()``, is not seen.
+    """
+    found: set[str] = set()
+    seen: set[int] = set()
+    todo = [value] if isinstance(value, (FunctionType, type)) else [value, type(value)]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or not _by_value(item):
+            continue
+        seen.add(id(item))
+        if isinstance(item, type):
+            todo += [*item.__bases__, *_functions_of(item)]
+            continue
+        for name in _code_names(item.__code__) & item.__globals__.keys():
+            read = item.__globals__[name]
+            if _looks_secret(name, read):
+                found.add(name)
+            elif isinstance(read, (FunctionType, type)):
+                todo.append(read)
+    return found
+
+
+def _by_value(item: Any) -> bool:
+    """cloudpickle's rule: what cannot be imported by name (the notebook's code) is copied."""
+    if not isinstance(item, (FunctionType, type)):
+        return False
+    module = sys.modules.get(getattr(item, "__module__", None) or "")
+    if module is None or module.__name__ == "__main__":
+        return True
+    found: Any = module
+    for part in item.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is not item
+
+
+def _functions_of(cls: type) -> list[Any]:
+    found = []
+    for attr in vars(cls).values():
+        if isinstance(attr, (staticmethod, classmethod)):
+            attr = attr.__func__
+        if isinstance(attr, property):
+            found += [f for f in (attr.fget, attr.fset, attr.fdel) if f is not None]
+        elif isinstance(attr, (FunctionType, type)):
+            found.append(attr)
+    return found
+
+
+def _code_names(code: CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _code_names(const)
+    return names
 
 
 def _describe_failure(name: str, value: Any, exc: Exception) -> str:

@@ -32,6 +32,12 @@ def add_spec_flags(parser: Parser) -> Parser:
     add("--backend", help="local (default), dask or kubernetes")
     add("--scheduler", help="dask scheduler address for --backend dask")
     add(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a plain tcp:// scheduler on another host (unencrypted pickles)",
+    )
+    add(
         "--env",
         action="append",
         default=None,

@@ -8,6 +8,7 @@ Every check happens here, so a bad value raises ``SpecError`` before anything is
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import reprlib
@@ -47,6 +48,8 @@ class ClusterSpec:
     backend: str = _gang("local")
     env: tuple[tuple[str, str], ...] = _gang(())
     scheduler: str | None = _gang(None)
+    #: allow a plaintext ``tcp://`` scheduler off this machine (pickles cross the network)
+    insecure: bool = _gang(False)
     #: bytes of resident memory a rank may use before its agent kills it (``"4GB"`` is accepted)
     memory_limit: int | None = _gang(None)
     #: use the RDMA fabric (IB/RoCE/EFA): pods get the RDMA resource, NCCL gets the HCAs
@@ -92,7 +95,7 @@ class ClusterSpec:
             raise SpecError(
                 f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
             )
-        for name in ("rdma", "require_rdma", "debug", "same_host"):
+        for name in ("rdma", "require_rdma", "debug", "same_host", "insecure"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.require_rdma and not self.rdma:
@@ -112,6 +115,7 @@ class ClusterSpec:
                 f"--scheduler {self.scheduler!r}: expected PROTOCOL://HOST:PORT "
                 "with tcp or tls (e.g. tls://10.0.0.5:8786)"
             )
+        _check_plaintext(self)
         _check_preflight(self)
         if self.backend == "kubernetes" and not self.kubernetes.image:
             raise SpecError(
@@ -257,6 +261,27 @@ def _ranks(text: str) -> tuple[int, ...]:
         return tuple(int(r) for r in text.split(",") if r.strip())
     except ValueError:
         raise SpecError(f"--ranks {text!r}: expected rank numbers, e.g. 0,3") from None
+
+
+def _check_plaintext(spec: ClusterSpec) -> None:
+    """Dask sends pickles both ways (the cell's code to the workers, values into the kernel): over
+    plain TCP anyone on the path can read or replace them. Only loopback, or when asked for."""
+    found = _SCHEDULER.match(spec.scheduler or "")
+    if not found or found.group(1) != "tcp" or spec.insecure:
+        return
+    host = found.group(2).strip("[]")
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        if host == "localhost":
+            return
+    raise SpecError(
+        f"--scheduler {spec.scheduler} is plain TCP: pickled code and values would cross the "
+        "network unencrypted, and whoever can reach it runs code in this kernel. Use tls:// "
+        "(TLS files in dask's config), or --insecure (JUPYTER_MN_INSECURE=1) on a network "
+        "you trust"
+    )
 
 
 def _check_preflight(spec: ClusterSpec) -> None:

@@ -91,6 +91,31 @@ def test_credentials_are_not_sent_unless_pushed():
     assert "api_token" in [c.name for c in names]
 
 
+def test_notebook_code_reading_a_credential_is_not_sent_unless_the_credential_is_pushed():
+    import cloudpickle
+
+    ns: dict = {}
+    exec(
+        "API_TOKEN = 's3cr3t-value'\nURL = 'https://x'\n"
+        "def headers():\n    return {'Authorization': API_TOKEN}\n"
+        "def call():\n    return URL, headers()\n"
+        "class Client:\n    @property\n    def auth(self):\n        return headers()\n"
+        "client = Client()\n",
+        ns,
+    )
+    code = compile_cell("call(), client.auth, URL")
+    names, notes = Shipper().capture(code, ns)
+    assert [c.name for c in names] == ["URL"]
+    assert notes == tuple(
+        f"not sending {name!r}: it reads API_TOKEN, which looks like a credential "
+        "(use --push API_TOKEN to send it along)"
+        for name in ("call", "client")
+    )
+    names, notes = Shipper().capture(code, ns, push=["API_TOKEN"])
+    assert [c.name for c in names] == ["API_TOKEN", "URL", "call", "client"] and notes == ()
+    assert cloudpickle.loads(names[2].data)() == ("https://x", {"Authorization": "s3cr3t-value"})
+
+
 def test_large_values_are_sent_once_then_referenced():
     shipper = Shipper()
     ns = {"blob": b"x" * CACHE_MIN_BYTES, "small": 1}

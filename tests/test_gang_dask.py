@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import socketserver
 import threading
 import time
 
 import dask
+import psutil
 import pytest
 from daskcli import tls_config
 from distributed import Client, Security
@@ -17,6 +20,7 @@ from procs import ours, rank_processes, wait_gone
 from test_cluster import ENV_CHECK
 
 from jupyter_mn import Cluster
+from jupyter_mn.cli import main as jupyter_mn_cli
 from jupyter_mn.errors import NodeLost, SchedulingError, SpecError
 from jupyter_mn.events import Note
 from jupyter_mn.gang.dask import Candidate, candidates, preference, shortage
@@ -53,6 +57,58 @@ def test_bad_input_is_refused_before_connecting(dask_tls, no_leftovers):
         dask_cluster("tcp://127.0.0.1:9", start_timeout=3).run("1")
     assert time.monotonic() - started < 20
     assert not rank_processes(ours(no_leftovers))
+
+
+def _routable_ipv4() -> str | None:
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+class _Doorbell(socketserver.ThreadingTCPServer):
+    """A TCP listener that notes each connection and hangs up: it is no scheduler."""
+
+    def __init__(self, host: str) -> None:
+        self.rung: list[tuple[str, int]] = []
+        super().__init__((host, 0), socketserver.BaseRequestHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def verify_request(self, request, client_address) -> bool:
+        self.rung.append(client_address)
+        return False  # closed at once
+
+
+def test_plain_tcp_scheduler_off_this_machine_needs_insecure(capsys, monkeypatch):
+    """Pickles would cross the network unencrypted: refused before any connection, unless
+    --insecure (or JUPYTER_MN_INSECURE=1) says the network is trusted."""
+    host = _routable_ipv4()
+    if host is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    with _Doorbell(host) as door:
+        address = f"tcp://{host}:{door.server_address[1]}"
+        argv = ["doctor", "--backend", "dask", "--scheduler", address, "--start-timeout", "2"]
+        try:
+            assert jupyter_mn_cli(argv) == 2
+            err = capsys.readouterr().err
+            assert f"--scheduler {address} is plain TCP" in err and "--insecure" in err
+            assert not door.rung
+
+            assert jupyter_mn_cli([*argv, "--insecure"]) == 2  # it connects, to no scheduler
+            assert "cannot connect to the dask scheduler" in capsys.readouterr().err
+            assert door.rung
+        finally:
+            door.shutdown()
+    monkeypatch.setenv("JUPYTER_MN_INSECURE", "1")
+    assert ClusterSpec.build({"backend": "dask", "scheduler": address}).insecure
+    for fine in (
+        "tls://10.0.0.5:8786",
+        "tcp://127.0.0.1:8786",
+        "tcp://[::1]:1",
+        "tcp://localhost:1",
+    ):
+        assert not ClusterSpec(backend="dask", scheduler=fine).insecure
 
 
 def test_2x2_gang_follows_the_contract_and_leaves_the_cluster_as_it_was(

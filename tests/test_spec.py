@@ -107,7 +107,7 @@ def test_dask_and_preflight_fields_are_checked_and_read_from_the_environment():
     with pytest.raises(SpecError, match="JUPYTER_MN_SAME_HOST='maybe'"):
         from_environ({"JUPYTER_MN_SAME_HOST": "maybe"})
     # preflight by default on remote nodes; locally only when a check was asked for
-    assert ClusterSpec(backend="dask", scheduler="tcp://h:1").runs_preflight
+    assert ClusterSpec(backend="dask", scheduler="tls://h:1").runs_preflight
     assert not ClusterSpec().runs_preflight
     assert ClusterSpec(check_paths=("/data",)).runs_preflight
 

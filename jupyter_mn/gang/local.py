@@ -1,20 +1,80 @@
 """Local backend: one dask worker per virtual node on this machine (the embedded default).
 
-Scheduler and workers listen on 127.0.0.1 with TLS (fresh certificates per gang). Workers ignore
-SIGINT (a Jupyter interrupt signals the kernel's whole process group, workers included) and the
-nanny does not force ``OMP_NUM_THREADS=1`` onto the ranks.
+The scheduler runs in the kernel; each node's worker is a subprocess (``node/localnode.py``) in
+a session of its own, so neither a script's top-level code runs again in it (as a spawned nanny's
+child would re-import the main module) nor does a Jupyter interrupt (SIGINT to the kernel's
+process group) reach it. Everything listens on 127.0.0.1 with TLS (fresh certificates per gang,
+handed to the workers on stdin). Ranks are the workers' children: closing kills what is left.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
 import os
+import sys
 from typing import Any
+
+import dask
+from distributed import Client, Scheduler, SpecCluster
+from distributed.deploy.subprocess import Subprocess
+from distributed.security import Security
 
 from ..errors import SchedulingError
 from ..node.daskconfig import DASK_CONFIG
 from ..spec import ClusterSpec
+
+#: What a worker process gets besides the kernel's dask config: quiet logs, and glibc returning
+#: freed memory as dask's nanny would have set it (the ranks inherit both).
+_WORKER_CONFIG = {"logging": {"distributed": "critical"}}
+_WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+_TLS_FIELDS = (
+    "tls_ca_file",
+    "tls_worker_cert",
+    "tls_worker_key",
+    "tls_client_cert",
+    "tls_client_key",
+)
+
+
+class LocalNode(Subprocess):
+    """One node: ``dask spec`` running ``node.localnode.worker`` in a session of its own."""
+
+    def __init__(self, scheduler: str, name: str, security: Security) -> None:
+        super().__init__()
+        self.scheduler, self.name, self._security = scheduler, name, security
+
+    async def _start(self) -> None:
+        spec = {
+            "cls": "jupyter_mn.node.localnode.worker",
+            "opts": {
+                "name": self.name,
+                "host": "127.0.0.1",
+                "nthreads": 1,
+                "memory_limit": 0,
+                "preload": ["jupyter_mn.node.agent"],
+            },
+        }
+        config = dask.config.merge(dask.config.config, _WORKER_CONFIG)
+        env = {
+            **os.environ,
+            **_WORKER_ENV,
+            "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
+        }
+        self.process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler),
+            *("--spec", json.dumps(spec)),
+            stdin=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        pems = {f: getattr(self._security, f) for f in _TLS_FIELDS}
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(pems).encode())
+        await self.process.stdin.drain()
+        self.process.stdin.close()
 
 
 class LocalProvisioner:
@@ -25,27 +85,29 @@ class LocalProvisioner:
         self._client: Any = None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
-        import dask
-        from distributed import Client, LocalCluster
-        from distributed.security import Security
-
         security = Security.temporary()
         try:
             with dask.config.set(DASK_CONFIG):
-                self._cluster = LocalCluster(
+                self._cluster = SpecCluster(
                     name=gang_id,
-                    n_workers=spec.nodes,
-                    threads_per_worker=1,
-                    processes=True,
-                    protocol="tls://",
-                    host="127.0.0.1",
+                    scheduler={
+                        "cls": Scheduler,
+                        "options": {
+                            "protocol": "tls://",
+                            "host": "127.0.0.1",
+                            "security": security,
+                            "dashboard": False,
+                            "dashboard_address": "127.0.0.1:0",  # its HTTP server (health)
+                        },
+                    },
+                    workers={
+                        i: {"cls": LocalNode, "options": {"name": str(i), "security": security}}
+                        for i in range(spec.nodes)
+                    },
                     security=security,
-                    dashboard_address="127.0.0.1:0",
-                    memory_limit=0,
                     # a lost worker is reported as NodeLost; the scheduler's own errors
                     # about it would only add noise to the notebook
                     silence_logs=logging.CRITICAL,
-                    preload=["jupyter_mn.node.agent"],
                 )
                 self._client = Client(
                     self._cluster, security=security, set_as_default=False, direct_to_workers=True

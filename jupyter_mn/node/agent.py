@@ -313,10 +313,9 @@ class NodeAgent:
         if self._launch.exit_when_orphaned:  # the worker is this gang's alone: end it too
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self._worker.close(nanny=True, reason="jupyter_mn: the kernel is gone"),
-                    STOP_GRACE_S,
+                    self._worker.close(reason="jupyter_mn: the kernel is gone"), STOP_GRACE_S
                 )
-            os._exit(0)  # its nanny lives in the silent kernel and may not answer
+            os._exit(0)  # its scheduler lives in the silent kernel and may not answer
 
     async def _stop_ranks(self) -> None:
         await asyncio.gather(*(r.stop() for r in self._ranks))
