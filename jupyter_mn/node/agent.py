@@ -81,11 +81,9 @@ class NodeAgent:
             if self._flush_armed:
                 return
             self._flush_armed = True
-        self.call_soon(self._arm_flush)
-
-    def _arm_flush(self) -> None:
+        # the window counts from this first line, not from when the loop gets to it
         assert self._loop is not None
-        self._loop.call_later(BATCH_S, self.flush)  # lines arriving meanwhile share the event
+        self.call_soon(self._loop.call_at, self._loop.time() + BATCH_S, self.flush)
 
     def flush(self, always: bool = False) -> int:
         """Publish buffered lines as one ``LogLines`` (``always``: even none, as a last event);

@@ -163,24 +163,16 @@ class ScriptRun:
         self.agent = agent
         self.folder = tempfile.mkdtemp(prefix="jupyter-mn-script-")
         argv = [sys.executable, "-u", *self._target(launch.script), *launch.script.args]
-        node, gpus = agent.node, launch.gpus
-        self.ranks = [
-            ScriptRank(
-                agent,
-                local,
-                node * gpus + local,
-                argv,
-                # torchrun's variables, plus the contract every jupyter_mn rank gets
-                rank_env(launch, node, local, error_file=self._error_file(node * gpus + local)),
-                launch.cwd,
-            )
-            for local in range(gpus)
-        ]
+        self.ranks = [self._start(launch, argv, local) for local in range(launch.gpus)]
         for r in self.ranks:
             agent.rank_state(r.rank, "started", f"pid {r.proc.pid}")
 
-    def _error_file(self, rank: int) -> str:
-        return os.path.join(self.folder, f"error-{rank}.json")
+    def _start(self, launch: Launch, argv: list[str], local: int) -> ScriptRank:
+        node = self.agent.node
+        rank = node * launch.gpus + local
+        error_file = os.path.join(self.folder, f"error-{rank}.json")
+        env = rank_env(launch, node, local, error_file=error_file)  # torchrun's, and ours
+        return ScriptRank(self.agent, local, rank, argv, env, launch.cwd)
 
     def _target(self, script: Script) -> list[str]:
         """``-m MODULE``, or the script's path (written here when the kernel sent its bytes)."""
