@@ -184,17 +184,17 @@ class ClusterMagics(Magics):
     def cluster(self, line: str, cell: str | None = None) -> Any:
         """%%cluster [--nodes N] [--gpus G] …: run this cell on every rank; %cluster VERB …"""
         if cell is not None:
-            return self._run(self._parser.parse_argstring(line), cell)
+            return self._run(self._parser.parse_args(_words(line)), cell)
         raw = None
         if (line.split() or [""])[0] in self._raw_verbs:
             line, raw = _split_command(line)
-        words = shlex.split(line)
+        words = _words(line)
         if not words or words[0] not in self._verbs:
             raise UsageError(
                 f"%cluster needs a verb: {' | '.join(self._verbs)} (use %%cluster to run a cell)"
             )
         parser, handler = self._verbs[words[0]]
-        args = parser.parse_argstring(shlex.join(words[1:]))
+        args = parser.parse_args(words[1:])
         if raw is not None:
             args.command = raw.strip()
         return handler(args)
@@ -304,6 +304,14 @@ def spec_flags_of(args: Any) -> dict[str, Any]:
     if "env" in flags:
         flags["env"] = parse_env_pairs(flags["env"])
     return flags
+
+
+def _words(line: str) -> list[str]:
+    """The line split as a POSIX shell would; an unbalanced quote is a ``UsageError``."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise UsageError(f"%cluster: {exc} in {line!r}") from None
 
 
 def _split_command(line: str) -> tuple[str, str]:

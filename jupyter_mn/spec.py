@@ -17,15 +17,17 @@ from typing import Any
 from .errors import SpecError
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
+from .values import is_number
 
 BACKENDS = ("local", "dask", "kubernetes")
 VIEWS = ("auto", "widget", "text")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_PREFIX = "JUPYTER_MN_"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+#: Patterns are used with ``fullmatch``: ``$`` would let a trailing newline through.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_JOB_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")
 MAX_WORLD_SIZE = 65536
-_SCHEDULER = re.compile(r"^(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}$")
+_SCHEDULER = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}")
 
 
 def _gang(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
@@ -97,7 +99,7 @@ class ClusterSpec:
             raise SpecError(f"unknown view {self.view!r}; choose one of {', '.join(VIEWS)}")
         if self.backend == "dask" and not self.scheduler:
             raise SpecError("backend 'dask' needs --scheduler ADDRESS (e.g. tls://host:8786)")
-        if self.scheduler is not None and not _SCHEDULER.match(self.scheduler):
+        if self.scheduler is not None and not _SCHEDULER.fullmatch(self.scheduler):
             raise SpecError(
                 f"--scheduler {self.scheduler!r}: expected PROTOCOL://HOST:PORT "
                 "with tcp or tls (e.g. tls://10.0.0.5:8786)"
@@ -119,17 +121,19 @@ class ClusterSpec:
             "heartbeat_timeout",
         ):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+            if value is not None and not is_number(value, low=0, strict=True):
                 raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
-        if self.name is not None and not _JOB_NAME.match(self.name):
+        if self.name is not None and not _JOB_NAME.fullmatch(self.name):
             raise SpecError(
                 f"name {self.name!r} must be lowercase letters, digits and '-', at most 40 chars"
             )
         for key, value in self.env:
-            if not _ENV_NAME.match(key):
+            if not _ENV_NAME.fullmatch(key):
                 raise SpecError(f"--env {key!r}: not a valid environment variable name")
             if not isinstance(value, str):
                 raise SpecError(f"--env {key}: value must be a string, got {type(value).__name__}")
+            if "\0" in value:
+                raise SpecError(f"--env {key}: a value cannot hold a NUL character")
 
     @property
     def runs_preflight(self) -> bool:
@@ -243,10 +247,10 @@ def _check_preflight(spec: ClusterSpec) -> None:
         raise SpecError(f"preflight must be true, false or unset, got {spec.preflight!r}")
     for name in ("min_shm_gb", "min_disk_gb"):
         value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if not is_number(value, low=0):
             raise SpecError(f"{name} must be a number of GiB ≥ 0, got {value!r}")
     for path in spec.check_paths:
-        if not isinstance(path, str) or not path.strip():
+        if not isinstance(path, str) or not path.strip() or "\0" in path:
             raise SpecError(f"--check-path needs a path, got {path!r}")
 
 
@@ -262,5 +266,5 @@ def _bytes(name: str, text: str) -> int:
 
     try:
         return int(parse_bytes(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # "1e400": parse_bytes gives inf
         raise SpecError(f"{name} {text!r} is not a size (e.g. 4GB, 512MiB)") from None
