@@ -147,7 +147,8 @@ def _logs(args: argparse.Namespace) -> int:
         raise SpecError(f"--node {args.node}: job {job.id} has nodes 0–{len(job.nodes) - 1}")
     if args.rank is not None and not 0 <= args.rank < job.world_size:
         raise SpecError(f"--rank {args.rank}: job {job.id} has ranks 0–{job.world_size - 1}")
-    filters = {"node": args.node, "rank": args.rank}
+    node = job.node_of(args.rank) if args.node is None and args.rank is not None else args.node
+    filters = {"node": node, "rank": args.rank}
     lines, cursor = read_logs(registry.log_dir(job.id), tail=max(args.tail, 0), **filters)
     try:
         while True:

@@ -103,6 +103,11 @@ class JobModel:
     def finished(self) -> bool:
         return self.state in FINISHED
 
+    def node_of(self, rank: int) -> int:
+        """The node whose log file holds ``rank``'s lines (ranks fill nodes in order), so a
+        rank filter reads one node's files, not every node's."""
+        return rank // max(self.gpus, 1)
+
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
