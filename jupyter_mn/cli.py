@@ -9,9 +9,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number ≥ 0 (``float`` alone lets ``nan`` and ``inf`` through)."""
+    from .values import is_number
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if not is_number(value, low=0):
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}")
+    return value
 
 
 def _add_config(sub: Any) -> None:
@@ -133,7 +147,8 @@ def _logs(args: argparse.Namespace) -> int:
         raise SpecError(f"--node {args.node}: job {job.id} has nodes 0–{len(job.nodes) - 1}")
     if args.rank is not None and not 0 <= args.rank < job.world_size:
         raise SpecError(f"--rank {args.rank}: job {job.id} has ranks 0–{job.world_size - 1}")
-    filters = {"node": args.node, "rank": args.rank}
+    node = job.node_of(args.rank) if args.node is None and args.rank is not None else args.node
+    filters = {"node": node, "rank": args.rank}
     lines, cursor = read_logs(registry.log_dir(job.id), tail=max(args.tail, 0), **filters)
     try:
         while True:
@@ -152,7 +167,7 @@ def _logs(args: argparse.Namespace) -> int:
 def _add_request(sub: Any, action: str, help: str) -> None:
     p = sub.add_parser(action, help=help)
     p.add_argument("job", help="job id, unique id prefix or name")
-    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for it (default 30)")
+    p.add_argument("--wait", type=_seconds, default=30.0, help="seconds to wait (default 30)")
     p.set_defaults(func=_request)
 
 
@@ -194,7 +209,7 @@ def _add_gc(sub: Any) -> None:
     p = sub.add_parser("gc", help="clean up after dead kernels and forget old finished jobs")
     p.add_argument(
         "--older-than",
-        type=float,
+        type=_seconds,
         default=7.0,
         metavar="DAYS",
         help="forget finished jobs that ended this many days ago (default 7)",
@@ -262,6 +277,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JupyterMNError as exc:
         print(f"jupyter mn {args.command}: {exc}", file=sys.stderr)
         return 2
+    except (sqlite3.Error, OSError) as exc:  # the registry's database or files: say which
+        print(f"jupyter mn {args.command}: {_describe(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"jupyter mn {args.command}: interrupted", file=sys.stderr)
+        return 130  # as a shell reports SIGINT
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an environment error: what failed on which file, not a traceback."""
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.strerror or exc}: {exc.filename}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

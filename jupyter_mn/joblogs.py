@@ -9,6 +9,8 @@ reads files backwards from their end, never whole.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import time
@@ -19,6 +21,8 @@ from typing import BinaryIO
 
 from .events import LogLines
 from .registry import open_private, private_dir
+
+log = logging.getLogger(__name__)
 
 MAX_BYTES = 8 * 2**20
 _BLOCK = 1 << 16
@@ -40,53 +44,78 @@ class LogLine:
 
 
 class _NodeFile:
+    """One node's file, written unbuffered in whole batches: a write that fails (disk full)
+    is cut off again, so the file never holds half a line and the next batch starts clean."""
+
     def __init__(self, path: Path, max_bytes: int) -> None:
         self.path, self.max_bytes = path, max_bytes
         self.seq = 0
-        self._file, self._size = self._open()
+        self._fd, self._size = self._open()
 
-    def _open(self) -> tuple[BinaryIO, int]:
+    def _open(self) -> tuple[int, int]:
         fd = open_private(self.path)
-        return os.fdopen(fd, "ab"), os.fstat(fd).st_size
+        return fd, os.fstat(fd).st_size
 
     def write(self, rank: int, stream: str, lines: tuple[str, ...], now: float) -> None:
+        batch = bytearray()
         for text in lines:
             self.seq += 1
             record = f"{self.seq}\t{now:.3f}\t{rank}\t{stream}\t{text}\n".encode(errors="replace")
-            if self._size and self._size + len(record) > self.max_bytes:
-                self._file.close()
+            if self._size + len(batch) and self._size + len(batch) + len(record) > self.max_bytes:
+                self._append(bytes(batch))
+                batch.clear()
+                os.close(self._fd)
                 os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                self._file, self._size = self._open()
-            self._file.write(record)
-            self._size += len(record)
+                self._fd, self._size = self._open()
+            batch += record
+        self._append(bytes(batch))
 
-    def flush(self) -> None:
-        self._file.flush()
+    def _append(self, data: bytes) -> None:
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
 
 
 class JobLogWriter:
-    """Appends a job's ``LogLines`` events to its node files (one writer: the owning kernel)."""
+    """Appends a job's ``LogLines`` events to its node files (one writer: the owning kernel).
+
+    A write that fails (disk full, quota) drops those lines, with one warning per job (a full
+    disk lets a short line through now and then): losing log lines must not stop the job's
+    state from being recorded.
+    """
 
     def __init__(self, directory: Path, max_bytes: int = MAX_BYTES) -> None:
         self.directory = private_dir(directory)
         self.max_bytes = max_bytes
         self._nodes: dict[int, _NodeFile] = {}
+        self._warned = False
 
     def write(self, event: LogLines, now: float | None = None) -> None:
-        node = self._nodes.get(event.node)
-        if node is None:
-            node = self._nodes[event.node] = _NodeFile(
-                self.directory / f"node-{event.node}.log", self.max_bytes
-            )
-        for rank, stream, lines in event.items:
-            node.write(rank, stream, lines, now or time.time())
-
-    def flush(self) -> None:
-        for node in self._nodes.values():
-            node.flush()
+        try:
+            node = self._nodes.get(event.node)
+            if node is None:
+                node = self._nodes[event.node] = _NodeFile(
+                    self.directory / f"node-{event.node}.log", self.max_bytes
+                )
+            for rank, stream, lines in event.items:
+                node.write(rank, stream, lines, now or time.time())
+        except OSError as exc:
+            if not self._warned:
+                log.warning(
+                    "jupyter_mn: cannot write logs to %s (%s); dropping lines until it works",
+                    self.directory,
+                    exc.strerror or exc,
+                )
+            self._warned = True
 
     def close(self) -> None:
         for node in self._nodes.values():

@@ -16,22 +16,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
+from .values import is_number
 
 GANG_POLICIES = ("auto", "kueue", "volcano", "coscheduling", "native", "none")
 ENV_PREFIX = "JUPYTER_MN_K8S_"
 #: argparse destinations of the Kubernetes flags are ``k8s_<field>``.
 FLAG_PREFIX = "k8s_"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: Patterns are used with ``fullmatch``: ``$`` would let a trailing newline through.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_QUALIFIED = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
-_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_QUALIFIED = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
+_QUANTITY = re.compile(r"([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_IMAGE = re.compile(r"^[^\s]+$")
+_IMAGE = re.compile(r"[^\s]+")
+_NETWORK = re.compile(r"[a-z0-9]([-a-z0-9/]*[a-z0-9])?")
 #: Paths the pod uses itself; a volume mounted there would hide them.
 RESERVED_MOUNTS = ("/dev/shm", "/etc/jupyter-mn")
 
@@ -51,7 +54,7 @@ class Volume:
         path, _, mode = rest.partition(":")
         if not claim or not path or mode not in ("", "ro", "rw"):
             raise SpecError(f"--volume {text!r}: expected CLAIM:/mount/path[:ro]")
-        if not _DNS_SUBDOMAIN.match(claim):
+        if not _DNS_SUBDOMAIN.fullmatch(claim):
             raise SpecError(f"--volume {text!r}: {claim!r} is not a valid claim name")
         if not path.startswith("/") or any(
             path == m or path.startswith(m + "/") for m in RESERVED_MOUNTS
@@ -67,7 +70,7 @@ def parse_toleration(text: str) -> dict[str, str]:
     """``key=value:Effect``, ``key:Effect`` (any value) or ``key`` (any value, any effect)."""
     head, _, effect = text.rpartition(":") if ":" in text else (text, "", "")
     key, eq, value = head.partition("=")
-    if not key or not _QUALIFIED.match(key) or (eq and not _LABEL_VALUE.match(value)):
+    if not key or not _QUALIFIED.fullmatch(key) or (eq and not _LABEL_VALUE.fullmatch(value)):
         raise SpecError(f"--toleration {text!r}: expected KEY[=VALUE][:EFFECT]")
     if effect and effect not in _EFFECTS:
         raise SpecError(f"--toleration {text!r}: effect must be one of {', '.join(_EFFECTS)}")
@@ -111,7 +114,7 @@ class KubeOptions:
     def __post_init__(self) -> None:
         if self.gang not in GANG_POLICIES:
             raise SpecError(f"--gang {self.gang!r}: choose one of {', '.join(GANG_POLICIES)}")
-        if self.image and not _IMAGE.match(self.image):
+        if self.image and not _IMAGE.fullmatch(self.image):
             raise SpecError(f"--image {self.image!r} is not an image reference")
         for flag, value, rule in (
             ("--namespace", self.namespace, _DNS_LABEL),
@@ -122,24 +125,24 @@ class KubeOptions:
             ("--gpu-resource", self.gpu_resource, _QUALIFIED),
             ("--rdma-resource", self.rdma_resource, _QUALIFIED),
         ):
-            if value and not rule.match(value):
+            if value and not rule.fullmatch(value):
                 raise SpecError(f"{flag} {value!r} is not a valid Kubernetes name")
         for flag, value in (("--cpu", self.cpu), ("--memory", self.memory)):
-            if value and not _QUANTITY.match(value):
+            if value and not _QUANTITY.fullmatch(value):
                 raise SpecError(f"{flag} {value!r} is not a quantity (e.g. 8, 500m, 64Gi)")
-        if not self.shm_size or not _QUANTITY.match(self.shm_size):
+        if not self.shm_size or not _QUANTITY.fullmatch(self.shm_size):
             raise SpecError(f"--shm-size {self.shm_size!r} is not a quantity (e.g. 16Gi)")
         for key, value in self.node_selector:
-            if not _QUALIFIED.match(key) or not _LABEL_VALUE.match(value):
+            if not _QUALIFIED.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
                 raise SpecError(f"--node-selector {key}={value}: not a valid label")
         for text in self.tolerations:
             parse_toleration(text)
         paths = [Volume.parse(text).path for text in self.volumes]
         if len(set(paths)) != len(paths):
             raise SpecError("--volume: two volumes mount at the same path")
-        if any(not re.match(r"^[a-z0-9]([-a-z0-9/]*[a-z0-9])?$", n) for n in self.networks):
+        if any(not _NETWORK.fullmatch(n) for n in self.networks):
             raise SpecError(f"--rdma-networks {self.rdma_networks!r}: comma-separated NAD names")
-        if not isinstance(self.schedule_timeout, (int, float)) or self.schedule_timeout <= 0:
+        if not is_number(self.schedule_timeout, low=0, strict=True):
             raise SpecError(
                 f"--schedule-timeout must be positive seconds, got {self.schedule_timeout!r}"
             )

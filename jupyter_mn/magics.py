@@ -80,7 +80,7 @@ class ClusterMagics(Magics):
     def cluster(self, line: str, cell: str | None = None) -> Any:
         """%%cluster [--nodes N] [--gpus G] …: run this cell on every rank; %cluster VERB …"""
         if cell is not None:
-            return self._run(self._parser.parse_argstring(line), cell)
+            return self._run(self._parser.parse_args(_words(line)), cell)
         raw = None
         verb = (line.split() or [""])[0]
         call = line.strip().removeprefix(verb).strip()
@@ -88,13 +88,13 @@ class ClusterMagics(Magics):
             line, raw = verb, call
         elif verb in self._raw_verbs:
             line, raw = _split_command(line)
-        words = shlex.split(line)
+        words = _words(line)
         if not words or words[0] not in self._verbs:
             raise UsageError(
                 f"%cluster needs a verb: {' | '.join(self._verbs)} (use %%cluster to run a cell)"
             )
         parser, handler = self._verbs[words[0]]
-        args = parser.parse_argstring(shlex.join(words[1:]))
+        args = parser.parse_args(words[1:])
         if raw is not None:
             args.command = raw.strip()
         return handler(args)
@@ -201,6 +201,14 @@ class ClusterMagics(Magics):
             f"jupyter_mn: auto mode {args.mode}"
             + (": every cell runs on the cluster" if self._auto_on else "")
         )
+
+
+def _words(line: str) -> list[str]:
+    """The line split as a POSIX shell would; an unbalanced quote is a ``UsageError``."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise UsageError(f"%cluster: {exc} in {line!r}") from None
 
 
 def _split_command(line: str) -> tuple[str, str]:

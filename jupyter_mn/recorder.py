@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import queue
+import sqlite3
 import threading
 import time
 import weakref
@@ -146,6 +147,9 @@ class Recorder:
         self.registry = registry or Registry()
         self._queue: queue.SimpleQueue[tuple[JobRecord, Any]] = queue.SimpleQueue()
         self._records: dict[str, JobRecord] = {}
+        #: records whose last save failed (disk full): saved again on the next drain
+        self._unsaved: dict[str, JobRecord] = {}
+        self._failing = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="jupyter-mn-recorder", daemon=True)
@@ -168,7 +172,7 @@ class Recorder:
     def drain(self) -> None:
         """Apply every queued event and write what changed (any thread)."""
         with self._lock:
-            changed: dict[str, JobRecord] = {}
+            changed, self._unsaved = self._unsaved, {}
             while True:
                 try:
                     record, event = self._queue.get_nowait()
@@ -179,10 +183,13 @@ class Recorder:
                         changed[record.model.id] = record
                 except Exception:
                     log.exception("jupyter_mn: could not record %r", event)
-            for record in self._records.values():
-                record.logs.flush()
             for job_id, record in changed.items():
-                record.save()
+                try:
+                    record.save()
+                except (sqlite3.Error, OSError) as exc:
+                    self._unsaved[job_id] = record
+                    self._failed(exc)
+                    continue
                 if record.model.finished and job_id in self._records:
                     record.logs.close()
                     del self._records[job_id]
@@ -201,8 +208,18 @@ class Recorder:
                 if time.monotonic() - last_beat > HEARTBEAT_S:
                     self.registry.beat(list(records))
                     last_beat = time.monotonic()
+            except (sqlite3.Error, OSError) as exc:
+                self._failed(exc)
             except Exception:
                 log.exception("jupyter_mn: the job recorder failed (retrying)")
+            else:
+                self._failing = bool(self._unsaved)
+
+    def _failed(self, exc: BaseException) -> None:
+        """One warning while the registry cannot be written (disk full), not one per poll."""
+        if not self._failing:
+            log.warning("jupyter_mn: cannot write the job registry (%s); retrying", exc)
+        self._failing = True
 
 
 _recorder: Recorder | None = None

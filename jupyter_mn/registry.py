@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import socket
@@ -25,6 +26,7 @@ from typing import Any
 
 from .errors import JupyterMNError
 
+log = logging.getLogger(__name__)
 #: A live job whose kernel has not written a heartbeat for this long is ORPHANED.
 ORPHAN_AFTER_S = 30.0
 HEARTBEAT_S = 5.0
@@ -103,6 +105,11 @@ class JobModel:
     def finished(self) -> bool:
         return self.state in FINISHED
 
+    def node_of(self, rank: int) -> int:
+        """The node whose log file holds ``rank``'s lines (ranks fill nodes in order), so a
+        rank filter reads one node's files, not every node's."""
+        return rank // max(self.gpus, 1)
+
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -152,13 +159,10 @@ class Registry:
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = private_dir(Path(root) if root else default_root())
         self.logs_root = private_dir(self.root / "logs")
-        db = self.root / "jobs.sqlite"
-        os.close(open_private(db, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal/-shm these bits
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(db, timeout=10, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db = _connect_or_recreate(self.root / "jobs.sqlite")
+        #: ids of rows that could not be read, warned about once
+        self._unreadable: set[str] = set()
 
     def close(self) -> None:
         with self._lock:
@@ -170,10 +174,14 @@ class Registry:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # A failed COMMIT (disk full) leaves the transaction open, or SQLite has already
+                # rolled it back: either way end it, or the write lock is held for everyone.
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def log_dir(self, job_id: str) -> Path:
         return self.logs_root / job_id
@@ -229,7 +237,7 @@ class Registry:
         with self._lock:
             rows = self._db.execute("SELECT model, heartbeat FROM jobs").fetchall()
             pending = self._pending()
-        jobs = [_load(model, beat, pending) for model, beat in rows]
+        jobs = [job for row in rows if (job := self._load(*row, pending)) is not None]
         return sorted(jobs, key=lambda j: (j.finished, -j.started))
 
     def job(self, job_id: str) -> JobModel:
@@ -239,9 +247,10 @@ class Registry:
                 "SELECT model, heartbeat FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
             pending = self._pending()
-        if row is None:
+        job = None if row is None else self._load(*row, pending)
+        if job is None:
             raise JobNotFound(f"no job {job_id!r} (jupyter mn list shows the jobs)")
-        return _load(*row, pending)
+        return job
 
     def resolve(self, ref: str) -> JobModel:
         """A job by id, by name (its newest job, live ones first) or by unique id prefix."""
@@ -299,12 +308,12 @@ class Registry:
                 tuple(FINISHED),
             ).fetchall()
         dead = [
-            (job_id, model)
+            (job_id, job)
             for job_id, host, pid, beat, model in rows
             if now - beat > ORPHAN_AFTER_S or (host == HOST and not _running(pid))
+            if (job := self._load(model, beat, {})) is not None
         ]
-        for job_id, model in dead:
-            job = JobModel.from_json(json.loads(model))
+        for job_id, job in dead:
             job.state, job.ended = ORPHANED, job.ended or now
             job.detail = f"its kernel (pid {job.pid} on {job.host}) stopped without closing it"
             with self._tx() as db:
@@ -313,6 +322,20 @@ class Registry:
                     (job.state, json.dumps(job.to_json()), job_id, *FINISHED),
                 )
         return [job_id for job_id, _ in dead]
+
+    def _load(self, model: str, heartbeat: float, pending: dict[str, list[str]]) -> JobModel | None:
+        """The row's job, or None for a row no version of ``JobModel`` can read: one bad row
+        (written by hand, or by a newer jupyter_mn) must not hide every other job."""
+        try:
+            job = JobModel.from_json(json.loads(model))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            if model not in self._unreadable:
+                self._unreadable.add(model)
+                log.warning("jupyter_mn: skipping an unreadable job in the registry (%s)", exc)
+            return None
+        job.heartbeat = heartbeat
+        job.pending = pending.get(job.id, [])
+        return job
 
     def _pending(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -332,8 +355,39 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _load(model: str, heartbeat: float, pending: dict[str, list[str]]) -> JobModel:
-    job = JobModel.from_json(json.loads(model))
-    job.heartbeat = heartbeat
-    job.pending = pending.get(job.id, [])
-    return job
+def _connect_or_recreate(db: Path) -> sqlite3.Connection:
+    """Open the registry; a file SQLite calls corrupt is moved aside and a new one made, since
+    a registry only lists jobs: losing it must not stop the server extension or the CLI."""
+    try:
+        return _connect(db)
+    except sqlite3.OperationalError:
+        raise  # locked, disk I/O, full: the file may be fine, so leave it alone
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
+        aside = db.with_name(f"{db.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(f"{db}{suffix}", f"{aside}{suffix}")
+        log.warning(
+            "jupyter_mn: the job registry %s was unreadable (%s); moved it to %s and started "
+            "a new one (jobs recorded before are no longer listed)",
+            db,
+            exc,
+            aside.name,
+        )
+        return _connect(db)
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    os.close(open_private(db, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal/-shm these bits
+    conn = sqlite3.connect(db, timeout=10, check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+        (check,) = conn.execute("PRAGMA quick_check(1)").fetchone()
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {check}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -20,14 +20,16 @@ from .errors import SpecError
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
 from .names import name_problem
+from .values import is_number
 
 BACKENDS = ("local", "dask", "kubernetes")
 VIEWS = ("auto", "widget", "text")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_PREFIX = "JUPYTER_MN_"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Patterns are used with ``fullmatch``: ``$`` would let a trailing newline through.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_WORLD_SIZE = 65536
-_SCHEDULER = re.compile(r"^(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}$")
+_SCHEDULER = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}")
 
 
 def _gang(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
@@ -110,7 +112,7 @@ class ClusterSpec:
                 )
         if self.backend == "dask" and not self.scheduler:
             raise SpecError("backend 'dask' needs --scheduler ADDRESS (e.g. tls://host:8786)")
-        if self.scheduler is not None and not _SCHEDULER.match(self.scheduler):
+        if self.scheduler is not None and not _SCHEDULER.fullmatch(self.scheduler):
             raise SpecError(
                 f"--scheduler {self.scheduler!r}: expected PROTOCOL://HOST:PORT "
                 "with tcp or tls (e.g. tls://10.0.0.5:8786)"
@@ -133,16 +135,18 @@ class ClusterSpec:
             "heartbeat_timeout",
         ):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+            if value is not None and not is_number(value, low=0, strict=True):
                 raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
         problem = name_problem(self.name) if self.name is not None else None
         if problem:
             raise SpecError(f"name {reprlib.repr(self.name)} {problem}")
         for key, value in self.env:
-            if not _ENV_NAME.match(key):
+            if not _ENV_NAME.fullmatch(key):
                 raise SpecError(f"--env {key!r}: not a valid environment variable name")
             if not isinstance(value, str):
                 raise SpecError(f"--env {key}: value must be a string, got {type(value).__name__}")
+            if "\0" in value:
+                raise SpecError(f"--env {key}: a value cannot hold a NUL character")
 
     @property
     def runs_preflight(self) -> bool:
@@ -289,10 +293,10 @@ def _check_preflight(spec: ClusterSpec) -> None:
         raise SpecError(f"preflight must be true, false or unset, got {spec.preflight!r}")
     for name in ("min_shm_gb", "min_disk_gb"):
         value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if not is_number(value, low=0):
             raise SpecError(f"{name} must be a number of GiB ≥ 0, got {value!r}")
     for path in spec.check_paths:
-        if not isinstance(path, str) or not path.strip():
+        if not isinstance(path, str) or not path.strip() or "\0" in path:
             raise SpecError(f"--check-path needs a path, got {path!r}")
 
 
@@ -308,5 +312,5 @@ def _bytes(name: str, text: str) -> int:
 
     try:
         return int(parse_bytes(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # "1e400": parse_bytes gives inf
         raise SpecError(f"{name} {text!r} is not a size (e.g. 4GB, 512MiB)") from None

@@ -17,7 +17,6 @@ def test_filters_tail_and_order_across_nodes(tmp_path: Path):
     _write(w, 0, 0, "a0", "a1", t=1.0)
     _write(w, 1, 2, "b0", t=2.0)
     _write(w, 0, 1, "c0", t=3.0)
-    w.flush()
     lines, cursor = read_logs(tmp_path)
     assert [x.labelled for x in lines] == [
         "[node 0 rank 0] a0",
@@ -34,12 +33,10 @@ def test_filters_tail_and_order_across_nodes(tmp_path: Path):
 def test_follow_returns_only_new_lines_and_the_cursor_skips_filtered_ones(tmp_path: Path):
     w = JobLogWriter(tmp_path)
     _write(w, 0, 0, "old")
-    w.flush()
     _, cursor = read_logs(tmp_path, rank=1)
     assert cursor == {0: 1}
     _write(w, 0, 0, "new-from-0")
     _write(w, 0, 1, "new-from-1")
-    w.flush()
     lines, cursor = read_logs(tmp_path, rank=1, after=parse_cursor(format_cursor(cursor)))
     assert [x.text for x in lines] == ["new-from-1"]
     assert cursor == {0: 3}
@@ -64,7 +61,6 @@ def test_rotation_bounds_the_files_and_keeps_sequence_numbers(tmp_path: Path):
 def test_a_half_written_last_line_is_not_returned(tmp_path: Path):
     w = JobLogWriter(tmp_path)
     _write(w, 0, 0, "complete")
-    w.flush()
     with (tmp_path / "node-0.log").open("ab") as f:
         f.write(b"2\t1.0\t0\tout\tpart")
     lines, cursor = read_logs(tmp_path)
@@ -75,5 +71,4 @@ def test_text_with_tabs_and_markup_comes_back_verbatim(tmp_path: Path):
     w = JobLogWriter(tmp_path)
     text = "a\tb <img src=x onerror=alert(1)> é"
     _write(w, 0, 0, text)
-    w.flush()
     assert read_logs(tmp_path)[0][0].text == text

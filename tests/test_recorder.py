@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -9,9 +10,11 @@ from collections.abc import Iterator
 import psutil
 import pytest
 from polling import wait_until
+from tmpfs import small_tmpfs
 
 from jupyter_mn import Cluster
 from jupyter_mn.joblogs import read_logs
+from jupyter_mn.recorder import Recorder
 from jupyter_mn.registry import JobModel, Registry
 
 
@@ -121,3 +124,31 @@ def test_gpu_samples_and_transport_reports_reach_the_job(registry, cluster):
     assert job.nodes[1].gpu_util == 60 and job.nodes[0].gpu_util is None
     assert job.nodes[1].transport == "inter-node NET/IB/GDRDMA"
     record.logs.close()
+
+
+def test_on_a_full_log_disk_states_are_still_saved_with_one_warning(cluster, tmp_path, caplog):
+    """The log files fill a real (small) filesystem; the job's row keeps being written."""
+    caplog.set_level(logging.WARNING)
+    with small_tmpfs(tmp_path) as logs:
+        registry = Registry(tmp_path / "reg")
+        registry.logs_root = logs  # the logs live on the small disk, the database does not
+        try:
+            recorder = Recorder(registry)
+            record = recorder.track(cluster, cluster.up())
+            chatty = "for i in range(20):\n    print(i, 'x' * 20000)"
+            for _ in range(3):
+                assert cluster.run(chatty).ok
+            job = wait_until(
+                lambda: (j := registry.job(record.model.id)).cells == 3 and j, 20, "3 cells saved"
+            )
+            assert job.state == "READY"
+            cluster.release("test")
+            wait_until(lambda: registry.job(record.model.id).finished, 20, "CLOSED saved")
+        finally:
+            registry.close()
+    ours = [r for r in caplog.records if r.name.startswith("jupyter_mn")]
+    assert [r.getMessage() for r in ours if "cannot write logs" in r.getMessage()] == [
+        f"jupyter_mn: cannot write logs to {logs / record.model.id} (No space left on device); "
+        "dropping lines until it works"
+    ]
+    assert not [r for r in ours if r.exc_info]  # no traceback

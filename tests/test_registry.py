@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from jobs import make_job
+from tmpfs import fill, small_tmpfs
 
 from jupyter_mn.events import LogLines
 from jupyter_mn.joblogs import JobLogWriter
@@ -167,3 +170,76 @@ def test_two_processes_share_the_registry(registry: Registry):
     )
     assert out.stdout.strip() == "jmn-here"
     assert registry.job("jmn-here").pending == ["cancel"]
+
+
+# ---- faults: a full disk, a corrupt file, a bad row
+@pytest.mark.parametrize(
+    "size",
+    [200_000, 3_000_000],
+    ids=["fails-at-commit", "fails-mid-statement"],  # the second spills SQLite's page cache
+)
+def test_a_write_that_fails_on_a_full_disk_says_so_and_releases_the_lock(tmp_path: Path, size):
+    with small_tmpfs(tmp_path) as disk:
+        registry = Registry(disk / "reg")
+        try:
+            registry.save(make_job("jmn-before"))
+            filler = fill(disk)
+            with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+                registry.save(make_job("jmn-big", detail="x" * size))
+            other = sqlite3.connect(registry.root / "jobs.sqlite", timeout=0.5)
+            other.execute("BEGIN IMMEDIATE")  # "database is locked" if the failed one held on
+            other.execute("ROLLBACK")
+            other.close()
+            filler.unlink()
+            registry.save(make_job("jmn-after"))
+            assert {j.id for j in registry.jobs()} == {"jmn-before", "jmn-after"}
+        finally:
+            registry.close()
+
+
+def test_a_corrupt_file_is_moved_aside_and_a_new_registry_made(tmp_path: Path, caplog):
+    root = tmp_path / "reg"
+    old = Registry(root)
+    old.save(make_job("jmn-lost"))
+    old.close()
+    (root / "jobs.sqlite").write_bytes(b"this is not a database " * 200)
+    registry = Registry(root)
+    try:
+        (aside,) = root.glob("jobs.sqlite.corrupt-*")
+        assert aside.read_bytes().startswith(b"this is not a database")
+        assert f"moved it to {aside.name} and started a new one" in caplog.text
+        assert registry.jobs() == []
+        registry.save(make_job("jmn-new"))
+        assert [j.id for j in registry.jobs()] == ["jmn-new"]
+    finally:
+        registry.close()
+
+
+def test_the_cli_lists_from_a_new_registry_and_says_why(tmp_path: Path):
+    root = tmp_path / "jupyter-mn"
+    Registry(root).close()
+    (root / "jobs.sqlite").write_bytes(os.urandom(8192))
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jupyter_mn.cli", "list"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("no jobs")
+    assert "was unreadable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_one_unreadable_row_does_not_hide_the_others(registry: Registry, caplog):
+    registry.save(make_job("jmn-good"))
+    with sqlite3.connect(registry.root / "jobs.sqlite") as db:
+        db.execute(
+            "INSERT INTO jobs VALUES ('jmn-bad', 'READY', 'h', 1, ?, '{not json')", (time.time(),)
+        )
+        db.execute(
+            "INSERT INTO jobs VALUES ('jmn-odd', 'READY', 'h', 1, ?, '[1, 2]')", (time.time(),)
+        )
+    assert [j.id for j in registry.jobs()] == ["jmn-good"]
+    assert [j.id for j in registry.jobs()] == ["jmn-good"]
+    with pytest.raises(JobNotFound):
+        registry.job("jmn-bad")
+    warnings = [r for r in caplog.records if "unreadable job" in r.getMessage()]
+    assert len(warnings) == 2  # once per bad row, not once per listing

@@ -29,6 +29,15 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"nodes": 2, "gpus": 2, "ranks": "0,4"}, "--ranks 4: a 2×2 gang has ranks 0–3"),
         ({"ranks": "0,x"}, "--ranks '0,x': expected rank numbers, e.g. 0,3"),
         ({"ranks": (-1,)}, "ranks must be ≥ 0, got -1"),
+        ({"timeout": float("nan")}, "timeout must be a positive number"),
+        ({"idle_timeout": float("inf")}, "idle_timeout must be a positive number"),
+        ({"min_disk_gb": float("nan")}, "min_disk_gb must be a number of GiB"),
+        ({"memory_limit": "1e400"}, "memory_limit '1e400' is not a size"),
+        ({"name": "train\n"}, "name 'train\\n' contains control characters"),
+        ({"backend": "dask", "scheduler": "tcp://h:1\n"}, "expected PROTOCOL://HOST:PORT"),
+        ({"env": (("A", "x\0"),)}, "cannot hold a NUL"),
+        ({"kubernetes": {"namespace": "ns\n"}}, "--namespace 'ns.n' is not a valid"),
+        ({"kubernetes": {"schedule_timeout": float("nan")}}, "--schedule-timeout must be"),
     ],
 )
 def test_bad_values_raise_a_short_spec_error(kwargs, message):

@@ -4,6 +4,10 @@ Every handler requires Jupyter authentication and authorization (resource ``jupy
 are "read", POST and DELETE are "write"); POST and DELETE also need the XSRF token or a token
 header, as every Jupyter API does. Cancel and release become rows the owning kernel polls; the
 handler waits briefly for the kernel's answer so the panel can say what happened.
+
+SQLite and the log files are read on the event loop's thread pool, never on the loop itself: the
+log viewer polls every second, and one slow read (a busy disk, a large file) must not stall the
+rest of the Jupyter server.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ import asyncio
 import json
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
+from tornado.ioloop import IOLoop
 
 from ..joblogs import format_cursor, parse_cursor, read_logs
 from ..registry import JobModel, JobNotFound, Registry, RegistryError
@@ -25,6 +31,7 @@ from ..registry import JobModel, JobNotFound, Registry, RegistryError
 #: How long a cancel/release POST waits for the kernel's answer before replying 202.
 ANSWER_WAIT_S = 3.0
 MAX_TAIL = 5000
+T = TypeVar("T")
 
 
 class _JobAPI(APIHandler):
@@ -42,9 +49,13 @@ class _JobAPI(APIHandler):
                 job.link = os.path.relpath(path, self.root_dir).replace(os.sep, "/")
         return job.to_json()
 
-    def _job(self, job_id: str) -> JobModel:
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the loop's thread pool (it reads SQLite or files)."""
+        return await IOLoop.current().run_in_executor(None, fn, *args)
+
+    async def _job(self, job_id: str) -> JobModel:
         try:
-            return self.registry.job(job_id)
+            return await self._off_loop(self.registry.job, job_id)
         except JobNotFound as exc:
             raise web.HTTPError(404, str(exc)) from None
 
@@ -64,24 +75,24 @@ class _JobAPI(APIHandler):
 class JobsHandler(_JobAPI):
     @web.authenticated
     @authorized
-    def get(self) -> None:
-        jobs = [self._model(job) for job in self.registry.jobs()]
+    async def get(self) -> None:
+        jobs = await self._off_loop(lambda: [self._model(job) for job in self.registry.jobs()])
         self.finish(json.dumps({"jobs": jobs, "now": time.time()}))
 
 
 class JobHandler(_JobAPI):
     @web.authenticated
     @authorized
-    def get(self, job_id: str) -> None:
-        self.finish(json.dumps(self._model(self._job(job_id))))
+    async def get(self, job_id: str) -> None:
+        self.finish(json.dumps(self._model(await self._job(job_id))))
 
     @web.authenticated
     @authorized
-    def delete(self, job_id: str) -> None:
+    async def delete(self, job_id: str) -> None:
         """Forget a finished job and its logs."""
-        self._job(job_id)
+        await self._job(job_id)
         try:
-            self.registry.forget(job_id)
+            await self._off_loop(self.registry.forget, job_id)
         except RegistryError as exc:
             raise web.HTTPError(409, str(exc)) from None
         self.set_status(204)
@@ -91,19 +102,23 @@ class JobHandler(_JobAPI):
 class LogsHandler(_JobAPI):
     @web.authenticated
     @authorized
-    def get(self, job_id: str) -> None:
+    async def get(self, job_id: str) -> None:
         """``?node=&rank=&tail=&after=``: the newest lines; ``after`` is the last reply's cursor."""
-        job = self._job(job_id)
+        job = await self._job(job_id)
         try:
             after = parse_cursor(self.get_query_argument("after", ""))
         except ValueError:
             raise web.HTTPError(400, "after must look like 0:12,1:40") from None
-        lines, cursor = read_logs(
-            self.registry.log_dir(job.id),
-            node=self._int("node", None),
-            rank=self._int("rank", None),
-            tail=self._int("tail", 500, high=MAX_TAIL) or 0,
-            after=after,
+        node, rank = self._int("node", None), self._int("rank", None)
+        tail = self._int("tail", 500, high=MAX_TAIL) or 0
+        lines, cursor = await self._off_loop(
+            lambda: read_logs(
+                self.registry.log_dir(job.id),
+                node=job.node_of(rank) if node is None and rank is not None else node,
+                rank=rank,
+                tail=tail,
+                after=after,
+            )
         )
         self.finish(
             json.dumps(
@@ -121,16 +136,16 @@ class ActionHandler(_JobAPI):
     @authorized
     async def post(self, job_id: str, action: str) -> None:
         """Ask the job's kernel to cancel its running cell or release its gang."""
-        job = self._job(job_id)
+        job = await self._job(job_id)
         try:
-            request = self.registry.request(job.id, action, "panel")
+            request = await self._off_loop(self.registry.request, job.id, action, "panel")
         except RegistryError as exc:
             raise web.HTTPError(409, str(exc)) from None
         deadline = time.monotonic() + ANSWER_WAIT_S
-        outcome = self.registry.outcome(request)
+        outcome = await self._off_loop(self.registry.outcome, request)
         while outcome is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            outcome = self.registry.outcome(request)
+            outcome = await self._off_loop(self.registry.outcome, request)
         self.set_status(200 if outcome else 202)
         self.finish(json.dumps({"request": request, "outcome": outcome}))
 

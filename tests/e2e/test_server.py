@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.cookiejar
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +17,7 @@ from jobs import make_job
 
 from jupyter_mn.events import LogLines
 from jupyter_mn.joblogs import JobLogWriter
-from jupyter_mn.registry import JobModel, Registry
+from jupyter_mn.registry import JobModel, NodeModel, Registry
 
 API = "/jupyter-mn/api/jobs"
 HERE = Path(__file__).resolve().parent
@@ -24,10 +25,14 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def jobs(lab) -> dict[str, JobModel]:
-    """A live job (no kernel answers it) and a finished one with logs, in the real registry."""
+    """A live job (no kernel answers it) and a finished one with logs, in the real registry;
+    both 1×2, so ranks 0 and 1 write node 0's file."""
     registry = Registry()
-    live = make_job("srv-live", notebook=str(lab.root / "sub" / "train.ipynb"))
-    done = make_job("srv-done", state="CLOSED", ended=time.time(), notebook="/elsewhere/x.ipynb")
+    one_node = {"gpus": 2, "shape": "1×2", "nodes": [NodeModel(0, ranks=["ready", "ready"])]}
+    live = make_job("srv-live", notebook=str(lab.root / "sub" / "train.ipynb"), **one_node)
+    done = make_job(
+        "srv-done", state="CLOSED", ended=time.time(), notebook="/elsewhere/x.ipynb", **one_node
+    )
     for job in (live, done):
         registry.save(job)
         writer = JobLogWriter(registry.log_dir(job.id))
@@ -154,3 +159,43 @@ def test_an_authorizer_that_denies_jupyter_mn_gets_403(tmp_path, monkeypatch, jo
         assert _status(server, "/api/status") == 200  # the user is logged in
         for method, path in ENDPOINTS:
             assert _status(server, path, method) == 403, (method, path)
+
+
+def test_a_slow_log_read_does_not_delay_another_request(lab, jobs):
+    """A log file that blocks its reader (a FIFO nobody writes yet) must not stall the loop."""
+    registry = Registry()
+    registry.save(make_job("srv-slow"))
+    fifo = registry.log_dir("srv-slow") / "node-0.log"
+    fifo.parent.mkdir(mode=0o700)
+    os.mkfifo(fifo, 0o600)
+    slow = threading.Thread(target=_status, args=(lab, f"{API}/srv-slow/logs"), daemon=True)
+    try:
+        slow.start()
+        window = time.monotonic() + 3  # the log read blocks early in it; every request answers
+        while time.monotonic() < window:
+            started = time.monotonic()
+            assert "srv-slow" in {j["id"] for j in lab.api(API)["jobs"]}
+            assert time.monotonic() - started < 2
+        assert slow.is_alive()  # the log read is still blocked
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY))  # the reader gets EOF and the request ends
+        slow.join(20)
+        registry.close()
+    assert not slow.is_alive()
+
+
+def test_a_rank_filter_reads_only_that_ranks_node(lab, jobs):
+    """Node 0's file is a FIFO that would block any reader: rank 1 lives on node 1."""
+    registry = Registry()
+    registry.save(make_job("srv-rank"))
+    writer = JobLogWriter(registry.log_dir("srv-rank"))
+    writer.write(LogLines(1, 1, ((1, "out", ("from rank one",)),)))
+    writer.close()
+    fifo = registry.log_dir("srv-rank") / "node-0.log"
+    os.mkfifo(fifo, 0o600)
+    registry.close()
+    try:
+        page = lab.api(f"{API}/srv-rank/logs?rank=1")
+    finally:
+        fifo.unlink()
+    assert [x["text"] for x in page["lines"]] == ["from rank one"]

@@ -1,0 +1,130 @@
+"""The ``%%cluster`` / ``%cluster`` line through IPython's own magic machinery: any line is a
+spec, a short ``UsageError`` or a short ``SpecError``, never a traceback. Nothing is launched:
+cell lines carry ``--dry-run --k8s-version``, and verb lines use verbs that start no gang."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_mn import cluster
+from jupyter_mn.errors import SpecError
+
+DRY = "--dry-run --k8s-version 1.30 "
+FLAGS = [
+    "--nodes", "--gpus", "--backend", "--scheduler", "--env", "--name", "--timeout",
+    "--retries", "--seed", "--idle-timeout", "--start-timeout", "--max-runtime",
+    "--memory-limit", "--rdma", "--require-rdma", "--debug", "--view", "--same-host",
+    "--preflight", "--no-preflight", "--check-path", "--min-shm-gb", "--min-disk-gb",
+    "--image", "--namespace", "--gang", "--queue", "--node-selector", "--toleration",
+    "--volume", "--cpu", "--memory", "--shm-size", "--schedule-timeout", "--lifetime",
+    "--dask-port", "--all", "--pull", "--push", "--rdma-networks", "--gpu-resource",
+]  # fmt: skip
+VALUES = [
+    "2", "0", "-1", "1e400", "nan", "inf", "-inf", "NaN", "1.5", "99999999999999999999",
+    "kubernetes", "local", "dask", "img:1", "tcp://h:1", "tcp://h:1\n", "a\n", "x=1",
+    "A=1\n", "8GB", "1e400GB", "'", '"', "\\", "a b", "--", "-", "=", "/data", "",
+]  # fmt: skip
+TOKEN = st.one_of(st.sampled_from(FLAGS), st.sampled_from(VALUES), st.text(max_size=12))
+LINE = st.one_of(
+    st.lists(TOKEN, max_size=8).map(" ".join),
+    st.text(max_size=60),
+)
+FUZZ = settings(
+    max_examples=150,
+    deadline=2000,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("jupyter_mn")
+    yield ip
+    cluster.shutdown()
+    InteractiveShell.clear_instance()
+
+
+def _short(exc: BaseException) -> None:
+    """What the notebook shows for a usage or spec error: a short message, no traceback (the
+    user's own text may hold a line break)."""
+    assert isinstance(exc, (UsageError, SpecError)), f"{type(exc).__name__}: {exc}"
+    assert len(str(exc)) < 400, str(exc)
+
+
+@pytest.mark.parametrize(
+    ("line", "cell"),
+    [
+        ('--name "train', "1"),
+        ("--env 'A=1", "1"),
+        ("--name x\\", "1"),
+        ('status "', None),
+        ('up --name "train', None),
+        ('exec --node "1 -- ls', None),
+    ],
+)
+def test_an_unbalanced_quote_is_a_usage_error(shell, line, cell):
+    with pytest.raises(UsageError, match=r"No closing quotation|No escaped character") as info:
+        if cell is None:
+            shell.run_line_magic("cluster", line)
+        else:
+            shell.run_cell_magic("cluster", line, cell)
+    _short(info.value)
+    assert cluster.current() is None  # nothing was started
+
+
+def test_quoted_values_lose_their_quotes_as_in_a_shell(shell):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        shell.run_cell_magic(
+            "cluster", DRY + "--backend kubernetes --image img:1 --env 'A=x y'", "1"
+        )
+    assert "value: x y" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--memory-limit 1e400", "memory_limit '1e400' is not a size"),
+        ("--timeout nan", "timeout must be a positive number"),
+        ("--max-runtime inf", "max_runtime must be a positive number"),
+        ("--min-shm-gb nan", "min_shm_gb must be a number of GiB"),
+        ("--schedule-timeout inf", "--schedule-timeout must be positive"),
+        ("--name 'train\n'", "name 'train\\\\n' must be lowercase"),
+        ("--env 'A\n=1'", "not a valid environment variable name"),
+    ],
+)
+def test_overflow_nan_infinity_and_a_trailing_newline_are_spec_errors(shell, flags, message):
+    with pytest.raises(SpecError, match=message) as info:
+        shell.run_cell_magic("cluster", DRY + flags, "1")
+    _short(info.value)
+
+
+@FUZZ
+@given(line=LINE)
+def test_any_cell_line_is_a_spec_or_a_short_error(shell, line):
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            shell.run_cell_magic("cluster", DRY + line, "1")
+        except Exception as exc:
+            _short(exc)
+    assert cluster.current() is None
+
+
+@FUZZ
+@given(verb=st.sampled_from(["status", "config", "stacks", "auto", "down", "nope", ""]), line=LINE)
+def test_any_verb_line_is_done_or_a_short_error(shell, verb, line):
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            shell.run_line_magic("cluster", f"{verb} {line}")
+        except Exception as exc:
+            _short(exc)
+    assert cluster.current() is None
