@@ -98,7 +98,7 @@ def test_quoted_values_lose_their_quotes_as_in_a_shell(shell):
         ("--max-runtime inf", "max_runtime must be a positive number"),
         ("--min-shm-gb nan", "min_shm_gb must be a number of GiB"),
         ("--schedule-timeout inf", "--schedule-timeout must be positive"),
-        ("--name 'train\n'", "name 'train\\\\n' must be lowercase"),
+        ("--name 'train\n'", "name 'train\\\\n' contains control characters"),
         ("--env 'A\n=1'", "not a valid environment variable name"),
     ],
 )

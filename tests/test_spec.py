@@ -33,7 +33,7 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"idle_timeout": float("inf")}, "idle_timeout must be a positive number"),
         ({"min_disk_gb": float("nan")}, "min_disk_gb must be a number of GiB"),
         ({"memory_limit": "1e400"}, "memory_limit '1e400' is not a size"),
-        ({"name": "train\n"}, "name 'train\\n' contains control characters"),
+        ({"name": "train\n"}, "name 'train.n' contains control characters"),
         ({"backend": "dask", "scheduler": "tcp://h:1\n"}, "expected PROTOCOL://HOST:PORT"),
         ({"env": (("A", "x\0"),)}, "cannot hold a NUL"),
         ({"kubernetes": {"namespace": "ns\n"}}, "--namespace 'ns.n' is not a valid"),
