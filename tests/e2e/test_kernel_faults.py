@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
-from jupyter_mn.rank.watchdog import HEARTBEAT_S
+from jupyter_mn.node.watchdog import HEARTBEAT_S
 from nbclient import NotebookClient
 from procs import ours, running, wait_gone
 
