@@ -11,10 +11,10 @@ from pathlib import Path
 
 import nbformat
 import psutil
-from jupyter_mn.node.watchdog import HEARTBEAT_S
 from nbclient import NotebookClient
 from procs import ours, running, wait_gone
 
+from jupyter_mn.node.watchdog import HEARTBEAT_S
 from kernels import Kernel
 
 SHM = Path("/dev/shm")
