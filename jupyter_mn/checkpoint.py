@@ -202,6 +202,10 @@ def load(
         if key not in manifest["keys"]:
             raise CheckpointError(f"{path} has no {key!r} (it has {', '.join(manifest['keys'])})")
     tensors, _ = _split({k: v for k, v in state.items() if k not in manifest["values"]})
+    for obj in tensors.values():
+        if hasattr(obj, "param_groups") and not obj.state:
+            # DCP creates a fresh optimizer's state (to load into) only if no gradient is set
+            obj.zero_grad(set_to_none=True)
     flat: dict[str, Any] = {**_get(tensors), **dict.fromkeys(manifest["values"])}
     group = _group()
     dcp.load(flat, checkpoint_id=str(path), process_group=group, no_dist=not group)
