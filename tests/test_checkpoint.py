@@ -231,7 +231,7 @@ def full(net, opt):
     model, optim = get_state_dict(net, opt, options=StateDictOptions(full_state_dict=True))
     flat = {f"model.{k}": v for k, v in model.items()}
     flat.update({f"opt.{p}.{n}": v for p, s in optim["state"].items() for n, v in s.items()})
-    return flat
+    return {k: v.clone() for k, v in flat.items()}  # not the live tensors, which train on
 
 def draws():
     return random.random(), float(numpy.random.rand()), torch.rand(1).item()
