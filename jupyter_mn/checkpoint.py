@@ -12,6 +12,10 @@ Use them inside ``%%cluster`` cells (or any torch.distributed program)::
             checkpoint.save({"model": model, "opt": opt}, "ckpt", step + 1, async_=True)
     checkpoint.wait()
 
+With ``%%cluster --retries 1`` such a cell finishes after a rank is killed: the retry resumes
+from the last complete checkpoint. For bit-identical results after a resume, prime a freshly
+wrapped DDP model with ``prime_ddp`` before the first step.
+
 Why DCP rather than one ``torch.save`` per rank: a DDP model's replicated tensors are written
 once, not once per rank; FSDP2/DTensor shards are saved as shards; and a checkpoint loads at
 another world size (DCP reshards), so a gang re-formed on fewer nodes resumes. Models and
@@ -28,10 +32,11 @@ Layout of ``save(state, "ckpt", 120)`` on 4 ranks::
 
 Rank 0 writes ``COMPLETE`` only after DCP's ``save`` returned there, which is after every rank's
 write finished and DCP wrote ``.metadata``; a checkpoint without it (a rank died while writing)
-is ignored by ``latest``. With ``async_=True`` the tensors are copied to memory and written by a
-background thread while training goes on; ``wait()`` (or the next ``save``) waits for it. The
-RNG files (Python, NumPy, torch CPU and CUDA) let a resumed run draw the same random numbers as
-an uninterrupted one; at another world size a rank restores its own if the checkpoint has it.
+is ignored by ``latest``. With ``async_=True`` the state is copied to memory and written by
+DCP's background thread while training goes on, on a gloo group of its own; ``wait()`` (or the
+next ``save``, ``latest``, ``load``) waits for it. The RNG files (Python, NumPy, torch CPU and
+CUDA) let a resumed run draw the same random numbers as an uninterrupted one; at another world
+size a rank restores its own if the checkpoint has it, and rank 0 warns whose were not.
 
 Paths may be fsspec URLs (``s3://…``) as well as local paths (a shared volume, a PVC): DCP
 picks its fsspec writer for them. Checkpoints of the first format (one ``torch.save`` per rank,
@@ -88,6 +93,8 @@ def save(
         raise CheckpointError(f"step must be a non-negative integer, got {step!r}")
     if keep is not None and (not isinstance(keep, int) or keep < 1):
         raise CheckpointError(f"keep must be a positive integer, got {keep!r}")
+    tensors, values = _split(state)
+    flat = {**_get(tensors), **{k: io.BytesIO(_pickle(v)) for k, v in values.items()}}
     wait()
     rank, world = _place()
     fs, root = _fs(directory)
@@ -96,11 +103,9 @@ def save(
         if fs.exists(path):  # rewriting a step: it is incomplete until done
             fs.rm(path, recursive=True)
         fs.makedirs(path, exist_ok=True)
-    group = _group()
+    group = _process.group()
     _barrier(group)
     _write(fs, f"{path}/{_rng_file(rank)}", _pickle(_rng_state()))
-    tensors, values = _split(state)
-    flat = {**_get(tensors), **{k: io.BytesIO(_pickle(v)) for k, v in values.items()}}
     manifest = {
         "format": FORMAT,
         "step": step,
@@ -109,7 +114,7 @@ def save(
         "values": sorted(values),
     }
 
-    def finish(_: object = None) -> Location:
+    def finish() -> Location:
         if rank == 0:
             _write(fs, f"{path}/{MANIFEST}", json.dumps({**manifest, "created": time.time()}))
             _write(fs, f"{path}/{MARKER}", "ok\n")
@@ -121,12 +126,12 @@ def save(
 
     checkpoint_id = _location(directory, path)
     if not async_:
-        dcp.save(flat, checkpoint_id=str(checkpoint_id), process_group=group, no_dist=not group)
+        dcp.save(flat, checkpoint_id=str(checkpoint_id), process_group=group, no_dist=group is None)
         return finish()
     written = dcp.async_save(
-        flat, checkpoint_id=str(checkpoint_id), process_group=group, no_dist=not group
+        flat, checkpoint_id=str(checkpoint_id), process_group=group, no_dist=group is None
     )
-    _Pending.start(written, finish)
+    _process.start(written, finish)
     return checkpoint_id
 
 
@@ -137,13 +142,13 @@ def wait() -> Location | None:
     Raises ``CheckpointError`` if it failed (e.g. a rank was lost while writing). Not a
     collective: the background threads of all ranks finish it together.
     """
-    return _Pending.wait(raise_failure=True)
+    return _process.wait(raise_failure=True)
 
 
 def complete(directory: str | os.PathLike[str]) -> list[Location]:
     """The complete checkpoints under ``directory``, oldest first (after this rank's
     asynchronous save, if one is under way, is finished)."""
-    _Pending.wait(raise_failure=False)
+    _process.wait(raise_failure=False)
     return _complete(directory)
 
 
@@ -186,7 +191,7 @@ def load(
     """
     import torch.distributed.checkpoint as dcp
 
-    _Pending.wait(raise_failure=False)
+    _process.wait(raise_failure=False)
     fs, where = _fs(path)
     if not fs.isfile(f"{where}/{MARKER}"):
         raise CheckpointError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
@@ -207,8 +212,8 @@ def load(
             # DCP creates a fresh optimizer's state (to load into) only if no gradient is set
             obj.zero_grad(set_to_none=True)
     flat: dict[str, Any] = {**_get(tensors), **dict.fromkeys(manifest["values"])}
-    group = _group()
-    dcp.load(flat, checkpoint_id=str(path), process_group=group, no_dist=not group)
+    group = _process.group()
+    dcp.load(flat, checkpoint_id=str(path), process_group=group, no_dist=group is None)
     _set(tensors, flat)
     values = {k: _unpickle(flat[k].getvalue()) for k in manifest["values"]}  # a BytesIO each
     for key, target in state.items():
@@ -248,37 +253,63 @@ def prime_ddp(model: Any, *inputs: Any, **kwargs: Any) -> None:
     model.zero_grad(set_to_none=True)
 
 
-class _Pending:
-    """This process's asynchronous save under way: at most one, owned by one process group.
+class _Process:
+    """This process's checkpoint machinery: its gloo group and its asynchronous save under way.
 
-    A save started under a process group that has since been re-formed (the gang recovered from
-    a lost rank) failed with that group; it is dropped rather than raised in the next cell.
+    Both belong to one default process group. When the gang re-forms it (after a lost rank), the
+    group is built anew, and a save started under the old one (which failed with it) is dropped
+    rather than raised in the next cell.
     """
 
-    _future: Future[Location] | None = None
-    _world: Callable[[], Any] | None = None
-    _finisher: ThreadPoolExecutor | None = None
+    def __init__(self) -> None:
+        self._world: Callable[[], Any] = lambda: None
+        self._group: Any = None
+        self._pending: Future[Location] | None = None
+        self._pending_world: Callable[[], Any] = lambda: None
+        self._finisher: ThreadPoolExecutor | None = None
 
-    @classmethod
-    def start(cls, written: Future[Any], finish: Callable[[Any], Location]) -> None:
-        if cls._finisher is None:
-            cls._finisher = ThreadPoolExecutor(1, thread_name_prefix="jupyter_mn-checkpoint")
-        cls._future = cls._finisher.submit(lambda: finish(written.result()))
+    def group(self) -> Any:
+        """A gloo group of all ranks, built on first use (a collective, as ``save`` is).
+
+        Its own group, so an asynchronous save's collectives never interleave with the training
+        step's on the default group; gloo, because DCP's async save needs a CPU backend.
+        """
+        import torch.distributed as dist
+
         world = _world()
-        cls._world = (lambda: None) if world is None else weakref.ref(world)
+        if world is None:
+            return None
+        if self._world() is not world:
+            self._group = dist.new_group(backend="gloo")
+            self._world = weakref.ref(world)
+        return self._group
 
-    @classmethod
-    def wait(cls, raise_failure: bool) -> Location | None:
-        future, world = cls._future, cls._world
-        cls._future = cls._world = None
-        if future is None or world is None or world() is not _world():
+    def start(self, written: Future[Any], finish: Callable[[], Location]) -> None:
+        """Finish (``COMPLETE``, a barrier) in a thread of ours once DCP's write is done."""
+
+        def complete() -> Location:
+            written.result()
+            return finish()
+
+        if self._finisher is None:
+            self._finisher = ThreadPoolExecutor(1, thread_name_prefix="jupyter_mn-checkpoint")
+        self._pending = self._finisher.submit(complete)
+        self._pending_world = self._world
+
+    def wait(self, raise_failure: bool) -> Location | None:
+        pending, world = self._pending, self._pending_world
+        self._pending, self._pending_world = None, lambda: None
+        if pending is None or world() is not _world():
             return None
         try:
-            return future.result()
+            return pending.result()
         except Exception as e:
             if raise_failure:
                 raise CheckpointError(f"the asynchronous checkpoint save failed: {e}") from e
             return None
+
+
+_process = _Process()
 
 
 # ---- state dicts: models and optimizers through DCP's state_dict API, the rest pickled
@@ -400,26 +431,6 @@ def _world() -> Any:
     import torch.distributed as dist
 
     return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-
-
-_groups: dict[str, Any] = {}
-
-
-def _group() -> Any:
-    """A gloo group of all ranks for checkpoints, one per default group (built on first use).
-
-    Its own group, so an asynchronous save's collectives never interleave with the training
-    step's on the default group; gloo, because DCP's async save needs a CPU backend.
-    """
-    import torch.distributed as dist
-
-    world = _world()
-    if world is None:
-        return None
-    old = _groups.get("world")
-    if old is None or old() is not world:
-        _groups.update(world=weakref.ref(world), group=dist.new_group(backend="gloo"))
-    return _groups["group"]
 
 
 def _barrier(group: Any) -> None:

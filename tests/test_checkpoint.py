@@ -366,4 +366,4 @@ def test_a_2x2_checkpoint_resumes_on_another_world_size(
         note = (
             f"checkpoint of 4 ranks loaded on {nodes * gpus}: RNG states of rank(s) {unused} unused"
         )
-        assert notes == (["checkpoint " + note] * 2 if rank == 0 else [])
+        assert notes == ([note] * 2 if rank == 0 else [])
