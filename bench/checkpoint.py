@@ -10,9 +10,10 @@ Side by side in one run, medians of ``--reps`` rounds, each round measuring ever
 - *DCP*: ``checkpoint.save`` (replicated tensors written once, spread over the ranks).
 - *DCP async*: ``checkpoint.save(..., async_=True)``; "save time" is until ``COMPLETE``.
 
-"blocked in save()" is how long the training loop waited in the call; "training stall" is what
-the checkpoint cost a loop of ``--steps`` DDP steps (saving after the first, ``wait()`` at the
-end) over the same loop without one, i.e. blocking plus the write thread's competition for CPU.
+"step stall" is how long the training step waited in ``save()``; "next step" is the DDP step
+after it (for async: while the write goes on) against the step before it. On a shared CPU box a
+step (a 100 MB all-reduce over gloo) varies by a second or more from one to the next, so compare
+the stall, not the loop.
 """
 
 from __future__ import annotations
@@ -62,28 +63,27 @@ def save_0_1(directory, n):
 def written(directory):
     return sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file()) / 1e6
 
-def measure(kind, directory, steps):
-    '''(MB written, s until COMPLETE, s blocked in save(), s of a loop of steps with it)'''
+def measure(kind, directory):
+    '''(MB written, s until COMPLETE, s blocked in save(), s of the step before, of the next)'''
     state = {"model": model, "opt": opt}
     save = {
         "0.1 format": lambda: save_0_1(directory, 1),
         "DCP": lambda: checkpoint.save(state, directory, 1),
         "DCP async": lambda: checkpoint.save(state, directory, 1, async_=True),
-    }.get(kind)
+    }[kind]
     dist.barrier()
-    started = time.perf_counter()
-    blocked = 0.0
-    for i in range(steps):
-        step()
-        if i == 0 and save is not None:
-            t = time.perf_counter()
-            save()
-            blocked = time.perf_counter() - t
+    t = time.perf_counter()
+    step()
+    before = time.perf_counter() - t
+    t = time.perf_counter()
+    save()
+    blocked = time.perf_counter() - t
+    t = time.perf_counter()
+    step()
+    after = time.perf_counter() - t
     checkpoint.wait()
-    loop = time.perf_counter() - started
     dist.barrier()
-    size = written(directory) if save is not None else 0.0
-    done = blocked
+    size, done = written(directory), blocked
     if kind == "DCP async":  # again, waited for at once: the time until COMPLETE
         t = time.perf_counter()
         save()
@@ -92,7 +92,7 @@ def measure(kind, directory, steps):
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(directory, ignore_errors=True)
-    return size, done, blocked, loop
+    return size, done, blocked, before, after
 """
 
 KINDS = ("0.1 format", "DCP", "DCP async")
@@ -101,45 +101,37 @@ KINDS = ("0.1 format", "DCP", "DCP async")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="rounds (median)")
-    parser.add_argument("--steps", type=int, default=8, help="DDP steps per measured loop")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    runs: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in ("none", *KINDS)}
+    runs: dict[str, list[tuple[float, ...]]] = {k: [] for k in KINDS}
     with (
         tempfile.TemporaryDirectory(prefix="jmn-bench-ckpt-") as root,
         Cluster(nodes=2, gpus=2) as c,
     ):
         size = c.run(SETUP + "MB").unwrap()
-        c.run(f"measure('DCP', '{root}/warm', 2)").unwrap()  # DDP buckets, checkpoint group
+        c.run(f"measure('DCP', '{root}/warm')").unwrap()  # DDP buckets, checkpoint group
         for rep in range(args.reps):
-            for kind in ("none", *KINDS):
+            for kind in KINDS:
                 where = f"{root}/{rep}-{kind.replace(' ', '-')}"
-                code = f"measure({kind!r}, {where!r}, {args.steps})"
-                runs[kind].append(c.run(code).unwrap())
+                runs[kind].append(c.run(f"measure({kind!r}, {where!r})").unwrap())
             print(f"  round {rep + 1}/{args.reps} done", file=sys.stderr)
 
-    def med(kind: str, i: int) -> float:
-        return statistics.median(r[i] for r in runs[kind])
-
-    base = med("none", 3)
     print(
         f"\ncheckpoint of a {size:.1f} MB DDP model (SGD) on a 2×2 local gang (CPU, gloo), "
-        f"{args.reps} rounds, medians, load {load:.1f}; a loop of {args.steps} steps without a "
-        f"checkpoint: {base:.2f} s"
+        f"{args.reps} rounds, medians, load {load:.1f}"
     )
     head = (
-        f"{'':12} {'MB written':>11} {'save time':>10} {'blocked in save()':>18} "
-        f"{'training stall':>15}"
+        f"{'':12} {'MB written':>11} {'save time':>10} {'step stall':>11} "
+        f"{'step before':>12} {'next step':>10}"
     )
     print(head)
     print("-" * len(head))
     for kind in KINDS:
-        stall = statistics.median(
-            r[3] - n[3] for r, n in zip(runs[kind], runs["none"], strict=True)
+        size, done, blocked, before, after = (
+            statistics.median(r[i] for r in runs[kind]) for i in range(5)
         )
         print(
-            f"{kind:12} {med(kind, 0):11.1f} {med(kind, 1):8.2f} s {med(kind, 2):16.2f} s "
-            f"{stall:13.2f} s"
+            f"{kind:12} {size:11.1f} {done:8.2f} s {blocked:9.2f} s {before:10.2f} s {after:8.2f} s"
         )
 
 
