@@ -126,11 +126,9 @@ def save(
 
     checkpoint_id = _location(directory, path)
     if not async_:
-        dcp.save(flat, checkpoint_id=str(checkpoint_id), process_group=group, no_dist=group is None)
+        dcp.save(flat, checkpoint_id=str(checkpoint_id), process_group=group)
         return finish()
-    written = dcp.async_save(
-        flat, checkpoint_id=str(checkpoint_id), process_group=group, no_dist=group is None
-    )
+    written = dcp.async_save(flat, checkpoint_id=str(checkpoint_id), process_group=group)
     _process.start(written, finish)
     return checkpoint_id
 
@@ -213,7 +211,7 @@ def load(
             obj.zero_grad(set_to_none=True)
     flat: dict[str, Any] = {**_get(tensors), **dict.fromkeys(manifest["values"])}
     group = _process.group()
-    dcp.load(flat, checkpoint_id=str(path), process_group=group, no_dist=group is None)
+    dcp.load(flat, checkpoint_id=str(path), process_group=group)
     _set(tensors, flat)
     values = {k: _unpickle(flat[k].getvalue()) for k in manifest["values"]}  # a BytesIO each
     for key, target in state.items():
