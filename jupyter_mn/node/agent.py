@@ -25,6 +25,7 @@ from ..errors import RendezvousError
 from ..events import GangState, LogLines, NodeReply, RankState, to_msg
 from ..rank.env import rank_env
 from .gpu import RankProcess
+from .netif import socket_ifname
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
 from .script import ScriptRun
@@ -159,6 +160,7 @@ class NodeAgent:
             pg_timeout=launch["pg_timeout"],
             user=launch["env"],
             generation=generation,
+            socket_ifname=socket_ifname(launch["master_addr"]),
         )
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))

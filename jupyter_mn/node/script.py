@@ -26,6 +26,7 @@ from typing import Any
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
 from .link import NodeLink
+from .netif import socket_ifname
 from .pipes import TAIL_LINES, PipeReader
 from .process import STOP_GRACE_S, describe_exit, signal_session
 
@@ -194,6 +195,7 @@ class ScriptRun:
             pg_timeout=launch["pg_timeout"],
             user=launch["env"],
             error_file=os.path.join(self.folder, f"error-{rank}.json"),
+            socket_ifname=socket_ifname(launch["master_addr"]),
         )
 
     async def wait(self) -> list[dict[str, Any]]:
