@@ -84,50 +84,68 @@ class Host:
 class HostNet:
     """A bridge (``gateway`` is its address, where a scheduler listens) and hosts on it."""
 
-    bridge: str
-    gateway: str
+    tag: str
+    subnet: str
     hosts: list[Host] = field(default_factory=list)
+    _made: int = 0
+
+    @property
+    def bridge(self) -> str:
+        return f"jmb{self.tag}"
+
+    @property
+    def gateway(self) -> str:
+        return f"{self.subnet}.1"
 
     @classmethod
     @contextlib.contextmanager
     def create(cls, count: int) -> Iterator[HostNet]:
         """``count`` hosts node-1 … node-N at 10.231.X.11 …, torn down however the body ends."""
-        tag = uuid.uuid4().hex[:6]
-        subnet = _free_subnet()
-        net = cls(bridge=f"jmb{tag}", gateway=f"{subnet}.1")
+        net = cls(tag=uuid.uuid4().hex[:6], subnet=_free_subnet())
         try:
             _ip("link", "add", net.bridge, "type", "bridge")
             _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
             _ip("link", "set", net.bridge, "up")
-            for i in range(1, count + 1):
-                net._add(f"jmn-{tag}-{i}", f"jmv{tag}{i}", i, subnet)
+            for _ in range(count):
+                net.add()
             yield net
         finally:
             net.close()
 
-    def _add(self, netns: str, veth: str, i: int, subnet: str) -> None:
-        host = Host(hostname=f"node-{i}", netns=netns, ip=f"{subnet}.{10 + i}")
-        _ip("netns", "add", netns)
+    def add(self, hostname: str = "") -> Host:
+        """One more host (``hostname``: else node-N), with its own address on the bridge."""
+        if self._made >= 240:
+            raise OSError(f"no address left in {self.subnet}.0/24")
+        self._made += 1
+        i = self._made
+        host = Host(hostname or f"node-{i}", f"jmn-{self.tag}-{i}", f"{self.subnet}.{10 + i}")
+        _ip("netns", "add", host.netns)
         self.hosts.append(host)  # from here on, close() removes it
-        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        veth = f"jmv{self.tag}{i}"
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("link", "set", veth, "master", self.bridge, "up")
         host.run("ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
         host.run("ip", "link", "set", "eth0", "up")
         host.run("ip", "link", "set", "lo", "up")
         host.run("ip", "route", "add", "default", "via", self.gateway)
+        return host
+
+    def remove(self, host: Host) -> None:
+        """Kill what runs on ``host`` (by PID), then delete its namespace (and veth pair)."""
+        procs = []
+        for pid in host.pids():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(pid))
+                os.kill(pid, signal.SIGKILL)
+        psutil.wait_procs(procs, timeout=10)
+        with contextlib.suppress(OSError):
+            _ip("netns", "del", host.netns)
+        self.hosts.remove(host)
 
     def close(self) -> None:
-        """Kill what runs on the hosts (by PID), then delete namespaces and bridge."""
-        for host in self.hosts:
-            procs = []
-            for pid in host.pids():
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    procs.append(psutil.Process(pid))
-                    os.kill(pid, signal.SIGKILL)
-            psutil.wait_procs(procs, timeout=10)
-            with contextlib.suppress(OSError):
-                _ip("netns", "del", host.netns)  # its eth0 goes, and with it the veth pair
-        self.hosts = []
+        """Remove every host, then the bridge."""
+        for host in list(self.hosts):
+            self.remove(host)
         with contextlib.suppress(OSError):
             _ip("link", "del", self.bridge)
 
