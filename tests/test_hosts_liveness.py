@@ -18,13 +18,17 @@ from jupyter_mn.events import LogLines
 HOSTS = 2
 
 #: Both ranks loop on all_reduce, as training does; "looping" says when to break something.
+#: They agree when to stop (one more collective on one rank alone would wait forever).
 LOOP = """
 import time
 print("looping", flush=True)
 t = torch.ones(1)
 end = time.monotonic() + {seconds}
-while time.monotonic() < end:
+going = torch.ones(1)
+while going.item():
     dist.all_reduce(t)
+    going = torch.tensor([float(time.monotonic() < end)])
+    dist.all_reduce(going, op=dist.ReduceOp.MIN)
 dist.get_world_size()
 """
 
