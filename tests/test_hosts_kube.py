@@ -24,7 +24,9 @@ def pods(
     host_net: HostNet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[FakeCluster, HostNet]]:
     with pytest.MonkeyPatch.context() as env:
-        fake = FakeCluster(tmp_path_factory.mktemp("kube-hosts"), processes=True, net=host_net)
+        folder = tmp_path_factory.mktemp("kube-hosts")
+        machines = {f"machine-{i}": 1 for i in range(3)}  # one pod per Kubernetes node
+        fake = FakeCluster(folder, nodes=machines, processes=True, net=host_net)
         with fake:
             env.setenv("KUBECONFIG", str(fake.kubeconfig))
             env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
