@@ -91,5 +91,10 @@ class NodeLost(RankLost):
     """A node's agent (its dask worker) went away, and its ranks with it: the gang is broken."""
 
 
+class NodeUnreachable(JupyterMNError):
+    """A node's agent has not answered the kernel's heartbeat within ``liveness_timeout``: its
+    link is cut or its host is frozen (no FIN, no RST: nothing else would tell for minutes)."""
+
+
 class CellInterrupted(CellError):
     """The cell was interrupted (Ctrl-C / stop button) or hit ``--timeout``."""

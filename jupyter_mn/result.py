@@ -57,6 +57,8 @@ class CellResult:
         def order(r: RankOutcome) -> tuple[int, float, int]:
             secondary = bool(r.error and r.error.secondary)
             primary = 0 if r.status == LOST or (r.error and not secondary) else 1
+            if r.error and r.error.ename == "NodeLost":  # explains its peers' kills
+                primary = -1
             if r.status == INTERRUPTED:  # one busy in its own code before one waiting on peers
                 primary = 3 if secondary else 2
             return (primary, r.finished_at or float("inf"), r.rank)

@@ -79,6 +79,9 @@ class ClusterSpec:
     max_runtime: float | None = None
     #: agents stop their ranks when the kernel has been silent this long (it died)
     heartbeat_timeout: float = 15.0
+    #: a node whose agent has not answered the kernel's heartbeat this long is lost (a cut link,
+    #: a frozen host): the running cell ends with NodeLost naming it
+    liveness_timeout: float = 10.0
     #: preflight checks (doctor.py) before a new gang's first cell; None: on for remote backends
     preflight: bool | None = None
     check_paths: tuple[str, ...] = ()
@@ -133,6 +136,7 @@ class ClusterSpec:
             "pg_timeout",
             "max_runtime",
             "heartbeat_timeout",
+            "liveness_timeout",
         ):
             value = getattr(self, name)
             if value is not None and not is_number(value, low=0, strict=True):

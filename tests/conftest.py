@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import dask
 import pytest
 from daskcli import DaskCLI, tls_config
+from hosts import HostNet, missing
 from procs import ours, wait_gone
 
 from jupyter_mn import Cluster
@@ -64,3 +65,14 @@ def dask_tls(dask_cli: DaskCLI) -> Iterator[str]:
     """This process's dask config carries the cluster's TLS files; yields the scheduler address."""
     with dask.config.set(tls_config(dask_cli.certs)):
         yield dask_cli.address
+
+
+@pytest.fixture(scope="module")
+def host_net(request: pytest.FixtureRequest) -> Iterator[HostNet]:
+    """Test hosts with their own address and hostname (``hosts.py``), as many as the module's
+    ``HOSTS`` (default 2); removed, with what runs on them, when the module is done."""
+    reason = missing()
+    if reason is not None:
+        pytest.skip(reason)
+    with HostNet.create(getattr(request.module, "HOSTS", 2)) as net:
+        yield net

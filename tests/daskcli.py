@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,7 +134,7 @@ class DaskCLI:
             )
         return Proc(name, popen, log)
 
-    def start_scheduler(self, env: dict[str, str] | None = None) -> str:
+    def start_scheduler(self, env: dict[str, str] | None = None, host: str = "127.0.0.1") -> str:
         proc = self._spawn(
             "scheduler",
             [
@@ -142,11 +143,11 @@ class DaskCLI:
                 "--protocol",
                 "tls",
                 "--host",
-                "127.0.0.1",
+                host,
                 "--port",
                 "0",
                 "--dashboard-address",
-                "127.0.0.1:0",
+                f"{host}:0",
                 *_tls_flags(self.certs),
             ],
             env,
@@ -164,33 +165,32 @@ class DaskCLI:
         extra: list[str] | None = None,
         wait: bool = True,
         python_flags: tuple[str, ...] = (),
+        on: Callable[[list[str]], list[str]] | None = None,
     ) -> Proc:
-        """``dask worker`` (``python_flags``: run its module with these interpreter flags)."""
+        """``dask worker`` (``python_flags``: run its module with these interpreter flags;
+        ``on``: how to run a command on another host, e.g. ``hosts.Host.command``)."""
         command = (
             [sys.executable, *python_flags, "-m", "distributed.cli.dask_worker"]
             if python_flags
             else [str(BIN / "dask"), "worker"]
         )
-        proc = self._spawn(
+        argv = [
+            *command,
+            self.address,
+            "--name",
             name,
-            [
-                *command,
-                self.address,
-                "--name",
-                name,
-                "--host",
-                host,
-                "--nthreads",
-                "1",
-                "--memory-limit",
-                "0",
-                "--dashboard-address",
-                f"{host}:0",
-                *_tls_flags(self.certs),
-                *(extra or []),
-            ],
-            env,
-        )
+            "--host",
+            host,
+            "--nthreads",
+            "1",
+            "--memory-limit",
+            "0",
+            "--dashboard-address",
+            f"{host}:0",
+            *_tls_flags(self.certs),
+            *(extra or []),
+        ]
+        proc = self._spawn(name, on(argv) if on else argv, env)
         self.workers[name] = proc
         if wait:
             _wait_for(proc, re.compile(r"Registered to:"))

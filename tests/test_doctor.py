@@ -168,6 +168,18 @@ def test_interface_rules_nccl_and_loopback_across_machines(facts):
     assert all("is a loopback address" in c.fix for c in cells(judged(far), "interface"))
 
 
+def test_interface_chosen_for_the_user_and_a_hostname_that_resolves_to_nothing(facts):
+    far = two_nodes(facts, lambda f: f.update(machine="elsewhere"))
+    master = ("10.0.0.1", 29500)
+    chosen = cells(judge(ClusterSpec(nodes=2), far, kernel_facts(), master), "interface")
+    assert all(c.ok and c.value.endswith("(GLOO_SOCKET_IFNAME, chosen)") for c in chosen)
+    for node in far:  # no interface carries the route: gloo falls back to the hostname
+        node.update(route={"ip": "10.0.0.9", "interface": None, "error": None}, hostname_ips=[])
+    (bad, _) = cells(judge(ClusterSpec(nodes=2), far, kernel_facts(), master), "interface")
+    assert bad.ok is False and bad.value == "gloo: hostname unresolved"
+    assert f"hostname {far[0]['host']} resolves to no address" in bad.fix
+
+
 def test_rdma_ports_from_sysfs(tmp_path):
     for device, state, layer in (
         ("mlx5_0", "4: ACTIVE", "InfiniBand"),

@@ -335,6 +335,32 @@ def test_lost_node_agent_breaks_the_gang_and_the_next_cell_brings_a_fresh_one(ga
     assert gang.gang.id != old_id and not set(rank_pids().values()) & set(pids.values())
 
 
+def test_a_frozen_node_is_named_within_the_liveness_window(no_leftovers):
+    """Its agent SIGSTOPped: processes alive, sockets open, nothing answers (a frozen host)."""
+    code = "print('looping', flush=True)\nwhile True:\n    " + ALL_REDUCE.replace("\n", "\n    ")
+    frozen: list[tuple[psutil.Process, float]] = []
+
+    def freeze(event: object) -> None:
+        if not frozen and isinstance(event, LogLines) and event.node == 1:
+            worker = psutil.Process(rank_pids()[1]).parent()
+            worker.suspend()
+            frozen.append((worker, time.monotonic()))
+
+    with Cluster(nodes=2, gpus=1, liveness_timeout=5) as cluster:
+        try:
+            result = cluster.run(code, on_event=freeze)
+            took = time.monotonic() - frozen[0][1]
+        finally:
+            for worker, _ in frozen:
+                worker.resume()
+        cause = result.root_cause
+        assert (cause.node, cause.error.ename) == (1, "NodeLost")
+        assert "node 1 (127.0.0.1) unreachable for 5 s" in cause.error.evalue
+        assert 4 < took < 5 * 3, took
+        assert result.ranks[0].status in ("interrupted", "lost")  # a consequence: stopped
+        assert cluster.run(ALL_REDUCE).value == 2.0  # a fresh gang
+
+
 def test_max_runtime_tears_the_gang_down_with_a_message(no_leftovers):
     cluster = Cluster(nodes=1, gpus=1, max_runtime=6)
     try:

@@ -238,7 +238,8 @@ def _loopback(addr: str) -> bool:
 
 
 def check_interface(spec: Any, facts: Sequence[dict], kernel: dict, master: Any) -> Check:
-    """The interface the collectives use: NCCL's with GPUs, gloo's on CPU."""
+    """The interface the collectives use: the user's NCCL_SOCKET_IFNAME (GPUs) or
+    GLOO_SOCKET_IFNAME (CPU), else the one the agent chooses toward the master."""
     live = [f for f in facts if "error" not in f]
     machines = len({f["machine"] for f in live})
     gpus = any(f["accelerator"].get("gpus") for f in live)
@@ -276,23 +277,28 @@ def check_interface(spec: Any, facts: Sequence[dict], kernel: dict, master: Any)
                 f"MASTER_ADDR {addr} is a loopback address, but the gang spans {machines} "
                 "machines: start node 0's dask worker on a reachable address (--host)",
             )
-        if machines > 1 and not gpus and all(_loopback(ip) for ip in f["hostname_ips"]):
-            return Cell(
-                False,
-                "gloo: hostname is loopback",
-                f"node {n}'s hostname {f['host']} resolves to {', '.join(f['hostname_ips'])}, "
-                "so gloo would listen on loopback: --env GLOO_SOCKET_IFNAME=<interface>",
-            )
         route = f.get("route") or {}
-        if not route.get("interface"):
+        if route.get("interface"):  # the agent sets both variables to it (node/netif.py)
+            speed = up.get(route["interface"], {}).get("speed_mbps") or 0
+            rate = f", {speed / 1000:g} Gb/s" if speed else ""
+            return Cell(True, f"{route['interface']} {route['ip']}{rate} ({variable}, chosen)")
+        ips = f["hostname_ips"]
+        if machines > 1 and not gpus and all(_loopback(ip) for ip in ips):
+            found = (
+                f"resolves to {', '.join(ips)}, so gloo would listen on loopback"
+                if ips
+                else "resolves to no address, so gloo has none to listen on"
+            )
             return Cell(
                 False,
-                "no route to master",
-                f"node {n} has no route to MASTER_ADDR {addr} ({route.get('error')})",
+                f"gloo: hostname {'is loopback' if ips else 'unresolved'}",
+                f"node {n}'s hostname {f['host']} {found}: --env GLOO_SOCKET_IFNAME=<interface>",
             )
-        speed = up.get(route["interface"], {}).get("speed_mbps") or 0
-        rate = f", {speed / 1000:g} Gb/s" if speed else ""
-        return Cell(True, f"{route['interface']} {route['ip']}{rate}")
+        return Cell(
+            False,
+            "no route to master",
+            f"node {n} has no route to MASTER_ADDR {addr} ({route.get('error')})",
+        )
 
     return Check("interface", _per_node(facts, cell))
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
-from ..errors import JupyterMNError, RendezvousError, SchedulingError
+from ..errors import JupyterMNError, NodeUnreachable, RendezvousError, SchedulingError
 from ..events import GangState, Note, OnEvent, RankState, from_msg
 from ..launch import Launch, Script
 from ..names import gang_id
@@ -81,7 +81,7 @@ class Gang:
         self.incarnation = 0
         self._on_event: OnEvent | None = None
         self._lock = threading.RLock()
-        self._heartbeat = Heartbeat(lambda: self._agents)
+        self._heartbeat = Heartbeat(lambda: self._agents, spec.liveness_timeout, self._unreachable)
         self._recovery: Recovery | None = None
         self._closer: threading.Thread | None = None
 
@@ -104,6 +104,19 @@ class Gang:
                 return False
             self.hub.inbox.put_reply(InterruptRequest(reason, self._running))
             return True
+
+    def _unreachable(self, node: int, silent: float) -> None:
+        """From the heartbeat: node ``node`` has not answered for ``silent`` s. A running job
+        gets it as that node's failed reply (the root cause); an idle gang is given up."""
+        host = self.hosts[node] if node < len(self.hosts) else "?"
+        error = NodeUnreachable(
+            f"node {node} ({host}) unreachable for {silent:.0f} s (no answer to the heartbeat)"
+        )
+        with self._lock:
+            if self._running:
+                self.hub.inbox.put_reply(Reply(node, error=error))
+                return
+        self.close(broken=str(error), wait=False)
 
     def notify(self, event: Any) -> None:
         """An event from the provisioner, which works on the starting (main) thread: shown now,

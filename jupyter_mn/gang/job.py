@@ -61,6 +61,8 @@ class Job(Generic[T]):
     def take(self, item: Any) -> bool:
         """One thing from the inbox; True when it says a rank failed (the others then stop)."""
         if isinstance(item, Reply):
+            if item.node in self.replies:  # a node declared unreachable that answers after all
+                return False
             if item.error is None:
                 item = Reply(item.node, NodeReply.of(item.value))
             self.replies[item.node] = item

@@ -22,7 +22,7 @@ from typing import Any
 import cloudpickle
 
 from ..cell import CellPayload
-from ..errors import TransportError
+from ..errors import NodeUnreachable, TransportError
 from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply, Stacks
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
 from .base import Gang
@@ -59,6 +59,8 @@ class CellJob(Job[CellResult]):
         self.killed_at: float | None = None
         #: where the busy ranks were when the user stopped the cell
         self.where: list[str] = []
+        #: a node that stopped answering the heartbeat (its peers cannot finish: kill at once)
+        self.unreachable: int | None = None
 
     def start(self) -> None:
         self.started = time.monotonic()
@@ -66,6 +68,11 @@ class CellJob(Job[CellResult]):
         payload, run_id = self.payload, self.run_id
         for node, agent in enumerate(self.gang.agents):
             self.gang.call(node, lambda agent=agent: agent.run(payload, run_id))
+
+    def take(self, item: Any) -> bool:
+        if isinstance(item, Reply) and isinstance(item.error, NodeUnreachable):
+            self.unreachable = item.node if self.unreachable is None else self.unreachable
+        return super().take(item)
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:
@@ -79,6 +86,8 @@ class CellJob(Job[CellResult]):
         generation, run_id = self.gang.generation, self.run_id
         for node in range(self.gang.nodes):
             self.gang.ask(node, lambda agent: agent.interrupt(run_id, generation))
+        if self.unreachable is not None:  # ranks blocked on it would only wait for the kill
+            self._kill(f"node {self.unreachable} is unreachable")
 
     def _kill(self, why: str) -> None:
         self.killed_at = time.monotonic()

@@ -26,6 +26,7 @@ from ..events import GangState, LogLines, NodeReply, RankState, to_msg
 from ..launch import Launch
 from ..rank.env import rank_env
 from .gpu import RankProcess
+from .netif import socket_ifname
 from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit
 from .script import ScriptRun
@@ -141,7 +142,13 @@ class NodeAgent:
     def _spawn(self, local: int, generation: int) -> RankHandle:
         launch = self._launch
         rank = self.node * launch.gpus + local
-        env = rank_env(launch, self.node, local, generation=generation)
+        env = rank_env(
+            launch,
+            self.node,
+            local,
+            generation=generation,
+            socket_ifname=socket_ifname(launch.master_addr),
+        )
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
         proc = RankHandle(self, local, rank, env, launch.cwd)

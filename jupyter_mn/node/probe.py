@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import ipaddress
 import json
 import os
 import platform
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
+from .netif import interfaces, route
 
 PACKAGES = ("jupyter_mn", "cloudpickle", "torch")
 #: Variables that decide which GPUs, interface and transport NCCL and gloo use.
@@ -77,29 +76,6 @@ def accelerator() -> dict[str, Any]:
     return {"cuda": torch.version.cuda, "nccl": nccl, "gpus": gpus, "names": names, "error": None}
 
 
-def interfaces() -> list[dict[str, Any]]:
-    stats = psutil.net_if_stats()
-    out = []
-    for name, addrs in sorted(psutil.net_if_addrs().items()):
-        ips = [
-            a.address.split("%")[0]
-            for a in addrs
-            if a.family in (socket.AF_INET, socket.AF_INET6)
-            and not a.address.lower().startswith("fe80")
-        ]
-        stat = stats.get(name)
-        out.append(
-            {
-                "name": name,
-                "up": bool(stat and stat.isup),
-                "loopback": any(ipaddress.ip_address(ip).is_loopback for ip in ips),
-                "ips": ips,
-                "speed_mbps": stat.speed if stat else 0,
-            }
-        )
-    return out
-
-
 def hostname_ips() -> list[str]:
     """What this host's name resolves to: gloo binds there unless GLOO_SOCKET_IFNAME is set."""
     try:
@@ -107,19 +83,6 @@ def hostname_ips() -> list[str]:
     except OSError:
         return []
     return sorted({str(info[4][0]) for info in infos})
-
-
-def route(master_addr: str, nics: list[dict[str, Any]]) -> dict[str, Any]:
-    """The interface this node uses to reach the master (the kernel's routing decides)."""
-    try:
-        family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect((master_addr, 9))  # UDP: no packet is sent, only a route is chosen
-            local = sock.getsockname()[0]
-    except OSError as exc:
-        return {"ip": None, "interface": None, "error": f"{type(exc).__name__}: {exc}"}
-    name = next((n["name"] for n in nics if local in n["ips"]), None)
-    return {"ip": local, "interface": name, "error": None}
 
 
 def reach(addr: str, port: int, timeout: float) -> dict[str, Any]:

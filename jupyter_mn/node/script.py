@@ -28,6 +28,7 @@ from ..launch import Launch, Script
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
 from .link import NodeLink
+from .netif import socket_ifname
 from .pipes import TAIL_LINES, PipeReader
 from .process import STOP_GRACE_S, describe_exit, signal_session
 
@@ -171,7 +172,13 @@ class ScriptRun:
         node = self.agent.node
         rank = node * launch.gpus + local
         error_file = os.path.join(self.folder, f"error-{rank}.json")
-        env = rank_env(launch, node, local, error_file=error_file)  # torchrun's, and ours
+        env = rank_env(  # torchrun's variables, and ours
+            launch,
+            node,
+            local,
+            error_file=error_file,
+            socket_ifname=socket_ifname(launch.master_addr),
+        )
         return ScriptRank(self.agent, local, rank, argv, env, launch.cwd)
 
     def _target(self, script: Script) -> list[str]:

@@ -17,7 +17,8 @@ import sys
 from importlib import metadata, util
 from typing import Any
 
-from .probe import interfaces, machine_id, rdma_ports, route
+from .netif import interfaces, route
+from .probe import machine_id, rdma_ports
 
 #: Shell commands started by ``run_command``, by token, so an interrupt can stop them.
 _commands: dict[str, asyncio.subprocess.Process] = {}

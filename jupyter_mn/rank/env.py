@@ -36,14 +36,22 @@ def rank_env(
     base: Mapping[str, str] = os.environ,
     generation: int = 0,
     error_file: str | None = None,
+    socket_ifname: str | None = None,
 ) -> dict[str, str]:
-    """A rank's whole environment: ``base`` (the agent's), the thread default, the user's
-    variables (``gang.env``), then the contract (torchrun's variables, torchelastic's included).
-    ``error_file``: a script rank's, where torchelastic's ``@record`` writes its uncaught
-    exception."""
+    """A rank's whole environment: ``base`` (the agent's), the defaults (threads, sockets), the
+    user's variables (``gang.env``), then the contract (torchrun's variables, torchelastic's
+    included). ``error_file``: a script rank's, where torchelastic's ``@record`` writes its
+    uncaught exception. ``socket_ifname``: the interface toward ``master_addr``
+    (``node/netif.py``), for gloo and NCCL unless the agent's environment or the user names
+    one."""
     gpus, nnodes, job = gang.gpus, gang.nnodes, gang.job
     rank = node_rank * gpus + local_rank
-    env = {**base, **_thread_default(gpus, base), **gang.env}
+    env = {
+        **base,
+        **_thread_default(gpus, base),
+        **_socket_default(socket_ifname, base),
+        **gang.env,
+    }
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
@@ -88,3 +96,12 @@ def _thread_default(ranks_per_node: int, base: Mapping[str, str]) -> dict[str, s
     if ranks_per_node > 1 and "OMP_NUM_THREADS" not in base:
         return {"OMP_NUM_THREADS": "1"}
     return {}
+
+
+def _socket_default(ifname: str | None, base: Mapping[str, str]) -> dict[str, str]:
+    """Both libraries on the interface the other nodes reach this one by (NCCL's ``=`` asks
+    for that exact name, not every interface it prefixes)."""
+    if ifname is None:
+        return {}
+    values = {"GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": f"={ifname}"}
+    return {k: v for k, v in values.items() if k not in base}

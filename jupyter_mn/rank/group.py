@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import socket
 from datetime import timedelta
 from typing import Any
 
 from . import abort
 from .info import ClusterInfo
+
+
+def store_listener(host: str, port: int) -> socket.socket:
+    """Rank 0's listening socket for the TCPStore, on ``host`` (MASTER_ADDR) only.
+
+    TCPStore's own server listens on every interface: on the local backend that would open the
+    unauthenticated store to the network. Bound here, before torch is imported, it also holds the
+    port from the first milliseconds of the rank. Falls back to every interface only where
+    MASTER_ADDR is not an address of this host (a NAT'd ``--contact-address``).
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise
+        return socket.create_server(("", port))
 
 
 class ProcessGroup:
@@ -19,6 +38,9 @@ class ProcessGroup:
     """
 
     def __init__(self, info: ClusterInfo, pg_timeout: float) -> None:
+        self._listener = (
+            store_listener(info.master_addr, info.master_port) if info.rank == 0 else None
+        )
         import torch
 
         self.info = info
@@ -49,6 +71,7 @@ class ProcessGroup:
             is_master=self.info.rank == 0,
             timeout=timedelta(seconds=self.pg_timeout),
             wait_for_workers=False,
+            master_listen_fd=None if self._listener is None else self._listener.fileno(),
         )
 
     def init(self, generation: int) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import kmock
 import yaml
+from hosts import HostNet
 from kube.apiserver import ApiServer
 from kube.control import Api, ControlPlane, StatusKubelet
 from kube.kubelet import ProcessKubelet
@@ -36,13 +37,17 @@ class FakeCluster:
         processes: bool = False,
         bad_images: Iterable[str] = (),
         crds: dict[str, str] | None = None,
+        net: HostNet | None = None,
     ) -> None:
+        """``processes``: run the pods' containers (``ProcessKubelet``), each on a test host of
+        ``net`` when given."""
         self.root = root
         self.minor = minor
         self.nodes = nodes if nodes is not None else {"node-a": 2, "node-b": 2}
         self.processes = processes
         self.bad_images = tuple(bad_images)
         self.crds = crds or {}
+        self.net = net
         self.kubeconfig = root / "kubeconfig"
         self.server: ApiServer
         self._loop = asyncio.new_event_loop()
@@ -79,7 +84,7 @@ class FakeCluster:
                 server.serve(resource, kind)
             self._write_kubeconfig(str(http.url).rstrip("/"))
             kubelet = (
-                ProcessKubelet(server, self.root)
+                ProcessKubelet(server, self.root, self.net)
                 if self.processes
                 else StatusKubelet(self.bad_images)
             )

@@ -1,7 +1,9 @@
 """A test-only kubelet: runs each bound pod's container command as a local process.
 
-What a node would provide, emulated on one machine: every pod gets its own IP on the loopback
-network (127.x.y.z, all routed locally), its environment as written in the manifest with the
+What a node would provide, emulated on one machine: every pod gets its own IP, on the loopback
+network (127.x.y.z, all routed locally) or, given test hosts (``hosts.py``), as pod networking
+gives it: a network namespace of its own with an address on a bridge and the pod's hostname; its
+environment as written in the manifest with the
 downward API resolved (``status.podIP``, ``metadata.annotations['…']``, …), its Secret volumes
 as files in a per-pod directory (no mount namespaces here, so environment values that name a
 mount path are pointed at that directory), cluster DNS for ``<hostname>.<subdomain>`` names (a
@@ -25,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hosts import Host, HostNet
 from kube.control import Api, condition, container_status, now
 
 DNS_DIR = Path(__file__).with_name("dns")
@@ -32,9 +35,11 @@ _FIELD = re.compile(r"^metadata\.(annotations|labels)\['(?P<key>[^']+)'\]$")
 
 
 class ProcessKubelet:
-    def __init__(self, server: Any, root: Path) -> None:
-        self.server, self.root = server, root
+    def __init__(self, server: Any, root: Path, net: HostNet | None = None) -> None:
+        self.server, self.root, self.net = server, root, net
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: each pod's host, with test hosts
+        self.pod_hosts: dict[str, Host] = {}
         self.hosts: dict[str, str] = {}
         self.hosts_file = root / "hosts.json"
         self.hosts_file.write_text("{}")
@@ -60,13 +65,19 @@ class ProcessKubelet:
 
     async def _start(self, pod: dict[str, Any], api: Api) -> None:
         meta, spec = pod["metadata"], pod["spec"]
+        container = spec["containers"][0]
         name = meta["name"]
-        ip = next(self._ips)
+        command = container["command"] + container.get("args", [])
+        if self.net is None:
+            ip = next(self._ips)
+        else:
+            host = await asyncio.to_thread(self.net.add, spec.get("hostname") or name)
+            self.pod_hosts[name] = host
+            ip, command = host.ip, host.command(command)
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": ip}}
         workdir = self.root / name
         workdir.mkdir()
         mounts = self._volumes(pod, workdir)
-        container = spec["containers"][0]
         env = self._env(pod, container, mounts)
         if spec.get("hostname") and spec.get("subdomain"):
             short = f"{spec['hostname']}.{spec['subdomain']}"
@@ -79,7 +90,7 @@ class ProcessKubelet:
             self.hosts_file.write_text(json.dumps(self.hosts))
         log = (workdir / "container.log").open("wb")
         self.procs[name] = subprocess.Popen(
-            container["command"] + container.get("args", []),
+            command,
             env=env,
             cwd=workdir,
             stdin=subprocess.DEVNULL,
@@ -172,6 +183,13 @@ class ProcessKubelet:
     async def reap(self, live: set[str]) -> None:
         for name in set(self.procs) - live:
             await asyncio.to_thread(self._stop, self.procs.pop(name))
+            await asyncio.to_thread(self._unplug, name)
+
+    def _unplug(self, name: str) -> None:
+        """A deleted pod's host goes with it (and whatever its process left running there)."""
+        host = self.pod_hosts.pop(name, None)
+        if host is not None and self.net is not None:
+            self.net.remove(host)
 
     def _stop(self, proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -186,3 +204,4 @@ class ProcessKubelet:
     def shutdown(self) -> None:
         for name in list(self.procs):
             self._stop(self.procs.pop(name), grace=5.0)
+            self._unplug(name)

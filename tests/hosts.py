@@ -1,0 +1,167 @@
+"""Test hosts: network namespaces on a bridge, each with its own address and hostname.
+
+What a real cluster's nodes have and 127.0.0.x "hosts" do not: a non-loopback interface
+(``eth0``) with an address of its own, a hostname that resolves to nothing (set with
+``unshare --uts``, seen only by the processes started on the host), and a link that can be cut
+or shaped (``tc``). The namespaces share the filesystem and the process table, so a process on a
+host runs this checkout's code with the same interpreter.
+
+Every instance takes its own names and /24 (``10.231.X.0``), so test sessions run side by side;
+``close`` kills what runs inside (by PID, from ``ip netns pids``) and deletes namespaces and
+bridge. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; ``missing()`` says why not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psutil
+
+#: Only addresses inside bridges these tests make: never routed anywhere else.
+_PREFIX = "10.231"
+
+
+def missing() -> str | None:
+    """Why test hosts cannot be made here (None: they can)."""
+    if os.geteuid() != 0:
+        return "test hosts need root (ip netns, veth, bridge)"
+    for tool in ("ip", "unshare", "tc"):
+        if shutil.which(tool) is None:
+            return f"test hosts need {tool} (iproute2, util-linux)"
+    return None
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One test host: ``netns`` holds its ``eth0`` with ``ip``; processes get ``hostname``."""
+
+    hostname: str
+    netns: str
+    ip: str
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run on this host: in its namespace, with its hostname (every exec replaces
+        the one before, so the process started is ``argv``'s own)."""
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.netns,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            self.hostname,
+            *argv,
+        ]
+
+    def run(self, *argv: str) -> None:
+        """A quick command in the namespace (``ip link``, ``tc``)."""
+        _ip("netns", "exec", self.netns, *argv)
+
+    def pids(self) -> list[int]:
+        done = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
+        return [int(p) for p in done.stdout.split()]
+
+
+@dataclass
+class HostNet:
+    """A bridge (``gateway`` is its address, where a scheduler listens) and hosts on it."""
+
+    tag: str
+    subnet: str
+    hosts: list[Host] = field(default_factory=list)
+    _made: int = 0
+
+    @property
+    def bridge(self) -> str:
+        return f"jmb{self.tag}"
+
+    @property
+    def gateway(self) -> str:
+        return f"{self.subnet}.1"
+
+    @classmethod
+    @contextlib.contextmanager
+    def create(cls, count: int) -> Iterator[HostNet]:
+        """``count`` hosts node-1 … node-N at 10.231.X.11 …, torn down however the body ends."""
+        net = cls(tag=uuid.uuid4().hex[:6], subnet=_free_subnet())
+        try:
+            _ip("link", "add", net.bridge, "type", "bridge")
+            _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
+            _ip("link", "set", net.bridge, "up")
+            for _ in range(count):
+                net.add()
+            yield net
+        finally:
+            net.close()
+
+    def add(self, hostname: str = "") -> Host:
+        """One more host (``hostname``: else node-N), with its own address on the bridge."""
+        if self._made >= 240:
+            raise OSError(f"no address left in {self.subnet}.0/24")
+        self._made += 1
+        i = self._made
+        host = Host(hostname or f"node-{i}", f"jmn-{self.tag}-{i}", f"{self.subnet}.{10 + i}")
+        _ip("netns", "add", host.netns)
+        self.hosts.append(host)  # from here on, close() removes it
+        veth = f"jmv{self.tag}{i}"
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+        _ip("link", "set", veth, "master", self.bridge, "up")
+        host.run("ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
+        host.run("ip", "link", "set", "eth0", "up")
+        host.run("ip", "link", "set", "lo", "up")
+        host.run("ip", "route", "add", "default", "via", self.gateway)
+        return host
+
+    def remove(self, host: Host) -> None:
+        """Kill what runs on ``host`` (by PID), then delete its namespace (and veth pair)."""
+        procs = []
+        for pid in host.pids():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(pid))
+                os.kill(pid, signal.SIGKILL)
+        psutil.wait_procs(procs, timeout=10)
+        with contextlib.suppress(OSError):
+            _ip("netns", "del", host.netns)
+        self.hosts.remove(host)
+
+    def close(self) -> None:
+        """Remove every host, then the bridge."""
+        for host in list(self.hosts):
+            self.remove(host)
+        with contextlib.suppress(OSError):
+            _ip("link", "del", self.bridge)
+
+
+def _free_subnet() -> str:
+    """A 10.231.X /24 that no interface here uses (another session's bridge)."""
+    used = {
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET
+    }
+    taken = {str(ipaddress.ip_address(a)).rsplit(".", 1)[0] for a in used}
+    start = os.getpid() % 250
+    for k in range(250):
+        subnet = f"{_PREFIX}.{(start + k) % 250 + 1}"
+        if subnet not in taken:
+            return subnet
+    raise OSError(f"no free /24 left in {_PREFIX}.0.0/16")

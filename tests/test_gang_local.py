@@ -1,0 +1,48 @@
+"""The local backend is loopback only: nothing of a gang listens where the network reaches it."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+
+import psutil
+
+from jupyter_mn import Cluster
+
+#: A cell that holds the group's sockets open while the test looks (gloo listens per pair).
+ALL_REDUCE = """
+import os, torch, torch.distributed as dist
+t = torch.ones(1)
+dist.all_reduce(t)
+(t.item(), os.environ.get("GLOO_SOCKET_IFNAME"))
+"""
+
+
+def listening(proc: psutil.Process) -> set[tuple[str, int]]:
+    try:
+        return {
+            (c.laddr.ip, c.laddr.port)
+            for c in proc.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return set()
+
+
+def test_a_local_gang_listens_on_loopback_only(no_leftovers):
+    kernel = psutil.Process(os.getpid())
+    before = listening(kernel)
+    started = time.time() - 0.5
+    with Cluster(nodes=2, gpus=2) as cluster:
+        total, ifname = cluster.run(ALL_REDUCE).unwrap()
+        # the kernel's new listeners (scheduler, dashboard), then the workers, nannies, ranks
+        sockets = {("kernel", *s) for s in listening(kernel) - before}
+        for proc in kernel.children(recursive=True):
+            if proc.create_time() >= started:
+                sockets |= {(" ".join(proc.cmdline()[:3]), *s) for s in listening(proc)}
+    ranks = [s for s in sockets if "jupyter_mn.rank.runtime" in s[0]]
+    assert ranks, f"no rank listens (the store, gloo): {sockets}"
+    exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert (total, ifname) == (4.0, "lo")

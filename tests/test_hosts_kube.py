@@ -1,0 +1,51 @@
+"""Gangs on emulated Kubernetes pods with pod networking: each pod on a test host of its own
+(``hosts.py``), with its own IP on a bridge and the pod's hostname, none of which resolves."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from hosts import HostNet
+from kube.cluster import FakeCluster
+from test_hosts_dask import CHECK
+
+from jupyter_mn import Cluster
+from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.spec import ClusterSpec
+
+#: the kubelet adds a host per pod
+HOSTS = 0
+
+
+@pytest.fixture(scope="module")
+def pods(
+    host_net: HostNet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[FakeCluster, HostNet]]:
+    with pytest.MonkeyPatch.context() as env:
+        folder = tmp_path_factory.mktemp("kube-hosts")
+        machines = {f"machine-{i}": 1 for i in range(3)}  # one pod per Kubernetes node
+        fake = FakeCluster(folder, nodes=machines, processes=True, net=host_net)
+        with fake:
+            env.setenv("KUBECONFIG", str(fake.kubeconfig))
+            env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+            yield fake, host_net
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_a_gang_on_pods_reduces_on_the_pod_network(nodes, pods, no_leftovers):
+    fake, net = pods
+    options = KubeOptions(image="registry.example/jupyter-mn-agent:1")
+    spec = ClusterSpec(nodes=nodes, gpus=1, backend="kubernetes", kubernetes=options)
+    with Cluster(spec) as cluster:
+        rows = [json.loads(v) for v in cluster.run(CHECK, return_all=True).unwrap()]
+        pod_ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in fake.live("pods")}
+        hosts = [h for h in net.hosts if h.ip in pod_ips.values()]
+        assert len(hosts) == nodes
+    assert all(r["sum"] == nodes * (nodes - 1) / 2 for r in rows)
+    assert all((r["gloo"], r["nccl"]) == ("eth0", "=eth0") for r in rows)
+    assert {r["host"] for r in rows} == {h.hostname for h in hosts}
+    (master,) = {r["master"] for r in rows}
+    assert master in pod_ips.values()
+    assert fake.ours() == []

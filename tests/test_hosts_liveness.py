@@ -1,0 +1,122 @@
+"""A cut-off or frozen node ends the running cell within the liveness window, named as the root
+cause; a slow link raises no alarm. On test hosts (``hosts.py``) with the dask backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from daskcli import DaskCLI, make_certs, tls_config
+from hosts import Host, HostNet
+
+from jupyter_mn import Cluster
+from jupyter_mn.events import LogLines
+
+HOSTS = 2
+
+#: Both ranks loop on all_reduce, as training does; "looping" says when to break something.
+#: They agree when to stop (one more collective on one rank alone would wait forever).
+LOOP = """
+import time
+print("looping", flush=True)
+t = torch.ones(1)
+end = time.monotonic() + {seconds}
+going = torch.ones(1)
+while going.item():
+    dist.all_reduce(t)
+    going = torch.tensor([float(time.monotonic() < end)])
+    dist.all_reduce(going, op=dist.ReduceOp.MIN)
+dist.get_world_size()
+"""
+
+
+@pytest.fixture(scope="module")
+def dask_hosts(
+    host_net: HostNet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, DaskCLI]]:
+    import dask
+
+    folder = tmp_path_factory.mktemp("dask-liveness")
+    cli = DaskCLI(folder, make_certs(folder / "certs"))
+    try:
+        cli.start_scheduler(host=host_net.gateway)
+        for host in host_net.hosts:
+            cli.start_worker(host.hostname, host.ip, wait=False, on=host.command)
+        cli.wait_workers()
+        with dask.config.set(tls_config(cli.certs)):
+            yield cli.address, cli
+    finally:
+        cli.stop()
+
+
+def when_looping(action: Callable[[], None]) -> Callable[[object], None]:
+    """An event listener that runs ``action`` once, when rank 1 says it loops."""
+    done: list[float] = []
+
+    def on_event(event: object) -> None:
+        if done or not isinstance(event, LogLines):
+            return
+        if any(rank == 1 and "looping" in lines for rank, _, lines in event.items):
+            action()
+            done.append(time.monotonic())
+
+    on_event.done = done  # type: ignore[attr-defined]
+    return on_event
+
+
+def cut(host: Host) -> Callable[[], None]:
+    return lambda: host.run("ip", "link", "set", "eth0", "down")
+
+
+def freeze(pid: int) -> Callable[[], None]:
+    return lambda: os.kill(pid, signal.SIGSTOP)
+
+
+@pytest.mark.parametrize("fault", ["link down", "frozen agent"])
+def test_a_lost_node_ends_the_cell_fast_and_is_the_root_cause(
+    fault, host_net, dask_hosts, no_leftovers
+):
+    address, cli = dask_hosts
+    far = host_net.hosts[1]
+    pid = cli.worker_pids()[far.hostname]
+    action = cut(far) if fault == "link down" else freeze(pid)
+    listener = when_looping(action)
+    with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address) as cluster:
+        try:
+            result = cluster.run(LOOP.format(seconds=120), on_event=listener)
+            ended = time.monotonic()
+        finally:
+            if fault == "link down":
+                far.run("ip", "link", "set", "eth0", "up")
+            else:
+                os.kill(pid, signal.SIGCONT)
+        cause = result.root_cause
+        assert listener.done, "rank 1 never said it loops"
+        took = ended - listener.done[0]
+        assert cause is not None and cause.node == 1 and cause.error.ename == "NodeLost"
+        assert f"node 1 ({far.ip}) unreachable for 10 s" in cause.error.evalue
+        assert 9 < took < 20, took  # the 10 s window, then a kill that needs no waiting
+        (near,) = [r for r in result.ranks if r.node == 0]
+        assert near.status in ("interrupted", "lost")  # a consequence, not the cause
+        assert any("torn down" in note for note in result.notes)
+        # the next cell starts a fresh gang
+        assert cluster.run("dist.get_world_size()").unwrap() == 2
+
+
+def test_a_slow_link_raises_no_alarm(host_net, dask_hosts, no_leftovers):
+    address, _ = dask_hosts
+    far = host_net.hosts[1]
+    # 10 Mbit/s, packets queued up to 200 ms (netem's delay is not in every kernel)
+    slow = ("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "10mbit")
+    slow += ("burst", "256kb", "latency", "200ms")
+    listener = when_looping(lambda: far.run(*slow))
+    try:
+        with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address) as cluster:
+            result = cluster.run(LOOP.format(seconds=14), on_event=listener)
+    finally:
+        far.run("tc", "qdisc", "del", "dev", "eth0", "root")
+    assert listener.done
+    assert result.unwrap() == 2
