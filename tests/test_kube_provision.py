@@ -349,7 +349,7 @@ def test_the_registry_records_the_namespace_and_gc_deletes_there(cluster, regist
     spec = kube_spec(nodes=1, namespace="research")
     gang = make_gang(spec)
     record = JobRecord(registry, Cluster(spec), gang)
-    gang.subscribe(lambda event: record.handle(event) and record.save())
+    gang.hub.subscribe(lambda event: record.handle(event) and record.save())
     gang.provisioner.bring_up(spec, gang.id, Security.temporary())  # its kernel then "dies"
     job = registry.job(record.model.id)
     assert job.namespace == "research"
