@@ -20,6 +20,7 @@ from hosts import HostNet, missing
 from procs import ours, wait_gone
 
 from jupyter_mn import Cluster
+from jupyter_mn.registry import Registry
 
 #: Kernels, Jupyter servers, papermill runs and the job registry of this test session share one
 #: private runtime dir: the user's own registry is never touched, nor another session's.
@@ -49,6 +50,14 @@ def gang_2x2() -> Iterator[Cluster]:
     cluster.close()
     left = wait_gone(ours(started))
     assert not left, "gang processes survived close():\n" + "\n".join(left)
+
+
+@pytest.fixture(scope="module")
+def registry() -> Iterator[Registry]:
+    """The test session's job registry (its private runtime dir), as the kernel side writes it."""
+    reg = Registry()
+    yield reg
+    reg.close()
 
 
 @pytest.fixture(scope="session")

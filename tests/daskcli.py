@@ -17,9 +17,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 
@@ -209,6 +210,24 @@ class DaskCLI:
             cli.stop()
             raise
         return cli
+
+    @classmethod
+    @contextlib.contextmanager
+    def on_hosts(cls, folder: Path, net: Any) -> Iterator[DaskCLI]:
+        """A scheduler on the test hosts' bridge (``tests/hosts.py``) and a worker on every
+        host; this process has their TLS config meanwhile. Stopped on the way out."""
+        import dask
+
+        cli = cls(folder, make_certs(folder / "certs"))
+        try:
+            cli.start_scheduler(host=net.gateway)
+            for host in net.hosts:
+                cli.start_worker(host.hostname, host.ip, wait=False, on=host.command)
+            cli.wait_workers()
+            with dask.config.set(tls_config(cli.certs)):
+                yield cli
+        finally:
+            cli.stop()
 
     def wait_workers(self) -> None:
         for proc in self.workers.values():

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import dask
 import pytest
-from daskcli import DaskCLI, make_certs, tls_config
+from daskcli import DaskCLI
 from hosts import HostNet
 
 from jupyter_mn import Cluster
@@ -33,17 +32,8 @@ json.dumps({"sum": t.item(), "host": socket.gethostname(), "master": os.environ[
 @pytest.fixture(scope="module")
 def bridge_dask(host_net: HostNet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The scheduler on the bridge, a worker on every host; this process has the TLS config."""
-    folder = tmp_path_factory.mktemp("dask-hosts")
-    cli = DaskCLI(folder, make_certs(folder / "certs"))
-    try:
-        cli.start_scheduler(host=host_net.gateway)
-        for host in host_net.hosts:
-            cli.start_worker(host.hostname, host.ip, wait=False, on=host.command)
-        cli.wait_workers()
-        with dask.config.set(tls_config(cli.certs)):
-            yield cli.address
-    finally:
-        cli.stop()
+    with DaskCLI.on_hosts(tmp_path_factory.mktemp("dask-hosts"), host_net) as cli:
+        yield cli.address
 
 
 @pytest.mark.parametrize("nodes", [2, 3])

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from daskcli import DaskCLI, make_certs, tls_config
+from daskcli import DaskCLI
 from hosts import Host, HostNet
 
 from jupyter_mn import Cluster
@@ -37,19 +37,8 @@ dist.get_world_size()
 def dask_hosts(
     host_net: HostNet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, DaskCLI]]:
-    import dask
-
-    folder = tmp_path_factory.mktemp("dask-liveness")
-    cli = DaskCLI(folder, make_certs(folder / "certs"))
-    try:
-        cli.start_scheduler(host=host_net.gateway)
-        for host in host_net.hosts:
-            cli.start_worker(host.hostname, host.ip, wait=False, on=host.command)
-        cli.wait_workers()
-        with dask.config.set(tls_config(cli.certs)):
-            yield cli.address, cli
-    finally:
-        cli.stop()
+    with DaskCLI.on_hosts(tmp_path_factory.mktemp("dask-liveness"), host_net) as cli:
+        yield cli.address, cli
 
 
 def when_looping(action: Callable[[], None]) -> Callable[[object], None]:

@@ -19,13 +19,6 @@ from jupyter_mn.registry import JobModel, Registry
 
 
 @pytest.fixture(scope="module")
-def registry() -> Iterator[Registry]:
-    reg = Registry()
-    yield reg
-    reg.close()
-
-
-@pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     c = Cluster(nodes=2, gpus=1)
     c.up()

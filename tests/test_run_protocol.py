@@ -34,13 +34,6 @@ if gate and len(sys.argv) > 1 and '"reach_timeout"' in sys.argv[1]:
 
 
 @pytest.fixture(scope="module")
-def registry() -> Iterator[Registry]:
-    reg = Registry()
-    yield reg
-    reg.close()
-
-
-@pytest.fixture(scope="module")
 def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = tmp_path_factory.mktemp("slow-probe")
     (site / "sitecustomize.py").write_text(SLOW_PROBE)
