@@ -3,9 +3,9 @@
 A kernel that dies without closing its gang leaves an ORPHANED job. Its ranks normally follow
 within a second (they watch their node agent, which watches the kernel), but a rank that is
 stopped or stuck in C code can hold a GPU forever; ``gc`` kills those. It only touches a process
-that still carries the job's ``JUPYTER_MN_JOB`` mark, so a recycled pid is never hit. A job is
-also ORPHANED when its kernel's heartbeat stalls (a kernel busy in C code for 30 s), so before
-cleaning anything ``gc`` checks that the kernel process is really gone where it can see it.
+that still carries the job's ``JUPYTER_MN_JOB`` mark, so a recycled pid is never hit. On this
+host a job is ORPHANED only once its kernel process is gone (``registry.kernel_alive``): a kernel
+busy in C code stops beating but keeps its gang.
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from collections.abc import Callable
 from .registry import HOST, ORPHANED, JobModel, Registry
 
 _KILL_WAIT_S = 5.0
-#: psutil's process start times are rounded (clock ticks, boot time): this much later than the
-#: job's start still counts as "started before the job".
-_START_SLACK_S = 2.0
 
 
 def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[str]:
@@ -30,12 +27,6 @@ def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[st
     report: list[str] = []
     now = time.time()
     for job in registry.jobs():
-        if job.state == ORPHANED and job.host == HOST and _kernel_alive(job):
-            report.append(
-                f"{job.id}: its kernel (pid {job.pid}) still runs, only its heartbeat stalled: "
-                "left alone"
-            )
-            continue
         if job.state == ORPHANED:
             cleaner = _CLEANERS.get(job.backend)
             if cleaner is None:
@@ -48,21 +39,6 @@ def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[st
             days = (now - (job.ended or job.started)) / 86400
             report.append(f"{job.id}: forgot the job and its logs (ended {days:.1f} days ago)")
     return report
-
-
-def _kernel_alive(job: JobModel) -> bool:
-    """Whether ``job``'s kernel process (on this host) still runs: its pid exists and started
-    before the job did, so a pid recycled after the kernel died does not count."""
-    import psutil
-
-    try:
-        proc = psutil.Process(job.pid)
-        return (
-            proc.status() != psutil.STATUS_ZOMBIE
-            and proc.create_time() <= job.started + _START_SLACK_S
-        )
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _local(job: JobModel, dry_run: bool) -> list[str]:

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 ORPHAN_AFTER_S = 30.0
 HEARTBEAT_S = 5.0
 ORPHANED = "ORPHANED"
+#: psutil's process start times are rounded (clock ticks, boot time): this much later than the
+#: job's start still counts as "started before the job".
+_START_SLACK_S = 2.0
 #: Gang states (gang/state.py) after which nothing of the job runs any more, plus ORPHANED.
 FINISHED = frozenset({"CLOSED", ORPHANED})
 ACTIONS = ("cancel", "release")
@@ -300,7 +303,9 @@ class Registry:
         shutil.rmtree(self.log_dir(job.id), ignore_errors=True)
 
     def reap(self, now: float | None = None) -> list[str]:
-        """Mark live jobs ORPHANED whose kernel stopped beating (or died on this host)."""
+        """Mark live jobs ORPHANED whose kernel died (on this host, where its process can be
+        seen: a kernel busy in C code stops beating but is not gone) or, on another host,
+        stopped beating."""
         now = now or time.time()
         with self._lock:
             rows = self._db.execute(
@@ -310,8 +315,8 @@ class Registry:
         dead = [
             (job_id, job)
             for job_id, host, pid, beat, model in rows
-            if now - beat > ORPHAN_AFTER_S or (host == HOST and not _running(pid))
             if (job := self._load(model, beat, {})) is not None
+            if (not kernel_alive(pid, job.started) if host == HOST else now - beat > ORPHAN_AFTER_S)
         ]
         for job_id, job in dead:
             job.state, job.ended = ORPHANED, job.ended or now
@@ -346,11 +351,17 @@ class Registry:
         return out
 
 
-def _running(pid: int) -> bool:
+def kernel_alive(pid: int, job_started: float) -> bool:
+    """Whether a job's kernel process (on this host) still runs: its pid exists and started
+    before the job did, so a pid recycled after the kernel died does not count."""
     import psutil
 
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        return (
+            proc.status() != psutil.STATUS_ZOMBIE
+            and proc.create_time() <= job_started + _START_SLACK_S
+        )
     except psutil.NoSuchProcess:
         return False
 

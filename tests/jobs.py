@@ -6,6 +6,8 @@ import os
 import time
 from typing import Any
 
+import psutil
+
 from jupyter_mn.registry import JobModel, NodeModel
 
 
@@ -20,7 +22,8 @@ def make_job(job_id: str = "jmn-1", **changes: Any) -> JobModel:
         gpus=1,
         world_size=2,
         state="READY",
-        started=time.time() - 5,
+        # after this test process started: it stands in for the job's kernel
+        started=max(time.time() - 5, psutil.Process().create_time()),
         heartbeat=time.time(),
         pid=os.getpid(),  # alive: this test process stands in for the owning kernel
         nodes=[NodeModel(0, ranks=["ready"]), NodeModel(1, ranks=["ready"])],

@@ -133,7 +133,7 @@ def test_requests_go_to_live_jobs_only_and_carry_an_outcome(registry: Registry):
 def test_resolve_by_id_name_or_prefix(registry: Registry):
     now = time.time()
     registry.save(make_job("train-a1b2", name="train", state="CLOSED", started=now))
-    registry.save(make_job("train-c3d4", name="train", started=now - 10))
+    registry.save(make_job("train-c3d4", name="train", started=now - 1))
     registry.save(make_job("jmn-12345678"))
     assert registry.resolve("jmn-1").id == "jmn-12345678"
     assert registry.resolve("train").id == "train-c3d4"  # a name means its live job first
