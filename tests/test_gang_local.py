@@ -7,8 +7,11 @@ import os
 import time
 
 import psutil
+import pytest
 
 from jupyter_mn import Cluster
+from jupyter_mn.errors import SchedulingError
+from jupyter_mn.gang import local
 
 #: A cell that holds the group's sockets open while the test looks (gloo listens per pair).
 ALL_REDUCE = """
@@ -46,3 +49,13 @@ def test_a_local_gang_listens_on_loopback_only(no_leftovers):
     exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback]
     assert not exposed, f"listening beyond loopback: {exposed}"
     assert (total, ifname) == (4.0, "lo")
+
+
+def test_a_node_whose_worker_dies_at_start_fails_the_gang_at_once(monkeypatch, no_leftovers):
+    """A worker process that cannot start (here: no Python runtime) is named within seconds,
+    not after ``start_timeout`` (waiting for workers alone would wait it out)."""
+    monkeypatch.setitem(local._WORKER_ENV, "PYTHONHOME", "/nonexistent")
+    started = time.monotonic()
+    with pytest.raises(SchedulingError, match=r"worker process exited with code \d+ while start"):
+        Cluster(nodes=2, gpus=1, start_timeout=120).run("1")
+    assert time.monotonic() - started < 60  # half the start timeout: it did not wait it out

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 import dask
@@ -30,6 +31,8 @@ from ..spec import ClusterSpec
 #: freed memory as dask's nanny would have set it (the ranks inherit both).
 _WORKER_CONFIG = {"logging": {"distributed": "critical"}}
 _WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+#: How often a start-up checks whether a worker process has already exited.
+_EXIT_CHECK_S = 0.5
 _TLS_FIELDS = (
     "tls_ca_file",
     "tls_worker_cert",
@@ -112,13 +115,32 @@ class LocalProvisioner:
                 self._client = Client(
                     self._cluster, security=security, set_as_default=False, direct_to_workers=True
                 )
-                self._client.wait_for_workers(spec.nodes, timeout=spec.start_timeout)
+                self._wait_for_nodes(spec.nodes, spec.start_timeout)
         except Exception as exc:
             self.release()
             raise SchedulingError(f"could not start {spec.nodes} local node(s): {exc}") from exc
         workers = self._client.scheduler_info(n_workers=-1)["workers"]
         order = sorted(workers, key=lambda a: int(workers[a]["name"]))
         return self._client, order
+
+    def _wait_for_nodes(self, n: int, timeout: float) -> None:
+        """Wait for ``n`` workers, but fail as soon as a worker process has exited: dask's
+        ``wait_for_workers`` alone would wait out ``timeout`` for a node that can never come."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._client.wait_for_workers(n, timeout=min(_EXIT_CHECK_S, timeout))
+                return
+            except TimeoutError:
+                for name, node in self._cluster.workers.items():
+                    code = node.process.returncode if node.process is not None else None
+                    if code is not None:
+                        raise SchedulingError(
+                            f"node {name}'s worker process exited with code {code} while "
+                            "starting (its error is above, on the kernel's stderr)"
+                        ) from None
+                if time.monotonic() >= deadline:
+                    raise
 
     def launch_options(self) -> dict[str, Any]:
         # The workers are this gang's alone: an agent whose kernel is gone ends its worker too.
