@@ -26,13 +26,12 @@ GLANCE_STYLE = """<style>
 .jp-mn-gpunode { display: flex; gap: 8px; align-items: flex-start; margin: 2px 0; }
 .jp-mn-nodename { color: var(--jp-ui-font-color2, #555); white-space: nowrap; }
 .jp-mn-gpurow { display: flex; gap: 6px; align-items: center; height: 22px; }
-.jp-mn-bar { position: relative; display: inline-block; width: 6em; height: 16px;
-  background: var(--jp-layout-color3, #e8eaed); border-radius: 3px; overflow: hidden; }
+.jp-mn-bar { position: relative; display: inline-flex; align-items: center; width: 6em;
+  height: 16px; background: #e8eaed; border-radius: 3px; overflow: hidden; }
 .jp-mn-bar.jp-mn-mem { width: 9em; }
-.jp-mn-bar > i { position: absolute; left: 0; top: 0; bottom: 0; background: #1a73e8; }
-.jp-mn-bar.jp-mn-mem > i { background: #9334e6; }
-.jp-mn-bar > span { position: relative; padding-left: 4px; line-height: 16px; font-size: 11px;
-  color: var(--jp-ui-font-color0, #111); }
+.jp-mn-bar > i { position: absolute; left: 0; top: 0; bottom: 0; background: #8ab4f8; }
+.jp-mn-bar.jp-mn-mem > i { background: #d7aefb; }
+.jp-mn-bar > span { position: relative; padding-left: 4px; font-size: 11px; color: #202124; }
 .jp-mn-spark { background: var(--jp-layout-color2, #f1f3f4); border-radius: 2px; }
 .jp-mn-spark polyline { fill: none; stroke: #1a73e8; stroke-width: 1.5; }
 .jp-mn-gpuextra { color: var(--jp-ui-font-color2, #666); font-size: 11px; white-space: nowrap; }
