@@ -191,12 +191,12 @@ class NodesWaiting:
         if not self.nodes:
             who = "gang"
         else:
-            who = ("node " if len(self.nodes) == 1 else "nodes ") + _ranges(self.nodes)
+            who = ("node " if len(self.nodes) == 1 else "nodes ") + number_ranges(self.nodes)
         return f"{who}: {self.reason}" + (f" ({self.message})" if self.message else "")
 
 
-def _ranges(numbers: tuple[int, ...]) -> str:
-    """``(0, 1, 2, 5)`` → ``"0-2, 5"``."""
+def number_ranges(numbers: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` → ``"0-2, 5"``: many nodes named in one short line."""
     parts: list[str] = []
     for n in sorted(numbers):
         if parts and parts[-1].split("-")[-1] == str(n - 1):

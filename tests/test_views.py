@@ -182,3 +182,138 @@ def test_ranks_filter_keeps_only_those_ranks_lines_in_both_views():
     widget._draw(widget.state.take_dirty())
     node0 = widget._logs[0].value
     assert "oops &lt;b&gt;" in node0 and "line 499" not in node0
+
+
+def gpu_samples(count: int) -> list[GpuSample]:
+    """A node with two GPUs over ``count`` seconds: GPU 0 ramps up, GPU 1 stays idle."""
+    return [
+        GpuSample(
+            0,
+            (
+                GpuStat(0, "NVIDIA H100", min(100, i), 1024 * (8 + i % 8), 81920, 300.0, 60, (0,)),
+                GpuStat(1, "NVIDIA H100", 0, 512, 81920, 70.0, 35, (1,)),
+            ),
+        )
+        for i in range(count)
+    ]
+
+
+def points(svg: str) -> list[tuple[int, int]]:
+    text = svg.split('points="')[1].split('"')[0]
+    return [tuple(int(v) for v in p.split(",")) for p in text.split()]
+
+
+def test_gpu_bars_and_a_sparkline_of_the_last_minute_per_gpu():
+    from jupyter_mn.views.glance import SPARK_H, SPARK_W, gpu_html
+    from jupyter_mn.views.state import HISTORY, CellState
+
+    state = CellState("train", "2×2", "local", 2, False)
+    for event in gpu_samples(75):
+        state.apply(event)
+    state.apply(GpuSample(1, (), "no GPU (NVML Shared Library Not Found)"))
+    assert list(state.history[(0, 0)]) == [min(100, i) for i in range(15, 75)]  # the last 60
+    panel = gpu_html(state)
+    gpu0, gpu1 = panel.split('class="jp-mn-gpurow"')[1:]
+    assert '<i style="width:74%"></i><span>74%</span>' in gpu0  # utilization now
+    assert "<span>10.0/80.0 GiB</span>" in gpu0 and "width:12.5%" in gpu0  # 10 of 80 GiB
+    line = points(gpu0)
+    assert len(line) == HISTORY and line[-1][0] == SPARK_W  # newest at the right edge
+    assert line[0] == (0, SPARK_H - 1 - round(15 * (SPARK_H - 2) / 100))
+    assert line[-1][1] < line[0][1]  # higher utilization is drawn higher
+    assert {y for _, y in points(gpu1)} == {SPARK_H - 1}  # idle: flat on the floor
+    assert "peak 74%" in gpu0 and "300 W 60°C ranks 0" in gpu0
+    assert "node 1</span>: no GPU (NVML Shared Library Not Found)" in panel
+
+
+def test_a_new_gpu_draws_a_one_point_sparkline_and_no_gpu_nodes_share_a_line():
+    from jupyter_mn.views.glance import SPARK_W, gpu_html
+    from jupyter_mn.views.state import CellState
+
+    state = CellState("train", "3×1", "local", 3, False)
+    state.apply(gpu_samples(1)[0])
+    for node in (1, 2):
+        state.apply(GpuSample(node, (), "no GPU (nvidia-ml-py is not installed)"))
+    panel = gpu_html(state)
+    assert points(panel) == [(SPARK_W, 19)]
+    assert "nodes 1-2</span>: no GPU (nvidia-ml-py is not installed)" in panel
+
+
+BADGES = {  # fixture: the badges (text, tone) its transport report shows
+    "ib_gdrdma": [("RDMA IB", "good"), ("GPUDirect", "good"), ("P2P/IPC/read", "good")],
+    "ib_no_gdr": [("RDMA IB", "good")],
+    "roce": [("RDMA RoCE", "good"), ("GPUDirect", "good")],
+    "efa_ofi": [("RDMA EFA", "good"), ("GPUDirect", "good"), ("P2P/CUMEM", "good")],
+    "socket_fallback": [("TCP socket", "bad"), ("P2P/CUMEM", "good")],
+    "p2p_ipc": [("net Socket", "bad"), ("P2P/IPC/read", "good"), ("P2P/IPC", "good")],
+    "shm": [("SHM/direct/direct", "neutral")],
+    "nvls_on": [
+        ("net IB", "neutral"),
+        ("P2P/CUMEM/read", "good"),
+        ("NVLink SHARP", "good"),
+    ],
+}
+
+
+def test_transport_badges_green_for_rdma_red_for_sockets_grey_for_gloo():
+    from jupyter_mn.views.glance import transport_badges
+
+    for name, expected in BADGES.items():
+        report = NcclLog().feed_all((FIXTURES / f"{name}.log").read_text().splitlines()).report(0)
+        got = [(b.text, b.tone) for b in transport_badges(report)]
+        assert got == expected, name
+    assert [(b.text, b.tone) for b in transport_badges(TransportReport(0, "gloo"))] == [
+        ("gloo (CPU)", "off")
+    ]
+    assert transport_badges(TransportReport(0))[0].tone == "off"  # NCCL, nothing logged yet
+    fallback = NcclLog().feed_all((FIXTURES / "socket_fallback.log").read_text().splitlines())
+    socket = transport_badges(fallback.report(0))[0]
+    assert "NET/IB : No device found." in socket.title  # why, on hover
+
+
+def test_transport_panel_groups_alike_nodes_and_keeps_the_loud_warning():
+    from jupyter_mn.views.glance import transport_html
+    from jupyter_mn.views.state import CellState
+
+    def report(name: str, node: int) -> TransportReport:
+        return NcclLog().feed_all((FIXTURES / f"{name}.log").read_text().splitlines()).report(node)
+
+    state = CellState("train", "3×8", "slurm", 3, rdma=True)
+    for node, name in enumerate(["ib_gdrdma", "ib_gdrdma", "socket_fallback"]):
+        state.apply(report(name, node))
+    panel = transport_html(state)
+    rows = panel.split('class="jp-mn-trow"')[1:]
+    assert len(rows) == 2
+    assert (
+        "nodes 0-1</span>: " in rows[0] and 'jp-mn-good" title="NET/IB/GDRDMA">RDMA IB' in rows[0]
+    )
+    assert "jp-mn-alarm" not in rows[0] and "via NET/IB/3/GDRDMA" in rows[0]  # NCCL's proof
+    assert "node 2</span>: " in rows[1] and 'class="jp-mn-badge jp-mn-bad"' in rows[1]
+    assert '<div class="jp-mn-alarm">⚠ --rdma was asked for, but NCCL uses TCP sockets' in rows[1]
+
+
+def test_rank_filter_lists_each_tabs_shown_ranks_and_tags_every_line_with_its_rank():
+    from jupyter_mn.views.filter import RankFilter, node_ranks, rank_runs
+
+    assert node_ranks(1, 4) == [4, 5, 6, 7]
+    assert node_ranks(1, 4, (0, 5, 7)) == [5, 7]  # --ranks 0,5,7
+    widget = ClusterWidget(SPEC.replace(ranks=(0, 1, 2)), title="train")
+    filters = [
+        [c for c in tab.children if isinstance(c, RankFilter)] for tab in widget._tabs.children
+    ]
+    assert [[f.ranks for f in found] for found in filters] == [[[0, 1]], []]  # one rank: no filter
+    assert all("jp-mn-node" in tab._dom_classes for tab in widget._tabs.children)
+    lines = [(0, "out", "a"), (0, "out", "b"), (1, "err", "<x>"), (0, "out", "c")]
+    assert rank_runs(lines) == (
+        '<span data-rank="0">[rank 0] a\n[rank 0] b</span>'
+        '<span data-rank="1" class="jp-mn-err">[rank 1] &lt;x&gt;</span>'
+        '<span data-rank="0">[rank 0] c</span>'
+    )
+    for event in events():
+        widget.state.apply(event)
+    widget._draw(widget.state.take_dirty())
+    runs = widget._logs[0].value.split("<span")[1:]
+    assert runs and all(
+        run.startswith(f' data-rank="{rank}"') and f"[rank {1 - rank}]" not in run
+        for run in runs
+        for rank in [int(run.split('"')[1])]
+    )

@@ -1,7 +1,8 @@
 """What a view knows about one cell's gang, built from events; both views read the same state.
 
 Log lines are kept bounded per rank (the widget shows the tail; text mode prints every line as it
-arrives), GPU samples and transport reports keep the latest per node plus the peak per GPU, and
+arrives), GPU samples and transport reports keep the latest per node plus the peak and the last
+minute of utilization per GPU (the widget's sparkline), and
 ``dirty`` tells the widget which parts changed since it last drew them.
 """
 
@@ -28,6 +29,8 @@ from .stacks import format_stacks
 
 #: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
 TAIL_LINES = 100
+#: Utilization samples kept per GPU for the sparkline: about a minute at ~1 Hz.
+HISTORY = 60
 
 
 @dataclass
@@ -69,6 +72,8 @@ class CellState:
         self.logs = {n: NodeLog() for n in range(nodes)}
         self.gpus: dict[int, GpuSample] = {}
         self.peaks: dict[tuple[int, int], tuple[int, int]] = {}
+        #: (node, GPU index) → its last ``HISTORY`` utilization samples, oldest first
+        self.history: dict[tuple[int, int], deque[int]] = {}
         self.transport: dict[int, TransportReport] = {}
         self.done: CellDone | None = None
         #: what the user should read besides the logs: retries, restarts, stacks on a timeout
@@ -111,6 +116,8 @@ class CellState:
             for g in event.gpus:
                 util, mem = self.peaks.get((event.node, g.index), (0, 0))
                 self.peaks[(event.node, g.index)] = (max(util, g.util), max(mem, g.mem_used))
+                history = self.history.setdefault((event.node, g.index), deque(maxlen=HISTORY))
+                history.append(g.util)
             self.dirty.add("gpu")
         elif isinstance(event, TransportReport):
             self.transport[event.node] = event

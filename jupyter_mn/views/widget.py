@@ -1,10 +1,11 @@
-"""The cell's live widget: header with Cancel, a log tab per node, GPU grid, transport panel.
+"""The cell's live widget: header with Cancel, GPU and transport panels, a log tab per node.
 
 Events update a ``CellState`` on the kernel's main thread; a drawing thread turns what changed
 into widget updates at most 10 times a second and within a byte budget, because Jupyter drops
 IOPub messages past 1000 msg/s or 1 MB/s (docs/architecture.md, "Views and the IOPub budget")
 and every update of a log resends the whole bounded tail. Its ``text/plain`` is the text summary,
-so a saved notebook or a papermill output stays readable without a kernel.
+so a saved notebook or a papermill output stays readable without a kernel. The GPU panel, which
+changes with every node's ~1 Hz sample, gets at most a quarter of the byte budget.
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ from IPython.display import display
 from ..events import GangState
 from ..kernelid import current_kernel_id
 from ..spec import ClusterSpec
+from .filter import FILTER_STYLE, RankFilter, node_ranks, rank_runs
+from .glance import GLANCE_STYLE, gpu_html, transport_html
 from .state import CellState
 from .straggler import hints
-from .summary import evidence, gpu_lines, header, rank_table, summary, transport_line
+from .summary import header, rank_table, summary
 
 FRAME_S = 0.1
 #: IOPub data budget for this widget (Jupyter's limit is 1 MB/s averaged over 3 s).
 BYTES_PER_S = 400_000
+#: The GPU panel's share: it is redrawn at most once a second, less often when it is large.
+GPU_BYTES_PER_S = BYTES_PER_S // 4
 _STATE_COLORS = {"RUNNING": "#1a73e8", "READY": "#188038", "BROKEN": "#d93025"}
 
 STYLE = """<style>
@@ -58,7 +63,11 @@ export default {
     const button = document.createElement("button");
     button.className = "jupyter-button jp-mn-cancel";
     button.textContent = "Cancel";
-    const sync = () => { button.disabled = !model.get("running") || !model.get("kernel_id"); };
+    const sync = () => {  // only while the cell runs: no inactive button left on a done cell
+      const live = model.get("running") && model.get("kernel_id");
+      button.disabled = !live;
+      button.style.display = live ? "" : "none";
+    };
     sync();
     model.on("change:running", sync);
     button.addEventListener("click", async () => {
@@ -85,7 +94,7 @@ export default {
 
 
 class CancelButton(anywidget.AnyWidget):
-    """Interrupts the kernel (and so the cell's ranks) while the cell runs."""
+    """Interrupts the kernel (and so the cell's ranks); shown only while the cell runs."""
 
     _esm = CANCEL_ESM
     running = traitlets.Bool(False).tag(sync=True)
@@ -102,17 +111,24 @@ class ClusterWidget:
         self._header = W.HTML()
         self._cancel = CancelButton(kernel_id=current_kernel_id() or "", running=True)
         self._logs = [W.HTML() for _ in range(spec.nodes)]
-        self._tabs = W.Tab(children=self._logs, titles=[f"node {n}" for n in range(spec.nodes)])
+        tabs = []
+        for node, log in enumerate(self._logs):
+            ranks = node_ranks(node, spec.gpus, spec.ranks)
+            tab = W.VBox([RankFilter(ranks=ranks), log] if len(ranks) > 1 else [log])
+            tab.add_class("jp-mn-node")  # the filter's scope
+            tabs.append(tab)
+        self._tabs = W.Tab(children=tabs, titles=[f"node {n}" for n in range(spec.nodes)])
         self._gpu = W.HTML()
         self._transport = W.HTML()
+        panels = W.HBox([self._gpu, self._transport])
+        panels.add_class("jp-mn-panels")
         self._notes = W.HTML()
         self.root = W.VBox(
             [
-                W.HTML(STYLE),
+                W.HTML(STYLE + GLANCE_STYLE + FILTER_STYLE),
                 W.HBox([self._header, self._cancel]),
+                panels,
                 self._tabs,
-                self._gpu,
-                self._transport,
                 self._notes,
             ]
         )
@@ -121,6 +137,7 @@ class ClusterWidget:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._drawn_at = 0.0
+        self._gpu_due = 0.0
         self._draw_lock = threading.Lock()
 
     # ---- display
@@ -181,6 +198,10 @@ class ClusterWidget:
             dirty = self.state.take_dirty()
             if time.monotonic() - self._drawn_at >= 1.0:
                 dirty.add("header")  # the elapsed time ticks
+            if "gpu" in dirty and time.monotonic() < self._gpu_due:
+                dirty.discard("gpu")
+                with self.state.lock:
+                    self.state.dirty.add("gpu")  # drawn when its share of the budget allows
             sent = self._draw(dirty)
             delay = max(FRAME_S, sent / BYTES_PER_S)
 
@@ -197,9 +218,11 @@ class ClusterWidget:
                 if f"log{node}" in dirty:
                     changes.append((widget, self._log_html(node)))
             if "gpu" in dirty:
-                changes.append((self._gpu, self._gpu_html()))
+                gpus = gpu_html(self.state)
+                changes.append((self._gpu, gpus))
+                self._gpu_due = time.monotonic() + max(1.0, len(gpus) / GPU_BYTES_PER_S)
             if "transport" in dirty:
-                changes.append((self._transport, self._transport_html()))
+                changes.append((self._transport, transport_html(self.state)))
             if "summary" in dirty:
                 changes.append((self._notes, self._notes_html()))
         sent = 0
@@ -223,38 +246,12 @@ class ClusterWidget:
 
     def _log_html(self, node: int) -> str:
         log = self.state.logs[node]
-        rows = []
         lines = log.lines
-        for rank, stream, text in lines:
-            line = f"[rank {rank}] {html.escape(text)}"
-            rows.append(f'<span class="jp-mn-err">{line}</span>' if stream == "err" else line)
         shown = len(lines)
         note = f"last {shown} of {log.total} lines" if log.total > shown else f"{log.total} lines"
-        body = "\n".join(rows)
+        body = rank_runs(lines)
         log_div = f'<div class="jp-mn-log"><pre data-node="{node}">{body}</pre></div>'
         return f"{log_div}<small>{note}</small>"
-
-    def _gpu_html(self) -> str:
-        lines = gpu_lines(self.state) or ["waiting for the first GPU sample …"]
-        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-        return f'<div class="jp-mn-gpu"><b>GPUs</b><ul>{items}</ul></div>'
-
-    def _transport_html(self) -> str:
-        rows = []
-        for node in sorted(self.state.transport):
-            report = self.state.transport[node]
-            text = html.escape(f"node {node}: {transport_line(report)}")
-            if self.state.alarm(node):
-                why = (
-                    "ranks run gloo on CPU" if report.backend == "gloo" else "NCCL uses TCP sockets"
-                )
-                text = f'<span class="jp-mn-alarm">{text} — --rdma asked for, but {why}</span>'
-            proof = evidence(report)
-            if proof:
-                text += f'<div class="jp-mn-evidence">{html.escape(proof)}</div>'
-            rows.append(f"<li>{text}</li>")
-        body = "".join(rows) or "<li>waiting for the ranks …</li>"
-        return f'<div class="jp-mn-transport"><b>Transport</b><ul>{body}</ul></div>'
 
     def _notes_html(self) -> str:
         notices = "".join(f"<pre>{html.escape(text)}</pre>" for text in self.state.notices)
