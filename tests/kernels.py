@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,9 +36,10 @@ class Reply:
 class Kernel:
     """Start a kernel, run cells, collect their outputs; always shut down."""
 
-    def __init__(self, name: str = "jupyter_mn") -> None:
+    def __init__(self, name: str = "jupyter_mn", env: dict[str, str] | None = None) -> None:
+        """``env``: variables added to this process's environment for the kernel."""
         self.km = KernelManager(kernel_name=name)
-        self.km.start_kernel()
+        self.km.start_kernel(env={**os.environ, **(env or {})})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

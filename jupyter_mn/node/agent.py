@@ -28,7 +28,7 @@ from ..rank.env import rank_env
 from .gpu import RankProcess
 from .netif import socket_ifname
 from .ports import listen_port
-from .process import STOP_GRACE_S, RankHandle, describe_exit
+from .process import STOP_GRACE_S, RankHandle, describe_exit, rank_command
 from .script import ScriptRun
 from .telemetry import SAMPLE_S, NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
@@ -62,6 +62,7 @@ class NodeAgent:
         self._wake = asyncio.Event()  # a look at the node is due now (a cell ended, or stop)
         self._telemetry: NodeTelemetry | None = None
         self._launch: Launch  # set by start(), before anything reads it
+        self._command: list[str] = []  # how a cell rank starts (set by start())
         self._generation = 0
         self._run_id = 0
         self._watchdog: Watchdog | None = None
@@ -133,6 +134,7 @@ class NodeAgent:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._begin()
         self._launch = launch
+        self._command = rank_command()  # a bad JUPYTER_MN_RANK_PYTHON: refused before any rank
         self._telemetry = NodeTelemetry(self.node, launch, self._publish)
         infos = await self._spawn_all(generation=0)
         self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
@@ -151,19 +153,21 @@ class NodeAgent:
         )
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
-        proc = RankHandle(self, local, rank, env, launch.cwd)
+        proc = RankHandle(self, local, rank, env, launch.cwd, self._command)
         self.rank_state(rank, "started", f"pid {proc.proc.pid}")
         return proc
 
     async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
         """Start every rank of this node and wait until they joined group ``generation``."""
         self._generation = generation
-        self._ranks = [self._spawn(local, generation) for local in range(self._launch.gpus)]
+        self._ranks = []
         timeout = self._launch.start_timeout
-        joined = asyncio.gather(*(r.ready() for r in self._ranks))
-        # when the agent is stopped meanwhile nobody awaits it: mark its outcome as seen
-        joined.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
+            for local in range(self._launch.gpus):  # the ones started before a failure stop too
+                self._ranks.append(self._spawn(local, generation))
+            joined = asyncio.gather(*(r.ready() for r in self._ranks))
+            # when the agent is stopped meanwhile nobody awaits it: mark its outcome as seen
+            joined.add_done_callback(lambda f: f.cancelled() or f.exception())
             infos = await asyncio.wait_for(joined, timeout)
         except asyncio.TimeoutError:
             await self._stop_ranks()

@@ -1,7 +1,8 @@
 """One rank process as its node agent sees it: launched, read, signalled, stopped.
 
-The process runs ``python -m jupyter_mn.rank.runtime`` in its own session (a Jupyter interrupt
-never reaches it), with stdout/stderr on pipes (C-level output included) and a control socket.
+The process runs ``python -m jupyter_mn.rank.runtime`` (``rank_command``) in its own session (a
+Jupyter interrupt never reaches it), with stdout/stderr on pipes (C-level output included) and a
+control socket.
 Its pipes are read by a ``PipeReader`` (``pipes.py``), its control socket by a thread; both hand
 what it says to the agent's event loop; its death shows as EOF at once.
 """
@@ -12,11 +13,14 @@ import asyncio
 import contextlib
 import os
 import pickle
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -31,6 +35,29 @@ _STACKS_WAIT_S = 1.0
 _SESSION_GRACE_S = 1.0
 #: Messages up to this size are written from the event loop (the socket buffer holds them).
 _INLINE_SEND = 64 * 1024
+#: The agent's environment may name another command for its cell ranks (see ``rank_command``).
+RANK_PYTHON = "JUPYTER_MN_RANK_PYTHON"
+_DEFAULT_COMMAND = [sys.executable, "-m", "jupyter_mn.rank.runtime"]
+
+
+def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The command a cell rank is started with: ``python -m jupyter_mn.rank.runtime``, unless
+    the agent's environment sets ``JUPYTER_MN_RANK_PYTHON``.
+
+    That variable exists for simulation: the scale tests and bench start light stand-in ranks
+    (``tests/standin_rank.py``, which speak this protocol without torch) so that 64 nodes × 8
+    ranks fit on one machine. A command that cannot run is refused before any rank starts.
+    """
+    raw = environ.get(RANK_PYTHON, "")
+    if not raw.strip():
+        return _DEFAULT_COMMAND
+    try:
+        argv = shlex.split(raw)
+    except ValueError as exc:
+        raise RendezvousError(f"{RANK_PYTHON}={raw!r} cannot be parsed: {exc}") from None
+    if shutil.which(argv[0]) is None:
+        raise RendezvousError(f"{RANK_PYTHON}={raw!r}: {argv[0]!r} is not an executable")
+    return argv
 
 
 def describe_exit(code: int | None) -> str:
@@ -54,7 +81,13 @@ class RankHandle:
     """One cell rank process as its agent sees it."""
 
     def __init__(
-        self, agent: NodeLink, local_rank: int, rank: int, env: dict[str, str], cwd: str | None
+        self,
+        agent: NodeLink,
+        local_rank: int,
+        rank: int,
+        env: dict[str, str],
+        cwd: str | None,
+        command: list[str],
     ) -> None:
         self.agent = agent
         self.local_rank = local_rank
@@ -71,17 +104,24 @@ class RankHandle:
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
         parent, child = socket.socketpair()
         env = {**env, CONTROL_FD: str(child.fileno())}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_mn.rank.runtime"],
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(child.fileno(),),
-            start_new_session=True,
-        )
-        child.close()
+        #: named in a start failure when it is not the usual one (``JUPYTER_MN_RANK_PYTHON``)
+        self.command = "" if command == _DEFAULT_COMMAND else shlex.join(command)
+        try:
+            self.proc = subprocess.Popen(
+                command,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(child.fileno(),),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            parent.close()
+            raise RendezvousError(f"rank {rank}: cannot run {shlex.join(command)}: {exc}") from None
+        finally:
+            child.close()
         self.conn = Connection(parent.detach())
         self.pipes.start(self.proc)
         threading.Thread(
@@ -136,7 +176,8 @@ class RankHandle:
         if msg["op"] == "ready":
             return {**msg, "rank": self.rank, "local_rank": self.local_rank}
         reason = msg.get("error") or describe_exit(await self.exit_code())
-        raise RendezvousError(self.explain(f"failed to start: {reason}"))
+        started_as = f" (started as {self.command})" if self.command else ""
+        raise RendezvousError(self.explain(f"failed to start{started_as}: {reason}"))
 
     async def reply(self, op: str) -> dict[str, Any]:
         """The next reply of kind ``op``, or a "lost" outcome when the process died first."""

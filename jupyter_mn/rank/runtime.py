@@ -12,7 +12,6 @@ import faulthandler
 import os
 import queue
 import threading
-import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -20,22 +19,8 @@ from . import env as contract
 from . import execute, stacks
 from .group import ProcessGroup
 from .info import cluster_info
+from .parent import exit_with_parent
 from .sync import sync_streams
-
-_PARENT_POLL_S = 1.0
-
-
-def _exit_with_parent() -> None:
-    """Ranks must not outlive their node agent (a lost agent means a lost node)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(_PARENT_POLL_S)
-            if os.getppid() != parent:
-                os._exit(70)
-
-    threading.Thread(target=watch, name="jupyter-mn-parent-watch", daemon=True).start()
 
 
 class _Control:
@@ -74,7 +59,7 @@ def _read_commands(
 def main() -> None:
     faulthandler.enable(all_threads=False)  # a segfault leaves its Python stack in the log
     control = _Control(Connection(int(os.environ[contract.CONTROL_FD])))
-    _exit_with_parent()
+    exit_with_parent()
     signals = execute.CellSignals()
     info = cluster_info()
     try:

@@ -1,11 +1,13 @@
 """The cell's live widget: header with Cancel, GPU and transport panels, a log tab per node.
 
-Events update a ``CellState`` on the kernel's main thread; a drawing thread turns what changed
-into widget updates at most 10 times a second and within a byte budget, because Jupyter drops
+Events update a ``CellState`` on the kernel's main thread; a drawing thread redraws one changed
+part per frame, at most 10 frames a second and within a byte budget, because Jupyter drops
 IOPub messages past 1000 msg/s or 1 MB/s (docs/architecture.md, "Views and the IOPub budget")
-and every update of a log resends the whole bounded tail. Its ``text/plain`` is the text summary,
-so a saved notebook or a papermill output stays readable without a kernel. The GPU panel, which
-changes with every node's ~1 Hz sample, gets at most a quarter of the byte budget.
+and every update of a log resends the whole bounded tail. One part per frame keeps a 64-node gang
+whose ranks all print at 10 messages a second: each node's tab is redrawn in turn. The GPU panel,
+which changes with every node's ~1 Hz sample, gets at most a quarter of the byte budget. Its
+``text/plain`` is the text summary, so a saved notebook or a papermill output stays readable
+without a kernel.
 """
 
 from __future__ import annotations
@@ -132,7 +134,11 @@ class ClusterWidget:
                 self._notes,
             ]
         )
+        #: widget updates sent, and their bytes (the IOPub budget's two measures)
         self.updates = 0
+        self.sent_bytes = 0
+        #: parts changed but not redrawn yet, oldest first
+        self._pending: dict[str, None] = {}
         self._handle: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -153,19 +159,19 @@ class ClusterWidget:
         self._thread.start()
 
     def __call__(self, event: Any) -> None:
-        if self._handle is None:  # shown with the first event: refused input shows no widget
+        if self._thread is None:  # shown with the first event: refused input shows no widget
             self.show()
         self.state.apply(event)
 
     def close(self) -> None:
         """Final draw of everything and the text summary; the Cancel button goes grey."""
-        if self._handle is None:
+        if self._thread is None:
             return
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
         self.state.ended = self.state.ended or time.monotonic()
-        self._draw(self.state.take_dirty() | {"header", "summary"})
+        self._draw({*self._pending, *self.state.take_dirty(), "header", "summary"})
+        self._pending.clear()
         self._cancel.running = False
         if self._handle is not None:
             self._handle.update(self)
@@ -195,15 +201,22 @@ class ClusterWidget:
     def _loop(self) -> None:
         delay = FRAME_S
         while not self._stop.wait(delay):
-            dirty = self.state.take_dirty()
+            self._pending.update(dict.fromkeys(sorted(self.state.take_dirty())))
             if time.monotonic() - self._drawn_at >= 1.0:
-                dirty.add("header")  # the elapsed time ticks
-            if "gpu" in dirty and time.monotonic() < self._gpu_due:
-                dirty.discard("gpu")
-                with self.state.lock:
-                    self.state.dirty.add("gpu")  # drawn when its share of the budget allows
-            sent = self._draw(dirty)
+                self._pending["header"] = None  # the elapsed time ticks
+            part = self._next_part()
+            sent = self._draw({part}) if part else 0
             delay = max(FRAME_S, sent / BYTES_PER_S)
+
+    def _next_part(self) -> str | None:
+        """The part to redraw in this frame: the header first (state, elapsed time), then the
+        part that has waited longest; the GPU panel only when its share of the budget allows."""
+        due = [p for p in self._pending if p != "gpu" or time.monotonic() >= self._gpu_due]
+        if not due:
+            return None
+        part = "header" if "header" in due else due[0]
+        del self._pending[part]
+        return part
 
     def _draw(self, dirty: set[str]) -> int:
         """Redraw the parts named in ``dirty``; return the bytes it sent."""
@@ -231,6 +244,7 @@ class ClusterWidget:
                 widget.value = value
                 sent += len(value)
                 self.updates += 1
+        self.sent_bytes += sent
         return sent
 
     def _header_html(self) -> str:

@@ -1,0 +1,228 @@
+"""A stand-in cell rank: stand-in, tests/bench only. It speaks the real rank protocol without torch.
+
+A node agent starts it instead of ``python -m jupyter_mn.rank.runtime`` when its environment
+sets ``JUPYTER_MN_RANK_PYTHON`` to ``python tests/standin_rank.py`` (``standin_env()``), so a
+simulated gang of 64 nodes × 8 ranks fits on one machine: it imports neither torch nor IPython
+(about 15 MB each instead of a few hundred). What the agent and the kernel see is the real thing:
+its ``ready``, its replies, its lines on stdout/stderr and the sync marks after each cell
+(``rank/sync.py``), SIGINT, stacks, re-forming (``reinit``) and ``stop``.
+
+A cell is plain Python run in one namespace per rank (its last expression is the value), with
+``rank``, ``local_rank``, ``node_rank`` and ``world_size`` defined. It fails when the cell raises
+("fails on request"); ``os._exit`` makes it a lost rank. ``collective(name)`` marks the moment
+the rank enters a collective and the reply reports it as torch's flight recorder would
+(``rank/timing.py``), which drives the straggler hints. There is no process group: nothing waits
+for peers, so a failure has no secondary errors.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import linecache
+import os
+import pickle
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from jupyter_mn.rank.env import CONTROL_FD
+from jupyter_mn.rank.parent import exit_with_parent
+from jupyter_mn.rank.sync import sync_streams
+
+BACKEND = "stand-in"
+
+
+def standin_env(python: str = sys.executable) -> dict[str, str]:
+    """The environment variables that make node agents start stand-ins (an absolute path: the
+    ranks start in the agent's working directory)."""
+    from jupyter_mn.node.process import RANK_PYTHON  # the agent's side: not in the rank
+
+    return {RANK_PYTHON: f"{python} {Path(__file__).resolve()}"}
+
+
+class _Record:
+    """A ``CellPayload`` or ``Captured`` as plain attributes: unpickling the real classes would
+    import the kernel side (IPython), which is what this rank must stay without."""
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "jupyter_mn.cell":
+            return _Record
+        return super().find_class(module, name)
+
+
+def _loads(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+class _Cell:
+    """What the stacks thread and SIGINT need to know about the running cell."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.collective: dict[str, Any] | None = None
+        self.collectives = 0
+        self.started_ns = 0
+        signal.signal(signal.SIGINT, self._interrupt)
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        if self.active:
+            raise KeyboardInterrupt
+
+    def enter(self, name: str = "all_reduce") -> None:
+        now = time.time_ns()
+        self.collectives += 1
+        self.collective = {
+            "name": name,
+            "key": [0, self.collectives],
+            "entered_ns": now,
+            "entered_s": (now - self.started_ns) / 1e9,
+        }
+
+
+def _compile(source: str, filename: str) -> tuple[Any, Any]:
+    """The cell's statements, and its last expression apart (the value), as IPython splits them."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = compile(ast.Expression(tree.body.pop().value), filename, "eval")
+    return compile(tree, filename, "exec"), last
+
+
+def _cell_lines(frames: list[traceback.FrameSummary]) -> list[str]:
+    """``Cell In[N], line L`` and the code, for the frames of cells (as ``rank/stacks.py``)."""
+    lines = []
+    for f in frames:
+        if f.filename.startswith("Cell In["):
+            lines.append(f"{f.filename}, line {f.lineno}")
+            if f.line:
+                lines.append(f"    {f.line.strip()}")
+    return lines
+
+
+def _dumps(value: Any, notes: list[str], what: str) -> bytes | None:
+    try:
+        return pickle.dumps(value)
+    except Exception as exc:
+        notes.append(f"{what} cannot be sent ({type(exc).__name__}: {exc})")
+        return None
+
+
+def run(payload: Any, ns: dict[str, Any], cell: _Cell, held: dict[str, bytes]) -> dict[str, Any]:
+    """One cell; the reply has the fields ``rank/execute.py`` sends."""
+    rank = ns["rank"]
+    started = time.perf_counter()
+    cell.started_ns, cell.collective = time.time_ns(), None
+    value, error, status = None, None, "ok"
+    try:
+        for captured in payload.names:
+            if captured.data is not None:
+                held[captured.name] = captured.data
+            ns[captured.name] = pickle.loads(held[captured.name])
+        body, last = _compile(payload.source, f"Cell In[{payload.cell_id}]")
+        cell.active = True
+        try:
+            exec(body, ns)
+            if last is not None:
+                value = eval(last, ns)
+        finally:
+            cell.active = False
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+        frames = traceback.extract_tb(exc.__traceback__)
+        error = {
+            "ename": type(exc).__name__,
+            "evalue": str(exc),
+            "traceback": [*_cell_lines(list(frames)), f"{type(exc).__name__}: {exc}"],
+            "secondary": False,
+        }
+    reply: dict[str, Any] = {
+        "op": "done",
+        "rank": rank,
+        "duration": time.perf_counter() - started,
+        "collective": cell.collective,
+        "status": status,
+        "error": error,
+        "finished_at": time.time(),
+    }
+    if error is None and (rank == 0 or payload.return_all):
+        notes: list[str] = []
+        data = _dumps(value, notes, f"rank {rank}'s value") if value is not None else None
+        reply.update(value=data, value_repr=None if data or value is None else repr(value))
+        if rank == 0:
+            pulled = {}
+            for name in payload.pull:
+                if name not in ns:
+                    notes.append(f"--pull {name}: not defined on rank 0")
+                elif (data := _dumps(ns[name], notes, f"--pull {name}")) is not None:
+                    pulled[name] = data
+            reply.update(displays=[], pulled=pulled)
+        reply["notes"] = notes
+    return reply
+
+
+def main() -> None:
+    conn = Connection(int(os.environ[CONTROL_FD]))
+    lock = threading.Lock()
+
+    def send(msg: dict[str, Any]) -> None:
+        with lock:
+            conn.send(msg)
+
+    exit_with_parent()
+    cell = _Cell()
+    env = os.environ
+    ns: dict[str, Any] = {
+        "__name__": "__main__",
+        "rank": int(env["RANK"]),
+        "local_rank": int(env["LOCAL_RANK"]),
+        "node_rank": int(env["NODE_RANK"]),
+        "world_size": int(env["WORLD_SIZE"]),
+        "collective": cell.enter,
+    }
+    commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+    main_thread = threading.main_thread().ident or 0
+
+    def read() -> None:
+        while True:
+            try:
+                msg = _loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                commands.put({"op": "stop"})
+                return
+            if msg["op"] == "stacks":
+                frame = sys._current_frames().get(main_thread)
+                stack = traceback.extract_stack(frame) if frame is not None else []
+                send({"op": "stacks", "busy": cell.active, "stack": _cell_lines(list(stack))})
+            else:
+                commands.put(msg)
+
+    threading.Thread(target=read, name="standin-control", daemon=True).start()
+    host = socket.gethostname()
+    send({"op": "ready", "pid": os.getpid(), "device": "cpu", "backend": BACKEND, "host": host})
+    held: dict[str, bytes] = {}
+    while True:
+        msg = commands.get()
+        if msg["op"] == "run":
+            send(run(msg["payload"], ns, cell, held))
+            sync_streams()
+        elif msg["op"] == "reinit":
+            send({"op": "reinit", "ok": True})
+        elif msg["op"] == "stop":
+            break
+    sync_streams()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
