@@ -170,16 +170,25 @@ def table(
     unit: float,
     unit_name: str,
     baselines: dict[str, str],
+    floor: str | None = None,
 ) -> str:
-    rows = [f"\n{title}", f"{'':46} {'p50':>9} {'p95':>9}  {'n':>4}  ratio (p50)", "-" * 88]
+    """One row per tool: p50, p95, samples, the p50 above ``floor``'s (``+ms over plain``)
+    and the ratio of p50s to the tool's baseline."""
+    over = f"+{unit_name.strip()} over plain" if floor else ""
+    rows = [
+        f"\n{title}",
+        f"{'':46} {'p50':>9} {'p95':>9}  {'n':>4}  {over:>16}  ratio (p50)",
+        "-" * 106,
+    ]
     medians = {name: summarize(v)[0] for name, v in samples.items()}
     for name, values in samples.items():
         p50, p95 = summarize(values)
         base = baselines.get(name)
         ratio = f"{p50 / medians[base]:.2f}× {base.split(',')[0]}" if base else ""
+        above = f"{(p50 - medians[floor]) * unit:+.1f}" if floor and name != floor else ""
         rows.append(
             f"{name:46} {p50 * unit:8.1f}{unit_name} {p95 * unit:8.1f}{unit_name}"
-            f"  {len(values):4}  {ratio}"
+            f"  {len(values):4}  {above:>16}  {ratio}"
         )
     return "\n".join(rows)
 
@@ -202,6 +211,7 @@ def main() -> None:
                     MN_TRIVIAL: IPP_TRIVIAL,
                     MN_REDUCE: IPP_REDUCE,
                 },
+                floor=PLAIN,
             ),
             flush=True,
         )

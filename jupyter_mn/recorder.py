@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
+#: Events that arrive within this window are written together: a cell's RUNNING, READY and
+#: CellDone cost one SQLite write and one wake-up of the recorder thread, not one each.
+BATCH_S = 0.02
+#: Gang states written at once (a teardown must be on record even if the process exits next).
+_TERMINAL = ("BROKEN", "CLOSED")
 _SOURCES = {"panel": "the Clusters panel", "cli": "jupyter mn"}
 _DONE = {"cancel": "cancelled", "release": "released"}
 
@@ -151,7 +156,11 @@ class Recorder:
         self._unsaved: dict[str, JobRecord] = {}
         self._failing = False
         self._lock = threading.Lock()
+        #: set by the first event after a drain; the thread then waits ``BATCH_S`` for the rest
         self._wake = threading.Event()
+        #: set by a terminal state: no batching wait
+        self._urgent = threading.Event()
+        self._pending = False
         self._thread = threading.Thread(target=self._loop, name="jupyter-mn-recorder", daemon=True)
         self._thread.start()
 
@@ -162,9 +171,14 @@ class Recorder:
 
         def listener(event: Any) -> None:
             self._queue.put((record, event))
-            self._wake.set()
-            if isinstance(event, GangState) and event.state == "CLOSED":
-                self.drain()  # synchronously: the process may be exiting (atexit close)
+            if isinstance(event, GangState) and event.state in _TERMINAL:
+                self._urgent.set()
+                self._wake.set()
+                if event.state == "CLOSED":
+                    self.drain()  # synchronously: the process may be exiting (atexit close)
+            elif not self._pending:  # the first of a batch (a benign race: one wake-up more)
+                self._pending = True
+                self._wake.set()
 
         gang.hub.subscribe(listener)
         return record
@@ -197,8 +211,11 @@ class Recorder:
     def _loop(self) -> None:
         last_beat = 0.0
         while True:
-            self._wake.wait(POLL_S)
+            if self._wake.wait(POLL_S):
+                self._urgent.wait(BATCH_S)  # the rest of the batch, unless a teardown is due
             self._wake.clear()
+            self._urgent.clear()
+            self._pending = False
             try:
                 self.drain()
                 with self._lock:

@@ -8,12 +8,14 @@ Every check happens here, so a bad value raises ``SpecError`` before anything is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .errors import SpecError
@@ -170,9 +172,7 @@ class ClusterSpec:
 
     def gang_key(self) -> tuple[Any, ...]:
         """The fields that decide whether a running gang can serve this spec."""
-        return tuple(
-            getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("gang")
-        )
+        return tuple(getattr(self, name) for name in gang_fields())
 
     def replace(self, **changes: Any) -> ClusterSpec:
         return dataclasses.replace(self, **_normalize(changes))
@@ -190,8 +190,16 @@ class ClusterSpec:
         return cls(**_normalize(values))
 
 
-def spec_fields() -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(ClusterSpec)}
+@functools.cache
+def spec_fields() -> Mapping[str, dataclasses.Field]:
+    """The spec's fields by name (computed once: every cell's flags are read through it)."""
+    return MappingProxyType({f.name: f for f in dataclasses.fields(ClusterSpec)})
+
+
+@functools.cache
+def gang_fields() -> tuple[str, ...]:
+    """The names of the fields that shape the gang (``gang_key``)."""
+    return tuple(name for name, f in spec_fields().items() if f.metadata.get("gang"))
 
 
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ up, running cells, failing fast and tearing down are the same for all of them an
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import queue
@@ -252,8 +253,7 @@ class Gang:
         """Call an actor method on every agent at once (while the gang starts: no job runs);
         collect replies via the inbox, showing events meanwhile, until all answered or one
         failed."""
-        for node, agent in enumerate(self._agents):
-            self.call(node, lambda agent=agent: call(agent))
+        self.call_each(lambda node, agent: call(agent))
         replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout
         while len(replies) < len(self._agents):
@@ -373,19 +373,24 @@ class Gang:
     def generation(self) -> int:
         return self._generation
 
-    def call(self, node: int, call: Callable[[], Any]) -> None:
-        """Start an actor call on the client's loop (one wake-up of that loop per call); its
-        outcome reaches the inbox as a reply. The actor proxy raises at once when its worker is
-        already known lost: that is the reply then."""
+    def call_each(self, call: Callable[[int, Any], Any]) -> None:
+        """Start ``call(node, agent)`` (an actor call) for every node, all with one wake-up of
+        the client's loop (one per node cost a thread switch each on the cell's path); each
+        outcome reaches the inbox as that node's reply. The actor proxy raises at once when its
+        worker is already known lost: that is the reply then."""
         inbox = self.hub.inbox
+        agents = list(self._agents)
 
-        async def go() -> None:
+        async def one(node: int, agent: Any) -> None:
             try:
-                value = await call()
+                value = await call(node, agent)
             except BaseException as exc:
                 inbox.put_reply(Reply(node, error=exc))
             else:
                 inbox.put_reply(Reply(node, value=value))
+
+        async def go() -> None:
+            await asyncio.gather(*(one(node, agent) for node, agent in enumerate(agents)))
 
         self._client.loop.add_callback(go)
 

@@ -114,9 +114,8 @@ class ScriptJob(Job[CellResult]):
         _, port = gang.agents[0].endpoint().result()  # a fresh store: rank 0 keeps its own
         launch = gang.launch(port)
         self.started = time.monotonic()
-        for node, agent in enumerate(gang.agents):
-            node_launch = dataclasses.replace(launch, script=self._script(node))
-            gang.call(node, lambda agent=agent, sent=node_launch: agent.run_script(sent))
+        sent = [dataclasses.replace(launch, script=self._script(n)) for n in range(gang.nodes)]
+        gang.call_each(lambda node, agent: agent.run_script(sent[node]))
 
     def _script(self, node: int) -> Script:
         """What node ``node`` runs: the module, its own copy of the script, or the kernel's."""
