@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from . import kubespec
+from . import kubespec, slurmspec
 from .spec import ClusterSpec, parse_env_pairs, spec_fields
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
@@ -24,12 +24,12 @@ Argument = tuple[tuple[str, ...], dict[str, Any]]
 
 
 def add_spec_flags(parser: Parser) -> Parser:
-    """Flags that shape the gang or set its cells' defaults, with the preflight and Kubernetes
-    flags; returns ``parser``."""
+    """Flags that shape the gang or set its cells' defaults, with the preflight, Kubernetes and
+    Slurm flags; returns ``parser``."""
     add = parser.add_argument
     add("--nodes", type=int, help="number of nodes (one agent each)")
     add("--gpus", type=int, help="ranks per node (one per GPU; CPU ranks without)")
-    add("--backend", help="local (default), dask or kubernetes")
+    add("--backend", help="local (default), dask, kubernetes or slurm")
     add("--scheduler", help="dask scheduler address for --backend dask")
     add(
         "--insecure",
@@ -67,7 +67,7 @@ def add_spec_flags(parser: Parser) -> Parser:
     )
     add("--view", choices=["auto", "widget", "text"], help="how to show the cell")
     add("--ranks", help="show only these ranks' lines (0,3); all still go to the logs")
-    return kubespec.add_flags(_add_preflight_flags(parser))
+    return slurmspec.add_flags(kubespec.add_flags(_add_preflight_flags(parser)))
 
 
 def _add_preflight_flags(parser: Parser) -> Parser:
@@ -115,7 +115,11 @@ def cell_parser() -> MagicArgumentParser:
     add("--pull", help="copy these names (a,b) from rank 0 into the notebook")
     add("--push", help="send these notebook names (a,b) even if skipped")
     add("--bg", action="store_true", help="run in the background; returns a handle at once")
-    add("--dry-run", action="store_true", help="print the Kubernetes objects instead of running")
+    add(
+        "--dry-run",
+        action="store_true",
+        help="print the Kubernetes objects or the Slurm batch script instead of running",
+    )
     add("--k8s-version", help="with --dry-run: build for 1.MINOR, ask no cluster")
     return parser
 
@@ -140,9 +144,10 @@ def spec_flags(args: argparse.Namespace) -> dict[str, Any]:
     }
     if "env" in given:
         given["env"] = parse_env_pairs(given["env"])
-    kube = kubespec.from_args(args)
-    if kube:
-        given["kubernetes"] = kube
+    for name, read in (("kubernetes", kubespec.from_args), ("slurm", slurmspec.from_args)):
+        options = read(args)
+        if options:
+            given[name] = options
     return given
 
 
@@ -150,6 +155,7 @@ def spec_from_flags(args: argparse.Namespace, base: ClusterSpec) -> ClusterSpec:
     """``base`` with the spec fields given as flags over it (its Kubernetes options kept where
     no flag sets them)."""
     given = spec_flags(args)
-    if "kubernetes" in given:
-        given["kubernetes"] = base.kubernetes.replace(**given["kubernetes"])
+    for name in ("kubernetes", "slurm"):
+        if name in given:
+            given[name] = getattr(base, name).replace(**given[name])
     return base.replace(**given)

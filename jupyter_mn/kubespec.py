@@ -239,9 +239,19 @@ def add_flags(parser: Any) -> Any:
     add("--rdma-resource", dest="k8s_rdma_resource", help="RDMA device resource for --rdma")
     add("--rdma-networks", dest="k8s_rdma_networks", help="Multus networks for --rdma (a,b)")
     add("--shm-size", dest="k8s_shm_size", help="size limit of /dev/shm (memory emptyDir)")
-    add("--schedule-timeout", dest="k8s_schedule_timeout", type=float, help="s to get all pods")
+    add(
+        "--schedule-timeout",
+        dest="k8s_schedule_timeout",
+        type=float,
+        help="s to get all pods (Slurm: for the job to start)",
+    )
     add("--lifetime", dest="k8s_lifetime", type=int, help="hard cap on the pods' lifetime (s)")
-    add("--orphan-timeout", dest="k8s_orphan_timeout", type=int, help="pods outlive kernel (s)")
+    add(
+        "--orphan-timeout",
+        dest="k8s_orphan_timeout",
+        type=int,
+        help="pods (Slurm: the job) outlive the kernel (s)",
+    )
     add("--dask-port", dest="k8s_dask_port", type=int, help="dask scheduler port in pod 0")
     return parser
 

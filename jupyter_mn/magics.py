@@ -37,13 +37,18 @@ class ClusterMagics(Magics):
 
     default_nodes = Integer(None, allow_none=True, config=True, help="nodes when not given")
     default_gpus = Integer(None, allow_none=True, config=True, help="ranks per node")
-    default_backend = Unicode(None, allow_none=True, config=True, help="local | dask | kubernetes")
+    default_backend = Unicode(
+        None, allow_none=True, config=True, help="local | dask | kubernetes | slurm"
+    )
     default_scheduler = Unicode(None, allow_none=True, config=True, help="dask scheduler address")
     default_timeout = Float(None, allow_none=True, config=True, help="per-cell timeout (s)")
     default_idle_timeout = Float(None, allow_none=True, config=True, help="idle release (s)")
     default_env = Dict(None, allow_none=True, config=True, help="env for every rank")
     default_kubernetes = Dict(
         None, allow_none=True, config=True, help="Kubernetes options, e.g. {'image': …}"
+    )
+    default_slurm = Dict(
+        None, allow_none=True, config=True, help="Slurm options, e.g. {'partition': 'gpu'}"
     )
     default_rdma = Bool(None, allow_none=True, config=True, help="use the RDMA fabric")
     default_view = Unicode(None, allow_none=True, config=True, help="auto | widget | text")
@@ -158,8 +163,16 @@ class ClusterMagics(Magics):
         return result.unwrap()
 
     def _dry_run(self, spec: ClusterSpec, k8s_version: str | None) -> None:
+        if spec.backend == "slurm":
+            from .gang.slurm.provision import dry_run as slurm_dry_run
+
+            print(slurm_dry_run(spec))
+            return
         if spec.backend != "kubernetes":
-            raise UsageError("--dry-run prints Kubernetes objects: add --backend kubernetes")
+            raise UsageError(
+                "--dry-run prints Kubernetes objects or a Slurm batch script: "
+                "add --backend kubernetes or --backend slurm"
+            )
         from .gang.kubernetes.discovery import dry_run
 
         print(dry_run(spec, k8s_version))

@@ -83,8 +83,22 @@ def _kubernetes(job: JobModel, dry_run: bool) -> list[str]:
     ]
 
 
+def _slurm(job: JobModel, dry_run: bool) -> list[str]:
+    """Cancel the dead kernel's Slurm job: it is named after the gang."""
+    from .errors import JupyterMNError
+    from .gang.slurm.commands import cancel_named
+
+    try:
+        ids = cancel_named(job.gang, dry_run=dry_run)
+    except JupyterMNError as exc:
+        return [f"{job.id}: could not clean up on Slurm: {exc}"]
+    verb = "would cancel" if dry_run else "cancelled"
+    return [f"{job.id}: {verb} Slurm job {i}" for i in ids]
+
+
 #: How each backend's leftovers are found and removed.
 _CLEANERS: dict[str, Callable[[JobModel, bool], list[str]]] = {
     "local": _local,
     "kubernetes": _kubernetes,
+    "slurm": _slurm,
 }

@@ -22,9 +22,13 @@ from .errors import SpecError
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
 from .names import name_problem
+from .slurmspec import SlurmOptions
+from .slurmspec import from_environ as slurm_from_environ
 from .values import is_number
 
-BACKENDS = ("local", "dask", "kubernetes")
+BACKENDS = ("local", "dask", "kubernetes", "slurm")
+#: spec fields that hold a backend's options (merged across layers, read from their own env)
+_OPTIONS = {"kubernetes": KubeOptions, "slurm": SlurmOptions}
 VIEWS = ("auto", "widget", "text")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_PREFIX = "JUPYTER_MN_"
@@ -65,6 +69,7 @@ class ClusterSpec:
     #: dask backend: several workers of one host may be nodes (default: one node per host)
     same_host: bool = _gang(False)
     kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
+    slurm: SlurmOptions = _gang(SlurmOptions())  # noqa: RUF009 (frozen, and _gang is a field)
     name: str | None = None
     #: how the cell shows its gang: a widget where a frontend renders widgets, else text
     view: str = "auto"
@@ -183,7 +188,7 @@ class ClusterSpec:
         values: dict[str, Any] = from_environ(os.environ)
         for layer in layers:
             for key, value in layer.items():
-                if key == "kubernetes" and isinstance(value, Mapping):
+                if key in _OPTIONS and isinstance(value, Mapping):
                     value = {**values.get(key, {}), **value}  # options merge across layers
                 if value is not None:
                     values[key] = value
@@ -205,11 +210,12 @@ def gang_fields() -> tuple[str, ...]:
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """Read ``JUPYTER_MN_<FIELD>`` variables, e.g. ``JUPYTER_MN_NODES=2``."""
     values: dict[str, Any] = {}
-    kube = kube_from_environ(environ)
-    if kube:
-        values["kubernetes"] = kube
+    for name, read in (("kubernetes", kube_from_environ), ("slurm", slurm_from_environ)):
+        options = read(environ)
+        if options:
+            values[name] = options
     for name, f in spec_fields().items():
-        if name == "kubernetes":
+        if name in _OPTIONS:
             continue
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is None or raw == "":
@@ -261,8 +267,9 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         values = {**values, "ranks": _ranks(values["ranks"])}
     elif isinstance(values.get("ranks"), list):
         values = {**values, "ranks": tuple(values["ranks"])}
-    if isinstance(values.get("kubernetes"), Mapping):
-        values = {**values, "kubernetes": KubeOptions.from_mapping(values["kubernetes"])}
+    for name, options in _OPTIONS.items():
+        if isinstance(values.get(name), Mapping):
+            values = {**values, name: options.from_mapping(values[name])}
     env = values.get("env")
     if isinstance(env, Mapping):
         values = {**values, "env": tuple(sorted((str(k), v) for k, v in env.items()))}

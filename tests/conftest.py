@@ -18,6 +18,8 @@ import pytest
 from daskcli import DaskCLI, tls_config
 from hosts import HostNet, missing
 from procs import ours, wait_gone
+from slurm import SlurmCluster
+from slurm import missing as slurm_missing
 
 from jupyter_mn import Cluster
 from jupyter_mn.registry import Registry
@@ -85,3 +87,20 @@ def host_net(request: pytest.FixtureRequest) -> Iterator[HostNet]:
         pytest.skip(reason)
     with HostNet.create(getattr(request.module, "HOSTS", 2)) as net:
         yield net
+
+
+@pytest.fixture(scope="module")
+def slurm(host_net: HostNet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real Slurm with one slurmd per test host (``slurm.py``), shared by a module's tests;
+    this process (and the kernels it starts) reach it through ``SLURM_CONF``."""
+    reason = slurm_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    with (
+        pytest.MonkeyPatch.context() as env,
+        SlurmCluster.start(host_net, tmp_path_factory.mktemp("slurm")) as cluster,
+    ):
+        for key, value in cluster.env.items():
+            env.setenv(key, value)
+        env.delenv("SLURM_JOB_ID", raising=False)  # a test run inside an allocation submits too
+        yield cluster

@@ -30,4 +30,11 @@ def make_gang(spec: ClusterSpec) -> Gang:
         gang = Gang(spec, provisioner)
         provisioner.notify = gang.notify  # pending reasons are shown while the pods come up
         return gang
+    if spec.backend == "slurm":
+        from .slurm.provision import SlurmProvisioner
+
+        provisioner = SlurmProvisioner()
+        gang = Gang(spec, provisioner)
+        provisioner.notify = gang.notify  # squeue's pending reason is shown while the job waits
+        return gang
     raise SpecError(f"the {spec.backend!r} backend is not available in this build")

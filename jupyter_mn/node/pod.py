@@ -75,7 +75,13 @@ class OrphanGuard(SchedulerPlugin):
 
 
 def security_from(tls_dir: str) -> Security:
+    """The gang's TLS settings from the files of its Secret."""
     ca, cert, key = (os.path.join(tls_dir, f) for f in ("ca.crt", "tls.crt", "tls.key"))
+    return security_of(ca, cert, key)
+
+
+def security_of(ca: str, cert: str, key: str) -> Security:
+    """TLS everywhere with one certificate (a path, or PEM text: dask takes either)."""
     return Security(
         require_encryption=True,
         tls_ca_file=ca,
@@ -90,19 +96,42 @@ def security_from(tls_dir: str) -> Security:
 
 async def serve(env: Mapping[str, str]) -> None:
     """Run this pod's part of the gang until the worker closes (or SIGTERM)."""
+    port = int(env["JUPYTER_MN_DASK_PORT"])
+    await serve_node(
+        node=int(env["NODE_RANK"]),
+        host=env["POD_IP"],
+        scheduler=env["JUPYTER_MN_SCHEDULER"],
+        port=port,
+        security=security_from(env["JUPYTER_MN_TLS_DIR"]),
+        orphan_timeout=float(env["JUPYTER_MN_ORPHAN_TIMEOUT"]),
+        connect_timeout=float(env["JUPYTER_MN_CONNECT_TIMEOUT"]),
+        ready_port=port + 1,
+    )
+
+
+async def serve_node(
+    *,
+    node: int,
+    host: str,
+    scheduler: str,
+    port: int,
+    security: Security,
+    orphan_timeout: float,
+    connect_timeout: float,
+    ready_port: int | None = None,
+) -> None:
+    """One node of a gang the kernel connects back to (a pod, a Slurm task): node 0 also runs
+    the TLS scheduler on ``port`` (with the ``OrphanGuard``), every node one worker named after
+    its node rank, listening on ``host``; ``ready_port`` opens once the worker has registered.
+    Returns when the worker closes (its scheduler went, or SIGTERM)."""
     import dask
 
-    node = int(env["NODE_RANK"])
-    pod_ip = env["POD_IP"]
-    port = int(env["JUPYTER_MN_DASK_PORT"])
-    connect_timeout = float(env["JUPYTER_MN_CONNECT_TIMEOUT"])
-    security = security_from(env["JUPYTER_MN_TLS_DIR"])
     loop = asyncio.get_running_loop()
     with dask.config.set(DASK_CONFIG):
-        scheduler = None
+        sched = None
         if node == 0:  # all interfaces: a port-forward arrives on the pod's loopback
-            guard = OrphanGuard(float(env["JUPYTER_MN_ORPHAN_TIMEOUT"]), connect_timeout)
-            scheduler = await Scheduler(
+            guard = OrphanGuard(orphan_timeout, connect_timeout)
+            sched = await Scheduler(
                 host="0.0.0.0",
                 port=port,
                 protocol="tls",
@@ -112,23 +141,26 @@ async def serve(env: Mapping[str, str]) -> None:
                 plugins=[guard],
             )
         worker = await Worker(
-            env["JUPYTER_MN_SCHEDULER"],
+            scheduler,
             name=str(node),
-            host=pod_ip,
+            host=host,
             nthreads=1,
             security=security,
             preload=["jupyter_mn.node.agent"],
             memory_limit=0,
             death_timeout=connect_timeout,
         )
-        ready = await asyncio.start_server(_hang_up, pod_ip, port + 1)
+        ready = None
+        if ready_port is not None:
+            ready = await asyncio.start_server(_hang_up, host, ready_port)
         loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(worker.close()))
         try:
             await worker.finished()
         finally:
-            ready.close()
-            if scheduler is not None:
-                await scheduler.close(reason="jupyter-mn: pod stopping")
+            if ready is not None:
+                ready.close()
+            if sched is not None:
+                await sched.close(reason="jupyter-mn: node stopping")
 
 
 async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,71 @@
+"""Gangs on a real Slurm (``slurm.py``): one slurmd per test host, one batch job per gang."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from polling import wait_until
+from slurm import SlurmCluster
+from test_hosts_dask import CHECK
+
+from jupyter_mn import Cluster
+from jupyter_mn.errors import NodeLost, SchedulingError
+from jupyter_mn.events import NodesWaiting
+from jupyter_mn.slurmspec import SlurmOptions
+from jupyter_mn.spec import ClusterSpec
+
+
+def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
+    out = slurm.run("srun", "--nodes=2", "--ntasks-per-node=1", "sh", "-c", "hostname; hostname -I")
+    lines = sorted(out.split("\n")[:-1])
+    hosts = {h.hostname: h.ip for h in slurm.net.hosts}
+    assert [x for x in lines if x in hosts] == sorted(hosts)
+    assert {ip.strip() for ip in lines if ip.strip() not in hosts} == set(hosts.values())
+
+
+def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts(slurm, no_leftovers):
+    with Cluster(nodes=2, gpus=1, backend="slurm") as cluster:
+        rows = [json.loads(v) for v in cluster.run(CHECK, return_all=True).unwrap()]
+        (job,) = slurm.jobs()
+        assert job.split()[1] == "RUNNING"
+    hosts = slurm.net.hosts
+    assert [r["host"] for r in rows] == [h.hostname for h in hosts]
+    assert {r["master"] for r in rows} == {hosts[0].ip}
+    assert all(r["sum"] == 1 for r in rows)
+    assert all((r["gloo"], r["nccl"]) == ("eth0", "=eth0") for r in rows)
+    wait_until(lambda: not slurm.jobs(), 30, "the job to leave squeue")
+
+
+def test_a_job_that_cannot_start_shows_why_and_is_cancelled_at_the_schedule_timeout(
+    slurm, no_leftovers
+):
+    seen: list[NodesWaiting] = []
+    held = SlurmOptions(sbatch_args=("--hold",), schedule_timeout=2)
+    cluster = Cluster(ClusterSpec(nodes=2, gpus=1, backend="slurm", slurm=held))
+    with pytest.raises(
+        SchedulingError, match=r"did not start within .* 2 s \(pending: JobHeldUser"
+    ):
+        cluster.up(on_event=lambda e: seen.append(e) if isinstance(e, NodesWaiting) else None)
+    cluster.close()
+    (job,) = {e.message for e in seen}
+    assert [e.reason for e in seen] == ["pending: JobHeldUser"]
+    assert job.startswith("Slurm job ")
+    wait_until(lambda: not slurm.jobs(), 30, "the held job to leave squeue")
+
+
+def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_job(
+    slurm, no_leftovers
+):
+    with Cluster(nodes=2, gpus=1, backend="slurm") as cluster:
+        cluster.up()
+        (first,) = (line.split()[0] for line in slurm.jobs())
+        cell = cluster.submit("import time\nfor _ in range(600):\n    time.sleep(0.1)")
+        wait_until(lambda: cluster.gang.status.value == "RUNNING", 30, "the cell to run")
+        slurm.run("scontrol", "requeue", first)
+        with pytest.raises(NodeLost):
+            cell.result(timeout=60)
+        assert cluster.run("1 + 1").unwrap() == 2
+        (second,) = (line.split()[0] for line in slurm.jobs() if "RUNNING" in line)
+        assert second != first
+    wait_until(lambda: not slurm.jobs(), 30, "both jobs to leave squeue")
