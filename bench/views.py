@@ -12,7 +12,11 @@ import statistics
 import time
 
 from jupyter_mn import Cluster
+from jupyter_mn.events import GpuSample, GpuStat
+from jupyter_mn.spec import ClusterSpec
 from jupyter_mn.views import TextView
+from jupyter_mn.views.glance import gpu_html
+from jupyter_mn.views.state import HISTORY
 from jupyter_mn.views.widget import ClusterWidget
 
 LINES = 2000
@@ -52,6 +56,21 @@ def ours() -> dict[str, float]:
     return rows
 
 
+def gpu_panel(nodes: int = 64, gpus: int = 8) -> dict[str, float]:
+    """The GPU panel of a large gang after a minute of samples: bars and sparklines per GPU."""
+    state = ClusterWidget(ClusterSpec(nodes=nodes, gpus=gpus)).state
+    for t in range(HISTORY):
+        for node in range(nodes):
+            stats = tuple(
+                GpuStat(g, "NVIDIA H100 80GB HBM3", (t + g) % 100, 40960, 81559, 500.0, 60, (g,))
+                for g in range(gpus)
+            )
+            state.apply(GpuSample(node, stats))
+    size = len(gpu_html(state))
+    name = f"widget: GPU panel, {nodes}×{gpus} GPUs, {size / 1000:.0f} kB (one frame)"
+    return {name: median_s(lambda: gpu_html(state))}
+
+
 def ipyparallel() -> dict[str, float]:
     import ipyparallel as ipp
 
@@ -71,7 +90,7 @@ def ipyparallel() -> dict[str, float]:
 
 
 def main() -> None:
-    rows = {**ours(), **ipyparallel()}
+    rows = {**ours(), **gpu_panel(), **ipyparallel()}
     base = rows["jupyter_mn, no view"]
     print(f"{LINES} lines per rank, 2×2 (4 ranks), median of {REPEATS}; CPU, gloo")
     print(f"{'what':<48} {'median':>10} {'vs no view':>10}")

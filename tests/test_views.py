@@ -317,3 +317,22 @@ def test_rank_filter_lists_each_tabs_shown_ranks_and_tags_every_line_with_its_ra
         for run in runs
         for rank in [int(run.split('"')[1])]
     )
+
+
+def test_a_large_gpu_panel_is_redrawn_less_often_within_its_share_of_the_budget():
+    """2 GPUs once a second; 64 nodes × 8 GPUs (over 200 kB) every few seconds."""
+    import time
+
+    from jupyter_mn.views.widget import GPU_BYTES_PER_S
+
+    for nodes, gpus in ((1, 2), (64, 8)):
+        widget = ClusterWidget(ClusterSpec(nodes=nodes, gpus=gpus), title="big")
+        for node in range(nodes):
+            stats = tuple(GpuStat(g, "H100", 50, 4096, 81559, ranks=(g,)) for g in range(gpus))
+            widget.state.apply(GpuSample(node, stats))
+        before = time.monotonic()
+        widget._draw({"gpu"})
+        wait = widget._gpu_due - before
+        assert wait >= 1.0
+        assert wait >= len(widget._gpu.value) / GPU_BYTES_PER_S
+    assert wait > 2.0  # the 512-GPU panel

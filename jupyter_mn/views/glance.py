@@ -25,6 +25,7 @@ GLANCE_STYLE = """<style>
 .jp-mn-gpu { max-height: 16em; overflow-y: auto; }
 .jp-mn-gpunode { display: flex; gap: 8px; align-items: flex-start; margin: 2px 0; }
 .jp-mn-nodename { color: var(--jp-ui-font-color2, #555); white-space: nowrap; }
+.jp-mn-nogpu { margin: 2px 0; }
 .jp-mn-gpurow { display: flex; gap: 6px; align-items: center; height: 22px; }
 .jp-mn-bar { position: relative; display: inline-flex; align-items: center; width: 6em;
   height: 16px; background: #e8eaed; border-radius: 3px; overflow: hidden; }
@@ -194,6 +195,6 @@ def gpu_html(state: CellState) -> str:
         gpus = "".join(gpu_row(state, node, g) for g in sample.gpus)
         rows.append(f'<div class="jp-mn-gpunode">{_nodes([node])}<div>{gpus}</div></div>')
     for note, nodes in none.items():
-        rows.append(f'<div class="jp-mn-gpunode">{_nodes(nodes)}: {html.escape(note)}</div>')
+        rows.append(f'<div class="jp-mn-nogpu">{_nodes(nodes)}: {html.escape(note)}</div>')
     body = "".join(rows) or "waiting for the first GPU sample …"
     return f'<div class="jp-mn-gpu"><b>GPUs</b>{body}</div>'
