@@ -19,9 +19,10 @@ import ipywidgets as W
 import traitlets
 from IPython.display import display
 
-from ..events import GangState
+from ..events import Displays, GangState
 from ..kernelid import current_kernel_id
 from ..spec import ClusterSpec
+from .displays import RankDisplays
 from .state import CellState
 from .straggler import hints
 from .summary import evidence, gpu_lines, header, rank_table, summary, transport_line
@@ -37,6 +38,7 @@ STYLE = """<style>
 .jp-mn-log pre { margin: 0; padding: 4px; flex-shrink: 0; overflow: visible;
   font-size: var(--jp-code-font-size, 12px); }
 .jp-mn-log .jp-mn-err { color: var(--jp-error-color1, #d32f2f); }
+.jp-mn-log .jp-mn-live { font-weight: bold; }
 .jp-mn-table { border-collapse: collapse; font-size: 12px; }
 .jp-mn-table td, .jp-mn-table th { padding: 1px 8px; text-align: left; }
 .jp-mn-alarm { background: #fdecea; color: #b71c1c; padding: 2px 6px; }
@@ -117,6 +119,8 @@ class ClusterWidget:
             ]
         )
         self.updates = 0
+        #: rank 0's displays, shown below the widget while the cell runs
+        self.displays = RankDisplays()
         self._handle: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -138,6 +142,8 @@ class ClusterWidget:
     def __call__(self, event: Any) -> None:
         if self._handle is None:  # shown with the first event: refused input shows no widget
             self.show()
+        if isinstance(event, Displays):
+            self.displays(event)
         self.state.apply(event)
 
     def close(self) -> None:
@@ -228,6 +234,8 @@ class ClusterWidget:
         for rank, stream, text in lines:
             line = f"[rank {rank}] {html.escape(text)}"
             rows.append(f'<span class="jp-mn-err">{line}</span>' if stream == "err" else line)
+        for rank, _stream, text in log.live:  # progress bars: redrawn in place, last
+            rows.append(f'<span class="jp-mn-live">[rank {rank}] {html.escape(text)}</span>')
         shown = len(lines)
         note = f"last {shown} of {log.total} lines" if log.total > shown else f"{log.total} lines"
         body = "\n".join(rows)
