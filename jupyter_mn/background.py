@@ -66,7 +66,7 @@ class BackgroundCell:
         self.started = time.monotonic()
         self._ended: float | None = None
         self._buffer = RecentLines(OUTPUT_LINES)
-        self._text = TextView(self._buffer, self._buffer)
+        self._text = TextView(self._buffer, self._buffer, displays=False)
         self._job = ""
         self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
         self._thread = threading.Thread(

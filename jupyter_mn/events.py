@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _KINDS: dict[str, type] = {}
@@ -28,6 +28,34 @@ class LogLines:
     seq: int
     #: (rank, "out" | "err", lines) in the order each rank wrote them
     items: tuple[tuple[int, str, tuple[str, ...]], ...]
+    #: (rank, stream, text): the line each rank is still writing, after ``items`` (a progress
+    #: bar redrawn with \r; "": none any more). A finished line in ``items`` ends its rank's.
+    partial: tuple[tuple[int, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class DisplayOutput:
+    """One of rank 0's display calls: ``display`` (new output), ``update`` (``update_display``
+    of ``display_id``) or ``clear`` (``clear_output``; ``wait``: when the next output comes)."""
+
+    kind: str
+    #: the mime bundle (``image/png`` base64, ``text/html``, ``text/plain``, …) and its metadata
+    data: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    display_id: str = ""
+    wait: bool = False
+
+
+@_event
+@dataclass(frozen=True)
+class Displays:
+    """Rank 0's display outputs while a cell runs, batched and compacted by its node agent (what
+    a later ``clear`` or ``update`` makes moot is dropped). ``seq`` counts with ``LogLines``."""
+
+    node: int
+    seq: int
+    rank: int
+    outputs: tuple[DisplayOutput, ...] = ()
 
 
 @_event
@@ -279,6 +307,7 @@ class NodeReply:
 
 Event = (
     LogLines
+    | Displays
     | RankState
     | GangState
     | GpuSample
@@ -293,6 +322,7 @@ OnEvent = Callable[[Event], None]
 #: Fields holding nested parts, rebuilt by ``from_msg`` after the msgpack trip: (type, many).
 _NESTED: dict[type, dict[str, tuple[type, bool]]] = {
     GpuSample: {"gpus": (GpuStat, True)},
+    Displays: {"outputs": (DisplayOutput, True)},
     CellDone: {"ranks": (RankTiming, True)},
     RankReply: {"error": (RankError, False)},
     NodeReply: {"ranks": (RankReply, True)},
@@ -314,6 +344,7 @@ def _build(cls: type, msg: dict[str, Any]) -> Any:
     msg = {k: v for k, v in msg.items() if k in names}  # dask adds e.g. "worker"
     if cls is LogLines:
         msg["items"] = tuple((r, s, tuple(lines)) for r, s, lines in msg["items"])
+        msg["partial"] = tuple(tuple(p) for p in msg.get("partial", ()))
     for name, (part, many) in _NESTED.get(cls, {}).items():
         value = msg.get(name)
         if many:

@@ -156,8 +156,10 @@ class ClusterMagics(Magics):
         if result.ok:  # on failure the notes are part of the error
             for note in result.notes:
                 print(f"jupyter_mn: {note}")
-        for bundle in result.displays:
-            publish_display_data(bundle["data"], bundle["metadata"])
+        shown = getattr(view, "displays", None)
+        if shown is None or not shown.shown:  # else they were shown while the cell ran
+            for bundle in result.displays:
+                publish_display_data(bundle["data"], bundle["metadata"])
         if result.ok and result.pulled:
             self.shell.user_ns.update(result.pulled)
         return result.unwrap()

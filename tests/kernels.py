@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,15 +81,31 @@ class Kernel:
         reply.elapsed = time.monotonic() - started
         return reply
 
-    def iopub_during(self, code: str, timeout: float = 120) -> list[dict[str, Any]]:
-        """Every IOPub message (any parent: widget threads send without one) until the cell ends."""
+    def iopub_during(
+        self,
+        code: str,
+        timeout: float = 120,
+        on_msg: Callable[[dict[str, Any] | None], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every IOPub message (any parent: widget threads send without one) until the cell ends.
+
+        ``on_msg(msg)`` sees each message as it arrives, and ``on_msg(None)`` each second
+        without one (a test that gates the cell on what it saw can give up and let it end).
+        """
         msg_id = self.kc.execute(code)
         seen: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            msg = self.kc.get_iopub_msg(timeout=deadline - time.monotonic())
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                if on_msg is not None:
+                    on_msg(None)
+                continue
             msg["received"] = time.monotonic()
             seen.append(msg)
+            if on_msg is not None:
+                on_msg(msg)
             ours = msg["parent_header"].get("msg_id") == msg_id
             if ours and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 return seen

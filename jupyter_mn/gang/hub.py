@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import GpuSample, LogLines, OnEvent, TransportReport
+from ..events import Displays, GpuSample, LogLines, OnEvent, TransportReport
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class EventHub:
     def dispatch(self, event: Any) -> None:
         self.inbox.put_event(event)
         self._notify(event)
-        if isinstance(event, LogLines):
+        if isinstance(event, (LogLines, Displays)):
             with self._delivery:
                 self._delivered[event.node] = max(self._delivered.get(event.node, 0), event.seq)
                 self._delivery.notify_all()
@@ -68,7 +68,7 @@ class EventHub:
 
     def consume(self, event: Any, on_event: OnEvent | None) -> None:
         """Handle one event on the main thread: note log progress, then show it."""
-        if isinstance(event, LogLines):
+        if isinstance(event, (LogLines, Displays)):  # one sequence per node
             self._seen[event.node] = max(self._seen.get(event.node, 0), event.seq)
         elif isinstance(event, TransportReport):
             self.transport[event.node] = event

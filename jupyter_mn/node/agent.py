@@ -1,7 +1,8 @@
 """The node agent: a dask actor (one per node) that owns that node's rank processes.
 
 The agent starts its ranks (``process.py``), relays cells to them, batches their output lines into
-events (~5 ms), and learns of a rank's death from EOF at once. After a failure it re-forms the
+events (~5 ms) with the lines they are still writing (progress bars, every ``PARTIAL_S`` at most),
+and learns of a rank's death from EOF at once. After a failure it re-forms the
 group in place (``reinit``) or restarts its ranks (``relaunch``); it stops them itself when the
 kernel's heartbeat stops, and kills a rank over ``--memory-limit`` (``watchdog.py``).
 
@@ -22,9 +23,18 @@ from typing import Any
 from distributed import get_worker
 
 from ..errors import RendezvousError
-from ..events import GangState, LogLines, NodeReply, RankState, to_msg
+from ..events import (
+    DisplayOutput,
+    Displays,
+    GangState,
+    LogLines,
+    NodeReply,
+    RankState,
+    to_msg,
+)
 from ..launch import Launch
 from ..rank.env import rank_env
+from .displaybatch import DisplayBatch
 from .gpu import RankProcess
 from .netif import socket_ifname
 from .ports import listen_port
@@ -36,6 +46,16 @@ from .watchdog import CHECK_S, Watchdog, mib
 log = logging.getLogger("jupyter_mn.agent")
 #: Lines arriving within this window share one event.
 BATCH_S = 0.005
+#: A line still being written (a progress bar redrawn with \r) is sent at most this often per
+#: node while it changes (5 updates/s: smooth, and a small share of the IOPub budget) ...
+PARTIAL_S = 0.2
+#: ... and again this long after it last went out while it stands unchanged, so a view that
+#: writes it seldom (the text view) still gets to show its latest state.
+PARTIAL_REPEAT_S = 2.0
+#: Rank 0's displays go out at most this often (a plot redrawn every step: 5 frames/s) ...
+DISPLAY_S = 0.2
+#: ... and within this many bytes a second (a quarter of Jupyter's IOPub data limit, 1 MB/s).
+DISPLAY_BYTES_PER_S = 250_000
 
 
 def dask_setup(worker: Any) -> None:
@@ -56,6 +76,16 @@ class NodeAgent:
         self._lock = threading.Lock()  # the line buffer, filled by reader threads
         self._buffer: list[tuple[int, str, str]] = []
         self._flush_armed = False
+        #: the unfinished line of each (rank, stream), "" once cleared until that is sent
+        self._partials: dict[tuple[int, str], str] = {}
+        self._partial_changed = False
+        self._partial_timer: asyncio.TimerHandle | None = None
+        self._partial_sent = 0.0
+        #: rank display calls not sent yet, per rank, and when the next batch may go
+        self._displays: dict[int, DisplayBatch] = {}
+        self._display_armed = False
+        self._display_timer: asyncio.TimerHandle | None = None
+        self._display_next = 0.0
         self._seq = 0
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -80,6 +110,7 @@ class NodeAgent:
             self._telemetry.line(line)
         with self._lock:
             self._buffer.append((rank, stream, line))
+            self._partials.pop((rank, stream), None)  # the line is done: views drop its partial
             if self._flush_armed:
                 return
             self._flush_armed = True
@@ -87,13 +118,47 @@ class NodeAgent:
         assert self._loop is not None
         self.call_soon(self._loop.call_at, self._loop.time() + BATCH_S, self.flush)
 
-    def flush(self, always: bool = False) -> int:
-        """Publish buffered lines as one ``LogLines`` (``always``: even none, as a last event);
-        return the last sequence number sent."""
+    def partial(self, rank: int, stream: str, text: str) -> None:
+        with self._lock:
+            self._partials[(rank, stream)] = text
+            if self._partial_changed:
+                return
+            self._partial_changed = True
+        self.call_soon(self._schedule_partials, PARTIAL_S)
+
+    def _schedule_partials(self, after: float) -> None:
+        """Send the unfinished lines ``after`` seconds after they last went out (not sooner
+        than a line batch would); an earlier due time wins over a later one."""
+        assert self._loop is not None
+        due = max(self._loop.time() + BATCH_S, self._partial_sent + after)
+        timer = self._partial_timer
+        if timer is not None:
+            if timer.when() <= due:
+                return
+            timer.cancel()
+        self._partial_timer = self._loop.call_at(due, self._send_partials)
+
+    def _send_partials(self) -> None:
+        assert self._loop is not None
+        self._partial_timer, self._partial_sent = None, self._loop.time()
+        self.flush(partials=True)
+        with self._lock:
+            standing = bool(self._partials)
+        if standing:
+            self._schedule_partials(PARTIAL_REPEAT_S)
+
+    def flush(self, always: bool = False, partials: bool = False) -> int:
+        """Publish buffered lines as one ``LogLines`` (``always``: even none, as a last event;
+        ``partials``: with the unfinished lines); return the last sequence number sent."""
         with self._lock:
             lines, self._buffer = self._buffer, []
             self._flush_armed = False
-            if lines or always:
+            unfinished: tuple[tuple[int, str, str], ...] = ()
+            if partials:
+                self._partial_changed = False
+                unfinished = tuple((r, s, t) for (r, s), t in sorted(self._partials.items()))
+                self._partials = {k: t for k, t in self._partials.items() if t}
+            if lines or unfinished or always:
                 items: list[tuple[int, str, list[str]]] = []
                 for rank, stream, text in lines:
                     if items and items[-1][0] == rank and items[-1][1] == stream:
@@ -102,9 +167,50 @@ class NodeAgent:
                         items.append((rank, stream, [text]))
                 self._seq += 1
                 self._publish(
-                    LogLines(self.node, self._seq, tuple((r, s, tuple(t)) for r, s, t in items))
+                    LogLines(
+                        self.node,
+                        self._seq,
+                        tuple((r, s, tuple(t)) for r, s, t in items),
+                        unfinished,
+                    )
                 )
             return self._seq
+
+    def display(self, rank: int, output: dict[str, Any]) -> None:
+        out = DisplayOutput(
+            output["kind"],
+            output.get("data") or {},
+            output.get("metadata") or {},
+            output.get("display_id") or "",
+            bool(output.get("wait", False)),
+        )
+        with self._lock:
+            self._displays.setdefault(rank, DisplayBatch()).add(out)
+            if self._display_armed:
+                return
+            self._display_armed = True
+        self.call_soon(self._schedule_displays)
+
+    def _schedule_displays(self) -> None:
+        assert self._loop is not None
+        due = max(self._loop.time() + BATCH_S, self._display_next)
+        self._display_timer = self._loop.call_at(due, self.send_displays)
+
+    def send_displays(self) -> None:
+        """Publish the pending display calls (from the loop: when due, and before a reply)."""
+        assert self._loop is not None
+        if self._display_timer is not None:
+            self._display_timer.cancel()
+            self._display_timer = None
+        size = 0
+        with self._lock:
+            self._display_armed = False
+            batches, self._displays = self._displays, {}
+            for rank, batch in sorted(batches.items()):
+                self._seq += 1
+                self._publish(Displays(self.node, self._seq, rank, tuple(batch.outputs)))
+                size += batch.size
+        self._display_next = self._loop.time() + max(DISPLAY_S, size / DISPLAY_BYTES_PER_S)
 
     def _publish(self, event: Any) -> None:
         # Every event goes through the loop's callback queue, so events keep their order.
@@ -201,6 +307,7 @@ class NodeAgent:
         await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
+        self.send_displays()  # what rank 0 showed last comes before the reply
         self._telemetry.cell(running=False)
         self._wake.set()  # its last look, now
         return to_msg(NodeReply.build(self.node, self.flush(), replies))

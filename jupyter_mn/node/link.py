@@ -23,6 +23,14 @@ class NodeLink(Protocol):
     def log(self, rank: int, stream: str, line: str) -> None:
         """One output line of a rank (any thread); the agent batches them into events."""
 
+    def partial(self, rank: int, stream: str, text: str) -> None:
+        """The line a rank is still writing (a progress bar) now reads ``text`` ("": none);
+        the agent sends it at a bounded rate (any thread)."""
+
+    def display(self, rank: int, output: dict[str, Any]) -> None:
+        """One of the rank's display calls (``rank/displays.py``), from its control thread; the
+        agent batches them."""
+
     def rank_state(
         self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
     ) -> None:

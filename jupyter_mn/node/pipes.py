@@ -3,12 +3,15 @@
 Both kinds of rank handle own one (``process.py`` for cell ranks, ``script.py`` for script
 ranks): lines go to the agent's log path as they come; the last ones are kept for error reports
 (a fatal error report, e.g. a segfault, apart so the tail stays readable); the sync marks a cell
-rank writes after each reply tell when a cell's output has been read to its end.
+rank writes after each reply tell when a cell's output has been read to its end. A line still
+being written (a progress bar redrawn with ``\\r``) is kept as a terminal shows it
+(``lines.py``) and handed to the agent as it changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import os
 import subprocess
@@ -18,10 +21,14 @@ from typing import IO
 
 from ..rank import stacks
 from ..rank.sync import SYNC_MARKER
+from .lines import LineBuffer
 from .link import NodeLink
 
 TAIL_LINES = 20
+#: Characters kept of one line (its head); the rest is counted and said when the line ends.
 MAX_LINE = 10_000
+#: Characters of an unfinished line sent live (a progress bar is far shorter).
+MAX_PARTIAL = 1_000
 _SYNC_WAIT_S = 2.0
 _CRASH_LINES = 200
 
@@ -54,23 +61,38 @@ class PipeReader:
 
     # ---- reader threads
     def _read(self, pipe: IO[bytes], stream: str) -> None:
-        fd, pending = pipe.fileno(), b""
+        fd, held = pipe.fileno(), ""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        line, shown = LineBuffer(MAX_LINE), ""
         while chunk := os.read(fd, 65536):
-            *lines, pending = (pending + chunk).split(b"\n")
-            for raw in lines:
-                self._line(stream, raw.decode("utf-8", "replace"))
-        if pending:
-            self._line(stream, pending.decode("utf-8", "replace"))
+            *ended, rest = (held + decoder.decode(chunk)).split("\n")
+            for text in ended:
+                self._ended(stream, line, text)
+            at = _mark_start(rest)  # a sync mark cut in two by the read: keep its start back
+            rest, held = rest[:at], rest[at:]
+            if ended:
+                shown = ""
+            line.write(rest)
+            now = line.visible()[:MAX_PARTIAL]
+            if now != shown:
+                shown = now
+                self.agent.partial(self.rank, stream, now)
+        self._ended(stream, line, held + decoder.decode(b"", final=True), last=True)
         self.agent.call_soon(self._closed_stream, stream)
 
-    def _line(self, stream: str, text: str) -> None:
-        if SYNC_MARKER in text:
-            before, _, _ = text.partition(SYNC_MARKER)
-            if before:
-                self._line(stream, before)
+    def _ended(self, stream: str, line: LineBuffer, text: str, last: bool = False) -> None:
+        """``text`` ends ``line`` (at a newline, or at EOF when ``last``); a sync mark in it
+        ends the line before it too."""
+        before, mark, after = text.partition(SYNC_MARKER)
+        line.write(before)
+        if not line.empty or not (mark or last):  # an empty line is a line, unless at a mark
+            self._line(stream, line.take())
+        if mark:
             self.agent.call_soon(self._marked, stream)
-            return
-        text = text.rsplit("\r", 1)[-1][:MAX_LINE]
+            if after:
+                self._ended(stream, line, after, last)
+
+    def _line(self, stream: str, text: str) -> None:
         if text.startswith(stacks.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
             self.crash.append(text)
         else:
@@ -109,3 +131,13 @@ class PipeReader:
         while self.open_streams:
             self._change.clear()
             await self._change.wait()
+
+
+def _mark_start(text: str) -> int:
+    """Where a sync mark may begin at the end of ``text`` (its length if nowhere)."""
+    at = text.find(SYNC_MARKER[0], max(0, len(text) - 2 * len(SYNC_MARKER)))
+    while at != -1:
+        if SYNC_MARKER.startswith(text[at : at + len(SYNC_MARKER)]):
+            return at
+        at = text.find(SYNC_MARKER[0], at + 1)
+    return len(text)

@@ -140,6 +140,9 @@ class RankHandle:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 break
+            if msg["op"] == "display":  # rank 0's display() while the cell runs
+                self.agent.display(self.rank, msg)
+                continue
             box = self.stack_replies if msg["op"] == "stacks" else self.messages
             self.agent.call_soon(box.put_nowait, msg)
         self.agent.call_soon(self.messages.put_nowait, {"op": "exit"})

@@ -2,7 +2,8 @@
 
 An ``InteractiveShell`` gives the notebook's rules for free: the last expression is the value,
 ``%``-magics and ``!`` work, ``display()`` is captured (rank 0's displays are shown in the
-notebook), and tracebacks read ``Cell In[N], line L`` with the notebook's own cell number.
+notebook as they happen, ``displays.py``), and tracebacks read ``Cell In[N], line L`` with the
+notebook's own cell number.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from IPython.core.displayhook import DisplayHook
-from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 from . import stacks, timing
 from .causes import is_secondary
+from .displays import LiveDisplayPublisher, figures_as_png
 from .info import cluster_info
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class CellSignals:
 
 class RankShell(InteractiveShell):
     displayhook_class = _ValueHook
-    display_pub_class = CapturingDisplayPublisher
+    display_pub_class = LiveDisplayPublisher
     last_traceback: list[str]
     #: Called first when the cell raises: the rank stops taking interrupts and leaves its
     #: process group before it spends time formatting the traceback, so peers blocked on it are
@@ -77,6 +78,7 @@ class RankShell(InteractiveShell):
 
         shell.user_ns.update({"torch": torch, "dist": dist, "cluster_info": cluster_info})
         shell.last_traceback = []
+        figures_as_png(shell)
         shell._warm_up()
         return shell
 

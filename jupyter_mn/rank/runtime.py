@@ -78,6 +78,8 @@ def main() -> None:
         group.destroy()
 
     shell.on_error = on_error
+    if info.rank == 0:  # its displays show in the notebook while the cell runs
+        shell.display_pub.send = control.send
     commands: queue.Queue[dict[str, Any]] = queue.Queue()
     threading.Thread(
         target=_read_commands,

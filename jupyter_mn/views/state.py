@@ -39,11 +39,25 @@ class NodeLog:
 
     ranks: dict[int, deque[tuple[int, int, str, str]]] = field(default_factory=dict)
     total: int = 0
+    #: the line each (rank, stream) is still writing (a progress bar), redrawn in place
+    partial: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def add(self, rank: int, stream: str, lines: tuple[str, ...]) -> None:
         tail = self.ranks.setdefault(rank, deque(maxlen=TAIL_LINES))
         tail.extend((self.total + i, rank, stream, line) for i, line in enumerate(lines))
         self.total += len(lines)
+        self.partial.pop((rank, stream), None)  # its line is finished
+
+    def redraw(self, rank: int, stream: str, text: str) -> None:
+        if text:
+            self.partial[(rank, stream)] = text
+        else:
+            self.partial.pop((rank, stream), None)
+
+    @property
+    def live(self) -> list[tuple[int, str, str]]:
+        """(rank, stream, text) of the lines still being written, by rank."""
+        return [(rank, stream, text) for (rank, stream), text in sorted(self.partial.items())]
 
     @property
     def lines(self) -> list[tuple[int, str, str]]:
@@ -97,10 +111,13 @@ class CellState:
     def _apply(self, event: Any) -> None:
         if isinstance(event, LogLines):
             shown = [item for item in event.items if self.shows(item[0])]
-            if shown:
+            live = [item for item in event.partial if self.shows(item[0])]
+            if shown or live:
                 log = self.logs.setdefault(event.node, NodeLog())
                 for rank, stream, lines in shown:
                     log.add(rank, stream, lines)
+                for rank, stream, text in live:
+                    log.redraw(rank, stream, text)
                 self.dirty.add(f"log{event.node}")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail

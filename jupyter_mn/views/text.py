@@ -1,16 +1,20 @@
 """Plain-text view: rank-labelled lines on stdout/stderr as they arrive, a table at the end.
 
 Used under papermill and wherever no widget frontend is attached. It is called on the kernel's
-main thread, so ipykernel routes what it prints to the running cell.
+main thread, so ipykernel routes what it prints to the running cell. A line still being written
+(a progress bar) is printed as a line at most every ``PARTIAL_EVERY_S`` while it changes; its
+final state is the finished line, printed like any other.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, TextIO
 
-from ..events import CellDone, GangState, LogLines, Stacks, TransportReport
+from ..events import CellDone, Displays, GangState, LogLines, Stacks, TransportReport
 from ..spec import ClusterSpec
+from .displays import RankDisplays
 from .stacks import format_stacks
 from .state import CellState
 from .straggler import hints
@@ -18,6 +22,8 @@ from .summary import evidence, final, header
 
 #: Cells at least this long end with the per-rank table even when nothing went wrong.
 TABLE_AFTER_S = 10.0
+#: A progress bar's state is printed at most this often (a saved notebook keeps every print).
+PARTIAL_EVERY_S = 5.0
 
 
 class TextView:
@@ -30,7 +36,10 @@ class TextView:
         *,
         spec: ClusterSpec | None = None,
         title: str = "cell",
+        displays: bool = True,
     ) -> None:
+        """``displays``: show rank 0's displays in the running cell (not for a background cell,
+        whose displays stay on its handle)."""
         spec = spec or ClusterSpec()
         self._stdout = stdout
         self._stderr = stderr
@@ -38,13 +47,23 @@ class TextView:
             title, spec.shape, spec.backend, spec.nodes, spec.rdma, ranks=spec.ranks
         )
         self._warned: set[int] = set()
+        self.displays = RankDisplays() if displays else None
+        #: per (node, rank, stream): when a progress state was last printed, and what
+        self._printed: dict[tuple[int, int, str], tuple[float, str]] = {}
+        #: per (node, rank, stream): the newest progress state not printed yet
+        self._held: dict[tuple[int, int, str], str] = {}
         #: this cell brought the gang up: its first table says where the ranks run
         self._cold = False
 
     def __call__(self, event: Any) -> None:
         self.state.apply(event)
+        if self._held:
+            self._partials(())
         if isinstance(event, LogLines):
             self._lines(event)
+        elif isinstance(event, Displays):
+            if self.displays is not None:
+                self.displays(event)
         elif isinstance(event, GangState):
             self._gang(event)
         elif isinstance(event, TransportReport):
@@ -74,6 +93,33 @@ class TextView:
             out = self._out(stream)
             out.write("".join(f"{prefix}{line}\n" for line in lines))
             out.flush()
+            self._held.pop((event.node, rank, stream), None)
+            self._printed.pop((event.node, rank, stream), None)  # the next bar starts afresh
+        self._partials(
+            ((event.node, rank, stream), text)
+            for rank, stream, text in event.partial
+            if self.state.shows(rank)
+        )
+
+    def _partials(self, changes: Any) -> None:
+        """Hold each new progress state; print those whose key has not printed for a while."""
+        for key, text in changes:
+            if text:
+                self._held[key] = text
+            else:
+                self._held.pop(key, None)
+        now = time.monotonic()
+        for key, text in list(self._held.items()):
+            at, last = self._printed.get(key, (-PARTIAL_EVERY_S, ""))
+            if now - at < PARTIAL_EVERY_S:
+                continue
+            del self._held[key]
+            if text != last:
+                node, rank, stream = key
+                out = self._out(stream)
+                out.write(f"[node {node} rank {rank}] {text}\n")
+                out.flush()
+                self._printed[key] = (now, text)
 
     def _gang(self, event: GangState) -> None:
         if event.state == "SCHEDULING":

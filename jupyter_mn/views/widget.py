@@ -22,9 +22,10 @@ import ipywidgets as W
 import traitlets
 from IPython.display import display
 
-from ..events import GangState
+from ..events import Displays, GangState
 from ..kernelid import current_kernel_id
 from ..spec import ClusterSpec
+from .displays import RankDisplays
 from .filter import FILTER_STYLE, RankFilter, node_ranks, rank_runs
 from .glance import GLANCE_STYLE, gpu_html, transport_html
 from .state import CellState
@@ -44,6 +45,7 @@ STYLE = """<style>
 .jp-mn-log pre { margin: 0; padding: 4px; flex-shrink: 0; overflow: visible;
   font-size: var(--jp-code-font-size, 12px); }
 .jp-mn-log .jp-mn-err { color: var(--jp-error-color1, #d32f2f); }
+.jp-mn-log .jp-mn-live { font-weight: bold; }
 .jp-mn-table { border-collapse: collapse; font-size: 12px; }
 .jp-mn-table td, .jp-mn-table th { padding: 1px 8px; text-align: left; }
 .jp-mn-alarm { background: #fdecea; color: #b71c1c; padding: 2px 6px; }
@@ -139,6 +141,8 @@ class ClusterWidget:
         self.sent_bytes = 0
         #: parts changed but not redrawn yet, oldest first
         self._pending: dict[str, None] = {}
+        #: rank 0's displays, shown below the widget while the cell runs
+        self.displays = RankDisplays()
         self._handle: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -161,6 +165,8 @@ class ClusterWidget:
     def __call__(self, event: Any) -> None:
         if self._thread is None:  # shown with the first event: refused input shows no widget
             self.show()
+        if isinstance(event, Displays):
+            self.displays(event)
         self.state.apply(event)
 
     def close(self) -> None:
@@ -261,9 +267,13 @@ class ClusterWidget:
     def _log_html(self, node: int) -> str:
         log = self.state.logs[node]
         lines = log.lines
+        live = "".join(  # progress bars: redrawn in place, last
+            f'<span class="jp-mn-live" data-rank="{rank}">[rank {rank}] {html.escape(text)}</span>'
+            for rank, _stream, text in log.live
+        )
         shown = len(lines)
         note = f"last {shown} of {log.total} lines" if log.total > shown else f"{log.total} lines"
-        body = rank_runs(lines)
+        body = rank_runs(lines) + live
         log_div = f'<div class="jp-mn-log"><pre data-node="{node}">{body}</pre></div>'
         return f"{log_div}<small>{note}</small>"
 
