@@ -40,3 +40,10 @@ def test_a_redraw_after_the_cap_overwrites_the_kept_head():
     line.write("abcdefgh\rXY")
     assert line.visible() == "XYcde"
     assert line.take().startswith("XYcde … [jupyter_mn: 3 more")
+
+
+def test_backspaces_move_the_cursor_back_as_keras_redraws_its_bar():
+    line = LineBuffer(100)
+    line.write("1/4 [=====>....]")
+    line.write("\b" * 16 + "\r2/4 [==========]")
+    assert line.take() == "2/4 [==========]"

@@ -24,12 +24,20 @@ class LineBuffer:
         self.redrawn = False
 
     def write(self, text: str) -> None:
-        """Append ``text`` (no ``\\n`` in it) at the cursor; ``\\r`` returns the cursor home."""
+        """Append ``text`` (no ``\\n`` in it) at the cursor; ``\\r`` returns the cursor home,
+        ``\\b`` moves it back one (Keras's progress bar backs over its last one)."""
         first, *rest = text.split("\r")
-        self._put(first)
+        self._back(first)
         for piece in rest:
             self._col, self.redrawn = 0, True
-            self._put(piece)
+            self._back(piece)
+
+    def _back(self, piece: str) -> None:
+        first, *rest = piece.split("\b")
+        self._put(first)
+        for part in rest:
+            self._col, self.redrawn = max(0, self._col - 1), True
+            self._put(part)
 
     def _put(self, piece: str) -> None:
         if not piece:
