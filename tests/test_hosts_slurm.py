@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 from polling import wait_until
@@ -14,6 +17,7 @@ from jupyter_mn.errors import NodeLost, SchedulingError
 from jupyter_mn.events import NodesWaiting
 from jupyter_mn.slurmspec import SlurmOptions
 from jupyter_mn.spec import ClusterSpec
+from kernels import Kernel
 
 
 def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
@@ -69,3 +73,21 @@ def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_jo
         (second,) = (line.split()[0] for line in slurm.jobs() if "RUNNING" in line)
         assert second != first
     wait_until(lambda: not slurm.jobs(), 30, "both jobs to leave squeue")
+
+
+def test_down_cancels_the_job_and_a_killed_kernels_job_ends_within_the_orphan_timeout(slurm):
+    kernel = Kernel()
+    try:
+        cell = "%%cluster --backend slurm --nodes 2 --gpus 1 --orphan-timeout 5\n1 + 1"
+        assert kernel.run(cell).result == "2"
+        down = kernel.run("%cluster down")
+        assert down.status == "ok", down.error_text
+        wait_until(lambda: not slurm.jobs(), 30, "%cluster down to leave squeue empty")
+        assert kernel.run(cell).result == "2"
+        (job,) = slurm.jobs()
+        os.kill(kernel.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda: not slurm.jobs(), 5 + 30, f"job {job} to end after its kernel")
+        assert time.monotonic() - killed > 5  # the job ended by itself: no kernel cancelled it
+    finally:
+        kernel.shutdown()
