@@ -207,10 +207,10 @@ PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP
         )
 
     # ---- what tests ask
-    def run(self, *argv: str, check: bool = True) -> str:
+    def run(self, *argv: str, check: bool = True, timeout: float = 30) -> str:
         """A Slurm client command against this cluster; its stdout."""
         done = subprocess.run(
-            argv, capture_output=True, text=True, env={**os.environ, **self.env}, timeout=30
+            argv, capture_output=True, text=True, env={**os.environ, **self.env}, timeout=timeout
         )
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")

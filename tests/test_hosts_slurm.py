@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -91,3 +92,23 @@ def test_down_cancels_the_job_and_a_killed_kernels_job_ends_within_the_orphan_ti
         assert time.monotonic() - killed > 5  # the job ended by itself: no kernel cancelled it
     finally:
         kernel.shutdown()
+
+
+def test_a_kernel_inside_an_allocation_starts_a_step_there_and_submits_nothing(slurm, tmp_path):
+    script = tmp_path / "inside.py"
+    script.write_text(
+        "import json\nfrom jupyter_mn import Cluster\n"
+        "with Cluster(nodes=2, gpus=1, backend='slurm') as c:\n"
+        f"    print(json.dumps(c.run({CHECK!r}, return_all=True).unwrap()))\n"
+    )
+    out = tmp_path / "out"
+    argv = ["sbatch", "--parsable", "--wait", "--nodes=2", f"--output={out}"]
+    outer = slurm.run(*argv, "--wrap", f"{sys.executable} {script}", timeout=300).strip()
+    rows = [json.loads(v) for v in json.loads(out.read_text().splitlines()[-1])]
+    hosts = slurm.net.hosts
+    assert [r["host"] for r in rows] == [h.hostname for h in hosts]
+    assert {r["master"] for r in rows} == {hosts[0].ip}
+    assert all(r["sum"] == 1 for r in rows)
+    after = slurm.run("sbatch", "--parsable", "--output=/dev/null", "--wrap", "true").strip()
+    assert int(after) == int(outer) + 1  # no job was submitted from inside
+    wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
