@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
+from jobs import make_job
 from polling import wait_until
 from slurm import SlurmCluster
 from test_hosts_dask import CHECK
@@ -16,6 +18,8 @@ from test_hosts_dask import CHECK
 from jupyter_mn import Cluster
 from jupyter_mn.errors import NodeLost, SchedulingError
 from jupyter_mn.events import NodesWaiting
+from jupyter_mn.reaper import collect
+from jupyter_mn.registry import ORPHAN_AFTER_S, Registry
 from jupyter_mn.slurmspec import SlurmOptions
 from jupyter_mn.spec import ClusterSpec
 from kernels import Kernel
@@ -112,3 +116,32 @@ def test_a_kernel_inside_an_allocation_starts_a_step_there_and_submits_nothing(s
     after = slurm.run("sbatch", "--parsable", "--output=/dev/null", "--wrap", "true").strip()
     assert int(after) == int(outer) + 1  # no job was submitted from inside
     wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_gc_cancels_the_slurm_job_of_a_dead_kernel_and_no_other(slurm, tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a kernel pid that no longer exists
+    ids = {}
+    for gang in ("jmn-dead-0001", "jmn-other-0002"):
+        argv = ["sbatch", "--parsable", f"--job-name={gang}", "--output=/dev/null"]
+        ids[gang] = slurm.run(*argv, "--hold", "--wrap", "sleep 300").strip()
+    registry = Registry(tmp_path / "reg")
+    try:
+        stale = time.time() - ORPHAN_AFTER_S - 1
+        job = make_job("jmn-dead-0001", backend="slurm", pid=gone.pid, heartbeat=stale)
+        registry.save(job)
+        assert collect(registry, keep_s=1e9, dry_run=True) == [
+            f"jmn-dead-0001: would cancel Slurm job {ids['jmn-dead-0001']}"
+        ]
+        assert collect(registry, keep_s=1e9) == [
+            f"jmn-dead-0001: cancelled Slurm job {ids['jmn-dead-0001']}"
+        ]
+        wait_until(
+            lambda: [j.split()[0] for j in slurm.jobs()] == [ids["jmn-other-0002"]],
+            30,
+            "only the other job to stay",
+        )
+    finally:
+        registry.close()
+        slurm.run("scancel", *ids.values())
+        wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
