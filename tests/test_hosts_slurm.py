@@ -18,6 +18,7 @@ from test_hosts_dask import CHECK
 from jupyter_mn import Cluster
 from jupyter_mn.errors import NodeLost, SchedulingError
 from jupyter_mn.events import NodesWaiting
+from jupyter_mn.gang.slurm.provision import dry_run
 from jupyter_mn.reaper import collect
 from jupyter_mn.registry import ORPHAN_AFTER_S, Registry
 from jupyter_mn.slurmspec import SlurmOptions
@@ -145,3 +146,11 @@ def test_gc_cancels_the_slurm_job_of_a_dead_kernel_and_no_other(slurm, tmp_path)
         registry.close()
         slurm.run("scancel", *ids.values())
         wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_dry_run_prints_the_batch_script_without_gpus_on_a_cpu_only_cluster(slurm):
+    script = dry_run(ClusterSpec(nodes=2, gpus=1, backend="slurm"))
+    assert "#SBATCH --nodes=2" in script
+    assert "--gres" not in script
+    assert "sinfo did not answer" not in script
+    assert not slurm.jobs()

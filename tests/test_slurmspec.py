@@ -9,6 +9,7 @@ import pytest
 
 from jupyter_mn.errors import SpecError
 from jupyter_mn.flags import cell_parser, spec_from_flags
+from jupyter_mn.gang.slurm.provision import dry_run
 from jupyter_mn.gang.slurm.script import Batch, batch_script, gres, srun_argv
 from jupyter_mn.slurmspec import SlurmOptions, from_environ
 from jupyter_mn.spec import ClusterSpec
@@ -119,3 +120,10 @@ def test_a_step_inside_an_allocation_names_its_nodes_and_overlaps_the_kernels_st
         "--nodelist=n1,n2",
         "--overlap",
     ]
+
+
+def test_dry_run_without_a_reachable_slurm_asks_gpus_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))
+    script = dry_run(ClusterSpec(nodes=2, gpus=4, backend="slurm"))
+    assert "# sinfo did not answer" in script
+    assert "#SBATCH --gres=gpu:4" in script
