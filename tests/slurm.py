@@ -55,13 +55,15 @@ def missing() -> str | None:
     return None
 
 
-def on_host(host: Host, argv: list[str], resolv: Path) -> list[str]:
+def on_host(host: Host, argv: list[str], etc: Path) -> list[str]:
     """``argv`` on ``host`` with the machine's /sys: ``ip netns exec`` (``Host.command``) mounts
     a sysfs of the namespace, without /sys/fs/cgroup, and slurmd 22.05 refuses to start without
     its cgroup plugin even when no cgroup is used; ``nsenter`` joins only the network. The
     machine's nameserver is not reachable from a host (no NAT), and every lookup would wait for
-    its timeout (c10d's reverse lookups cost the ranks 20 s): ``resolv`` (nameserver on the
-    host's loopback, refused at once) replaces /etc/resolv.conf in a mount namespace of its own.
+    its timeout (c10d's reverse lookups cost the ranks 20 s): ``etc/resolv.conf`` (nameserver on
+    the host's loopback, refused at once) replaces /etc/resolv.conf in a mount namespace of its
+    own, and ``etc/hosts`` names every node, as a cluster's nodes resolve each other (torchrun
+    needs its own name to resolve).
     """
     return [
         "nsenter",
@@ -71,9 +73,10 @@ def on_host(host: Host, argv: list[str], resolv: Path) -> list[str]:
         "--mount",
         "sh",
         "-c",
-        'mount --bind "$1" /etc/resolv.conf && hostname "$0" && shift && exec "$@"',
+        'mount --bind "$1/resolv.conf" /etc/resolv.conf && mount --bind "$1/hosts" /etc/hosts'
+        ' && hostname "$0" && shift && exec "$@"',
         host.hostname,
-        str(resolv),
+        str(etc),
         *argv,
     ]
 
@@ -116,12 +119,15 @@ class SlurmCluster:
             cluster._munge()
             cluster._write_conf()
             cluster._spawn(["slurmctld", "-D", "-i", "-f", str(cluster.conf)], "slurmctld")
-            resolv = root / "resolv.conf"
-            resolv.write_text("nameserver 127.0.0.1\n")
+            etc = root / "etc"
+            etc.mkdir()
+            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+            names = "".join(f"{h.ip} {h.hostname}\n" for h in net.hosts)
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
             for host in net.hosts:
                 (root / f"spool-{host.hostname}").mkdir()
                 argv = ["slurmd", "-D", "-N", host.hostname, "-f", str(cluster.conf)]
-                cluster._spawn(on_host(host, argv, resolv), f"slurmd-{host.hostname}")
+                cluster._spawn(on_host(host, argv, etc), f"slurmd-{host.hostname}")
             cluster.wait_idle(timeout)
             yield cluster
         finally:
@@ -207,10 +213,10 @@ PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP
         )
 
     # ---- what tests ask
-    def run(self, *argv: str, check: bool = True) -> str:
+    def run(self, *argv: str, check: bool = True, timeout: float = 30) -> str:
         """A Slurm client command against this cluster; its stdout."""
         done = subprocess.run(
-            argv, capture_output=True, text=True, env={**os.environ, **self.env}, timeout=30
+            argv, capture_output=True, text=True, env={**os.environ, **self.env}, timeout=timeout
         )
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+from jobs import make_job
 from polling import wait_until
 from slurm import SlurmCluster
 from test_hosts_dask import CHECK
@@ -12,8 +18,12 @@ from test_hosts_dask import CHECK
 from jupyter_mn import Cluster
 from jupyter_mn.errors import NodeLost, SchedulingError
 from jupyter_mn.events import NodesWaiting
+from jupyter_mn.gang.slurm.provision import dry_run
+from jupyter_mn.reaper import collect
+from jupyter_mn.registry import ORPHAN_AFTER_S, Registry
 from jupyter_mn.slurmspec import SlurmOptions
 from jupyter_mn.spec import ClusterSpec
+from kernels import Kernel
 
 
 def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
@@ -69,3 +79,78 @@ def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_jo
         (second,) = (line.split()[0] for line in slurm.jobs() if "RUNNING" in line)
         assert second != first
     wait_until(lambda: not slurm.jobs(), 30, "both jobs to leave squeue")
+
+
+def test_down_cancels_the_job_and_a_killed_kernels_job_ends_within_the_orphan_timeout(slurm):
+    kernel = Kernel()
+    try:
+        cell = "%%cluster --backend slurm --nodes 2 --gpus 1 --orphan-timeout 5\n1 + 1"
+        assert kernel.run(cell).result == "2"
+        down = kernel.run("%cluster down")
+        assert down.status == "ok", down.error_text
+        wait_until(lambda: not slurm.jobs(), 30, "%cluster down to leave squeue empty")
+        assert kernel.run(cell).result == "2"
+        (job,) = slurm.jobs()
+        os.kill(kernel.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda: not slurm.jobs(), 5 + 30, f"job {job} to end after its kernel")
+        assert time.monotonic() - killed > 5  # the job ended by itself: no kernel cancelled it
+    finally:
+        kernel.shutdown()
+
+
+def test_a_kernel_inside_an_allocation_starts_a_step_there_and_submits_nothing(slurm, tmp_path):
+    script = tmp_path / "inside.py"
+    script.write_text(
+        "import json\nfrom jupyter_mn import Cluster\n"
+        "with Cluster(nodes=2, gpus=1, backend='slurm') as c:\n"
+        f"    print(json.dumps(c.run({CHECK!r}, return_all=True).unwrap()))\n"
+    )
+    out = tmp_path / "out"
+    argv = ["sbatch", "--parsable", "--wait", "--nodes=2", f"--output={out}"]
+    outer = slurm.run(*argv, "--wrap", f"{sys.executable} {script}", timeout=300).strip()
+    rows = [json.loads(v) for v in json.loads(out.read_text().splitlines()[-1])]
+    hosts = slurm.net.hosts
+    assert [r["host"] for r in rows] == [h.hostname for h in hosts]
+    assert {r["master"] for r in rows} == {hosts[0].ip}
+    assert all(r["sum"] == 1 for r in rows)
+    after = slurm.run("sbatch", "--parsable", "--output=/dev/null", "--wrap", "true").strip()
+    assert int(after) == int(outer) + 1  # no job was submitted from inside
+    wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_gc_cancels_the_slurm_job_of_a_dead_kernel_and_no_other(slurm, tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a kernel pid that no longer exists
+    ids = {}
+    for gang in ("jmn-dead-0001", "jmn-other-0002"):
+        argv = ["sbatch", "--parsable", f"--job-name={gang}", "--output=/dev/null"]
+        ids[gang] = slurm.run(*argv, "--hold", "--wrap", "sleep 300").strip()
+    registry = Registry(tmp_path / "reg")
+    try:
+        stale = time.time() - ORPHAN_AFTER_S - 1
+        job = make_job("jmn-dead-0001", backend="slurm", pid=gone.pid, heartbeat=stale)
+        registry.save(job)
+        assert collect(registry, keep_s=1e9, dry_run=True) == [
+            f"jmn-dead-0001: would cancel Slurm job {ids['jmn-dead-0001']}"
+        ]
+        assert collect(registry, keep_s=1e9) == [
+            f"jmn-dead-0001: cancelled Slurm job {ids['jmn-dead-0001']}"
+        ]
+        wait_until(
+            lambda: [j.split()[0] for j in slurm.jobs()] == [ids["jmn-other-0002"]],
+            30,
+            "only the other job to stay",
+        )
+    finally:
+        registry.close()
+        slurm.run("scancel", *ids.values())
+        wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_dry_run_prints_the_batch_script_without_gpus_on_a_cpu_only_cluster(slurm):
+    script = dry_run(ClusterSpec(nodes=2, gpus=1, backend="slurm"))
+    assert "#SBATCH --nodes=2" in script
+    assert "--gres" not in script
+    assert "sinfo did not answer" not in script
+    assert not slurm.jobs()

@@ -11,7 +11,7 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"gpus": -1}, "gpus must be ≥ 1, got -1"),
         ({"nodes": "2"}, "nodes must be an integer"),
         ({"nodes": True}, "nodes must be an integer"),
-        ({"backend": "yarn"}, "unknown backend 'yarn'"),
+        ({"backend": "pbs"}, "unknown backend 'pbs'"),
         ({"backend": "dask"}, "needs --scheduler"),
         ({"timeout": 0}, "timeout must be a positive number"),
         ({"retries": -1}, "retries must be ≥ 0"),

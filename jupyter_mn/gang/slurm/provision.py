@@ -35,6 +35,10 @@ _CONNECT_TRY_S = 5.0
 #: the scheduler's port is picked by the kernel (task 0 cannot tell it back without a shared
 #: file system): a random one in a range no Linux hands out as ephemeral
 _PORTS = (20000, 32000)
+_CPU_ONLY = (
+    "the {partition} partition declares no GPUs (sinfo %G): no --gres asked, the ranks run on "
+    "CPU (gloo); --gpu-gres gpu asks for them anyway"
+)
 
 
 def output_dir() -> Path:
@@ -47,12 +51,8 @@ def output_dir() -> Path:
     return folder
 
 
-def plan(spec: ClusterSpec, gang_id: str, port: int) -> str:
-    """The batch script for ``spec`` (what ``--dry-run`` prints): GPUs asked only where the
-    partition has them (asked with sinfo when Slurm is here)."""
-    has_gpus = spec.slurm.gres != "auto" or (
-        commands.available() and commands.has_gpus(spec.slurm.partition)
-    )
+def plan(spec: ClusterSpec, gang_id: str, port: int, has_gpus: bool) -> str:
+    """The batch script for ``spec``; ``has_gpus``: whether the partition declares GPUs."""
     batch = Batch(
         gang_id=gang_id,
         python=sys.executable,
@@ -63,15 +63,25 @@ def plan(spec: ClusterSpec, gang_id: str, port: int) -> str:
     return batch_script(spec, batch)
 
 
+def _has_gpus(spec: ClusterSpec) -> bool:
+    return spec.slurm.gres != "auto" or commands.has_gpus(spec.slurm.partition)
+
+
 def dry_run(spec: ClusterSpec) -> str:
-    """The batch script ``--dry-run`` prints (the port is drawn again at submission)."""
+    """The batch script ``--dry-run`` prints (the port is drawn again at submission). GPUs are
+    asked as sinfo says where Slurm answers, else as on a GPU cluster (and the header says so)."""
     from ...names import gang_id
 
     header = (
         f"# jupyter_mn: {spec.nodes} node(s) x {spec.gpus} rank(s) as one Slurm job "
         "(sbatch reads this on stdin).\n"
     )
-    return header + plan(spec, gang_id(spec.name), random.randrange(*_PORTS))
+    try:
+        has_gpus = _has_gpus(spec)
+    except SchedulingError as exc:
+        header += f"# sinfo did not answer ({exc}): GPUs asked as on a GPU partition.\n"
+        has_gpus = True
+    return header + plan(spec, gang_id(spec.name), random.randrange(*_PORTS), has_gpus)
 
 
 class SlurmProvisioner:
@@ -107,7 +117,10 @@ class SlurmProvisioner:
     # ---- a batch job of its own
     def _submit(self, spec: ClusterSpec, gang_id: str, port: int, env: dict[str, str]) -> str:
         """Submit and wait until the job runs; the address of its first node."""
-        script = plan(spec, gang_id, port)
+        has_gpus = _has_gpus(spec)
+        if not has_gpus:
+            self.notify(Note(_CPU_ONLY.format(partition=spec.slurm.partition or "default")))
+        script = plan(spec, gang_id, port, has_gpus)
         self.job_id = commands.submit(script, env)
         self._wait_running(spec)
         return commands.node_address(commands.batch_host(self.job_id))
