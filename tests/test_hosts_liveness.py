@@ -1,16 +1,20 @@
 """A cut-off or frozen node ends the running cell within the liveness window, named as the root
-cause; a slow link raises no alarm. On test hosts (``hosts.py``) with the dask backend."""
+cause; a node cut off from the kernel alone stops its ranks within ``heartbeat_timeout``; a slow
+or lossy link raises no alarm. On test hosts (``hosts.py``) with the dask backend."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 
+import psutil
 import pytest
 from daskcli import DaskCLI
 from hosts import Host, HostNet
+from procs import processes, rank_processes
 
 from jupyter_mn import Cluster
 from jupyter_mn.events import LogLines
@@ -109,3 +113,45 @@ def test_a_slow_link_raises_no_alarm(host_net, dask_hosts, no_leftovers):
         far.run("tc", "qdisc", "del", "dev", "eth0", "root")
     assert listener.done
     assert result.unwrap() == 2
+
+
+#: Short, so the test does not wait 15 s; the kernel's liveness window (10 s) stays longer.
+HEARTBEAT_TIMEOUT = 5.0
+
+
+def test_a_node_cut_off_from_the_kernel_stops_its_ranks_and_leaves_nothing(
+    host_net, dask_hosts, no_leftovers
+):
+    """Only the kernel's machine (and the scheduler's, the same here) loses the node: its ranks
+    still reach their peers, so only the agent's dead-man switch can stop them."""
+    address, _ = dask_hosts
+    far = host_net.hosts[1]
+    ranks: list[psutil.Process] = []
+    gone: list[float] = []
+
+    def cut_from_kernel() -> None:
+        ranks.extend(rank_processes(processes(*far.pids())))
+        far.drop(peer=host_net.gateway)
+        threading.Thread(
+            target=psutil.wait_procs,
+            args=(ranks,),
+            kwargs={"timeout": 60, "callback": lambda _: gone.append(time.monotonic())},
+            daemon=True,
+        ).start()
+
+    listener = when_looping(cut_from_kernel)
+    spec = {"heartbeat_timeout": HEARTBEAT_TIMEOUT}
+    try:
+        with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address, **spec) as cluster:
+            result = cluster.run(LOOP.format(seconds=120), on_event=listener)
+            psutil.wait_procs(ranks, timeout=30)
+    finally:
+        far.heal()
+    assert listener.done and len(ranks) == 1, ranks
+    cause = result.root_cause
+    assert cause is not None and cause.node == 1 and cause.error.ename == "NodeLost"
+    stopped = max(gone) - listener.done[0]
+    # its last beat came at most HEARTBEAT_S before the cut; then a look every 0.5 s and a stop
+    assert HEARTBEAT_TIMEOUT - 2.5 < stopped < HEARTBEAT_TIMEOUT + 3, stopped
+    # the link is back: nothing of the gang runs on that host
+    assert not rank_processes(processes(*far.pids()))
