@@ -17,6 +17,7 @@ import contextlib
 import functools
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import socket
@@ -98,12 +99,12 @@ class Host:
     def _devices(self) -> list[tuple[bool, str]]:
         return [(True, "eth0"), (False, self.veth)]
 
-    def shape(self, rate: str) -> None:
+    def shape(self, rate: str, latency: str = "50ms") -> None:
         """Limit the link to ``rate`` (tc's units: ``200mbit``) both ways, as a slower port
-        would (a token bucket: packets wait up to 50 ms, then drop)."""
+        would (a token bucket: packets wait up to ``latency``, then drop)."""
         for mine, dev in self._devices():
             burst = "64kb"  # ≥ rate / HZ for every rate used here, small next to a message
-            qdisc = ("tbf", "rate", rate, "burst", burst, "latency", "50ms")
+            qdisc = ("tbf", "rate", rate, "burst", burst, "latency", latency)
             self._tc(mine, "qdisc", "add", "dev", dev, "root", *qdisc)
 
     def drop(self, peer: str | None = None, loss: int = 0) -> None:
@@ -134,6 +135,18 @@ class Host:
             for rule in rules:
                 tc("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32", *rule,
                    "flowid", "1:2")  # fmt: skip
+
+    def dropped(self) -> int:
+        """Packets dropped so far by what ``shape`` or ``drop`` added, both ways."""
+        total = 0
+        for mine, dev in self._devices():
+            argv = ["tc", "-s", "qdisc", "show", "dev", dev, "root"]
+            if mine:
+                argv = ["ip", "netns", "exec", self.netns, *argv]
+            shown = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            found = re.search(r"\(dropped (\d+),", shown)  # the root qdisc's own counter
+            total += int(found.group(1)) if found else 0
+        return total
 
     def heal(self) -> None:
         """Remove what ``shape`` or ``drop`` added: the link is plain again."""
