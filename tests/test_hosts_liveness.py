@@ -17,7 +17,7 @@ from hosts import Host, HostNet
 from procs import processes, rank_processes
 
 from jupyter_mn import Cluster
-from jupyter_mn.events import LogLines
+from jupyter_mn.events import LogLines, Note
 
 HOSTS = 2
 
@@ -68,6 +68,24 @@ def freeze(pid: int) -> Callable[[], None]:
     return lambda: os.kill(pid, signal.SIGSTOP)
 
 
+def waiting_for(host: Host, then: Callable[[], None]) -> Callable[[object], None]:
+    """An event listener that collects the notes of a cell waiting for dask workers and, once
+    one names ``host``'s worker as silent, runs ``then`` (the node comes back)."""
+    notes: list[str] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Note) and event.text.startswith("waiting for dask workers"):
+            notes.append(event.text)
+            silent = f"worker {host.hostname}" in event.text and "has not reached" in event.text
+            if silent and not on_event.done:  # type: ignore[attr-defined]
+                then()
+                on_event.done = True  # type: ignore[attr-defined]
+
+    on_event.notes = notes  # type: ignore[attr-defined]
+    on_event.done = False  # type: ignore[attr-defined]
+    return on_event
+
+
 @pytest.mark.parametrize("fault", ["link down", "frozen agent"])
 def test_a_lost_node_ends_the_cell_fast_and_is_the_root_cause(
     fault, host_net, dask_hosts, no_leftovers
@@ -75,17 +93,20 @@ def test_a_lost_node_ends_the_cell_fast_and_is_the_root_cause(
     address, cli = dask_hosts
     far = host_net.hosts[1]
     pid = cli.worker_pids()[far.hostname]
-    action = cut(far) if fault == "link down" else freeze(pid)
+    if fault == "link down":
+        action, restore = cut(far), lambda: far.run("ip", "link", "set", "eth0", "up")
+    else:
+        action, restore = freeze(pid), lambda: os.kill(pid, signal.SIGCONT)
     listener = when_looping(action)
+    back = waiting_for(far, restore)
     with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address) as cluster:
         try:
             result = cluster.run(LOOP.format(seconds=120), on_event=listener)
             ended = time.monotonic()
+            # the next cell, the node still silent: a fresh gang, waiting for it and saying so
+            after = cluster.run("dist.get_world_size()", on_event=back)
         finally:
-            if fault == "link down":
-                far.run("ip", "link", "set", "eth0", "up")
-            else:
-                os.kill(pid, signal.SIGCONT)
+            restore()  # idempotent: once more if the cell failed before the note
         cause = result.root_cause
         assert listener.done, "rank 1 never said it loops"
         took = ended - listener.done[0]
@@ -95,8 +116,8 @@ def test_a_lost_node_ends_the_cell_fast_and_is_the_root_cause(
         (near,) = [r for r in result.ranks if r.node == 0]
         assert near.status in ("interrupted", "lost")  # a consequence, not the cause
         assert any("torn down" in note for note in result.notes)
-        # the next cell starts a fresh gang
-        assert cluster.run("dist.get_world_size()").unwrap() == 2
+        assert back.done, back.notes
+        assert after.unwrap() == 2  # once the node is back
 
 
 #: Alive but bad links: 10 Mbit/s both ways with packets queued up to 200 ms (netem's delay is
