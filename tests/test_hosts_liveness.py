@@ -14,27 +14,13 @@ import psutil
 import pytest
 from daskcli import DaskCLI
 from hosts import Host, HostNet
+from looping import LOOP, when_looping
 from procs import processes, rank_processes
 
 from jupyter_mn import Cluster
-from jupyter_mn.events import LogLines, Note
+from jupyter_mn.events import Note
 
 HOSTS = 2
-
-#: Both ranks loop on all_reduce, as training does; "looping" says when to break something.
-#: They agree when to stop (one more collective on one rank alone would wait forever).
-LOOP = """
-import time
-print("looping", flush=True)
-t = torch.ones(1)
-end = time.monotonic() + {seconds}
-going = torch.ones(1)
-while going.item():
-    dist.all_reduce(t)
-    going = torch.tensor([float(time.monotonic() < end)])
-    dist.all_reduce(going, op=dist.ReduceOp.MIN)
-dist.get_world_size()
-"""
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +29,6 @@ def dask_hosts(
 ) -> Iterator[tuple[str, DaskCLI]]:
     with DaskCLI.on_hosts(tmp_path_factory.mktemp("dask-liveness"), host_net) as cli:
         yield cli.address, cli
-
-
-def when_looping(action: Callable[[], None]) -> Callable[[object], None]:
-    """An event listener that runs ``action`` once, when rank 1 says it loops."""
-    done: list[float] = []
-
-    def on_event(event: object) -> None:
-        if done or not isinstance(event, LogLines):
-            return
-        if any(rank == 1 and "looping" in lines for rank, _, lines in event.items):
-            action()
-            done.append(time.monotonic())
-
-    on_event.done = done  # type: ignore[attr-defined]
-    return on_event
 
 
 def cut(host: Host) -> Callable[[], None]:
