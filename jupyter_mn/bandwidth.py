@@ -4,11 +4,16 @@ The formulas are nccl-tests' (PERFORMANCE.md): ``algbw = size / time`` and, for 
 ``busbw = algbw × 2(n−1)/n``, which is comparable with the link's bandwidth whatever ``n`` is.
 Scopes: all ranks; with several nodes of several GPUs also intra-node (every node at once, the
 slowest shown) and inter-node (one rank per node). On CPU the numbers are gloo's, and say so.
+
+A collective runs at its slowest link's pace without saying whose it is, so with several nodes
+each node's link is measured too (one rank per node sends to the next, one pair at a time), and a
+node whose link is under a third of the others' (a port at a lower speed, a bad cable) is named.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +71,39 @@ class BenchRow:
         return busbw(self.size, self.seconds, self.ranks)
 
 
+#: A node whose link moved less than this share of the other nodes' (their median) is slow.
+SLOW_SHARE = 1 / 3
+
+
+@dataclass(frozen=True)
+class NodeLink:
+    """What one node's link moved: the better of its two transfers (in from the previous node,
+    out to the next), so that only a node whose own link is slow looks slow."""
+
+    node: int
+    host: str
+    rate: float  # GB/s
+
+
+def node_links(hosts: list[str], size: int, seconds: list[float]) -> list[NodeLink]:
+    """``seconds[k]``: the transfer of ``size`` bytes from node k to node k+1 (in a ring)."""
+    rates = [algbw(size, t) if t > 0 else 0.0 for t in seconds]
+    return [NodeLink(k, hosts[k], max(rates[k - 1], rates[k])) for k in range(len(rates))]
+
+
+def slow_links(links: list[NodeLink]) -> list[tuple[NodeLink, float]]:
+    """The nodes whose link is under ``SLOW_SHARE`` of the others' median, with that median.
+    Two nodes share both transfers, so a slow one cannot be told from its peer: none."""
+    if len(links) < 3:
+        return []
+    slow = []
+    for link in links:
+        others = statistics.median(o.rate for o in links if o is not link)
+        if link.rate < others * SLOW_SHARE:
+            slow.append((link, others))
+    return slow
+
+
 @dataclass
 class BenchReport:
     device: str
@@ -73,6 +111,12 @@ class BenchReport:
     warmup: int
     rows: list[BenchRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    links: list[NodeLink] = field(default_factory=list)
+    link_size: int = 0
+
+    @property
+    def slow(self) -> list[tuple[NodeLink, float]]:
+        return slow_links(self.links)
 
     def __str__(self) -> str:
         head = ("scope", "ranks", "size", "time", "algbw GB/s", "busbw GB/s", "expected GB/s")
@@ -96,7 +140,26 @@ class BenchReport:
         for scope, *numbers in table:  # the scope left-aligned, the numbers right-aligned
             cells = [v.rjust(w) for v, w in zip(numbers, widths[1:], strict=True)]
             lines.append("  ".join([scope.ljust(widths[0]), *cells]))
-        return "\n".join(lines + self.notes)
+        return "\n".join(lines + self._link_lines() + self.notes)
+
+    def _link_lines(self) -> list[str]:
+        if not self.links:
+            return []
+        lines = [
+            f"each node's link (one rank per node sends {human(self.link_size)} to the next, one "
+            "pair at a time): "
+            + ", ".join(f"node {k.node} ({k.host}) {k.rate:.4g} GB/s" for k in self.links)
+        ]
+        for link, others in self.slow:
+            lines.append(
+                f"✘ node {link.node} ({link.host}) has a slow link: {link.rate:.4g} GB/s, the "
+                f"other nodes' {others:.4g} GB/s (median)"
+            )
+        if len(self.links) == 2:
+            lines.append(
+                "(two nodes share both transfers: a slow link cannot be told from its peer)"
+            )
+        return lines
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
@@ -139,6 +202,10 @@ def bench(
     nnodes = gang.spec.nodes
     report = BenchReport(device=gang.device, iters=iters, warmup=warmup)
     for row in rows:
+        if row["scope"] == "links":
+            report.links = node_links(gang.hosts, row["size"], row["seconds"])
+            report.link_size = row["size"]
+            continue
         crosses_nodes = row["scope"] == "inter-node" or (row["scope"] == "all ranks" and nnodes > 1)
         report.rows.append(
             BenchRow(

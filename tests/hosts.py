@@ -14,8 +14,10 @@ bridge. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; ``missing()``
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,9 +43,14 @@ def missing() -> str | None:
 
 
 def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    _ip_tool("ip", *args)
+
+
+def _ip_tool(*argv: str) -> None:
+    """An iproute2 command (``ip``, ``tc``); its stderr in the error when it fails."""
+    done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
-        raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        raise OSError(f"{' '.join(argv)}: {done.stderr.strip()}")
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Host:
     hostname: str
     netns: str
     ip: str
+    #: the bridge's end of its link (in the root namespace): its egress is the host's ingress
+    veth: str = ""
 
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` run on this host: in its namespace, with its hostname (every exec replaces
@@ -78,6 +87,72 @@ class Host:
     def pids(self) -> list[int]:
         done = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
         return [int(p) for p in done.stdout.split()]
+
+    def _tc(self, egress_of_host: bool, *args: str) -> None:
+        """``tc`` on one end of the host's link: ``eth0`` (what the host sends) or the bridge's
+        veth (what it receives)."""
+        if egress_of_host:
+            self.run("tc", *args)
+        else:
+            _ip_tool("tc", *args)
+
+    def _devices(self) -> list[tuple[bool, str]]:
+        return [(True, "eth0"), (False, self.veth)]
+
+    def shape(self, rate: str, latency: str = "50ms") -> None:
+        """Limit the link to ``rate`` (tc's units: ``200mbit``) both ways, as a slower port
+        would (a token bucket: packets wait up to ``latency``, then drop)."""
+        for mine, dev in self._devices():
+            burst = "64kb"  # ≥ rate / HZ for every rate used here, small next to a message
+            qdisc = ("tbf", "rate", rate, "burst", burst, "latency", latency)
+            self._tc(mine, "qdisc", "add", "dev", dev, "root", *qdisc)
+
+    def drop(self, peer: str | None = None, loss: int = 0) -> None:
+        """Drop packets both ways: every packet to and from ``peer`` (an address: a cut between
+        two machines only), or TCP segments ``loss``/32 of the time (a lossy link).
+
+        This kernel has neither netem nor tc actions (gact, police), so packets are classified
+        (u32) into an HTB class whose queue holds nothing (``pfifo limit 0``). What u32 can
+        match that varies like chance: the TCP timestamp (a millisecond clock, offset at random
+        per connection; its low byte at 47 after a 20-byte IP header and NOP, NOP, TS); so each
+        connection loses what it sends in ``loss`` of every 32 milliseconds, bursts as on a
+        congested link, and a retransmission (≥ 200 ms later) gets through as often as not.
+        (The checksum is not computed yet at the qdisc, and the IP ID of DF packets is 0.)
+        """
+        for mine, dev in self._devices():
+            tc = functools.partial(self._tc, mine)
+            tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
+            for cls in ("1:1", "1:2"):
+                tc("class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb", "rate",
+                   "100gbit")  # fmt: skip
+            tc("qdisc", "add", "dev", dev, "parent", "1:2", "pfifo", "limit", "0")
+            rules: list[tuple[str, ...]] = []
+            if peer is not None:  # the host sends to peer; receives from it
+                rules.append(("match", "ip", "dst" if mine else "src", f"{peer}/32"))
+            for value in range(loss):
+                rules.append(("match", "ip", "protocol", "6", "0xff", "match", "u8",
+                              str(value), "0x1f", "at", "47"))  # fmt: skip
+            for rule in rules:
+                tc("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32", *rule,
+                   "flowid", "1:2")  # fmt: skip
+
+    def dropped(self) -> int:
+        """Packets dropped so far by what ``shape`` or ``drop`` added, both ways."""
+        total = 0
+        for mine, dev in self._devices():
+            argv = ["tc", "-s", "qdisc", "show", "dev", dev, "root"]
+            if mine:
+                argv = ["ip", "netns", "exec", self.netns, *argv]
+            shown = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            found = re.search(r"\(dropped (\d+),", shown)  # the root qdisc's own counter
+            total += int(found.group(1)) if found else 0
+        return total
+
+    def heal(self) -> None:
+        """Remove what ``shape`` or ``drop`` added: the link is plain again."""
+        for mine, dev in self._devices():
+            with contextlib.suppress(OSError):
+                self._tc(mine, "qdisc", "del", "dev", dev, "root")
 
 
 @dataclass
@@ -118,10 +193,10 @@ class HostNet:
             raise OSError(f"no address left in {self.subnet}.0/24")
         self._made += 1
         i = self._made
-        host = Host(hostname or f"node-{i}", f"jmn-{self.tag}-{i}", f"{self.subnet}.{10 + i}")
+        veth = f"jmv{self.tag}{i}"
+        host = Host(hostname or f"node-{i}", f"jmn-{self.tag}-{i}", f"{self.subnet}.{10 + i}", veth)
         _ip("netns", "add", host.netns)
         self.hosts.append(host)  # from here on, close() removes it
-        veth = f"jmv{self.tag}{i}"
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("link", "set", veth, "master", self.bridge, "up")
         host.run("ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_mn.bandwidth import BenchReport, BenchRow, algbw, busbw, link_rates, parse_size
+from jupyter_mn.bandwidth import (
+    BenchReport,
+    BenchRow,
+    algbw,
+    busbw,
+    link_rates,
+    node_links,
+    parse_size,
+    slow_links,
+)
 from jupyter_mn.errors import SpecError
 
 
@@ -57,3 +66,20 @@ def test_expected_rate_is_the_slowest_nodes_usable_rdma_or_nic():
         "route": {"interface": "lo"},
     }
     assert link_rates([loopback]) is None
+
+
+def test_a_node_is_named_slow_only_by_its_own_link():
+    """Transfers go k → k+1 in a ring: node 2's link carries 1→2 and 2→3, both slow."""
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    mib = 1 << 20
+    links = node_links(hosts, mib, [0.04, 0.4, 0.4, 0.04])  # 0→1, 1→2, 2→3, 3→0
+    assert [round(k.rate, 4) for k in links] == [0.0262, 0.0262, 0.0026, 0.0262]
+    ((slow, others),) = slow_links(links)
+    assert (slow.node, slow.host, round(others, 4)) == (2, "10.0.0.3", 0.0262)
+    report = BenchReport("cpu (gloo)", iters=3, warmup=1, links=links, link_size=mib)
+    assert "✘ node 2 (10.0.0.3) has a slow link: 0.002621 GB/s, the other nodes' 0.02621" in str(
+        report
+    )
+    # two nodes share both transfers: nobody can be named
+    assert slow_links(node_links(hosts[:2], mib, [0.04, 0.4])) == []
+    assert slow_links(node_links(hosts[:3], mib, [0.04, 0.05, 0.045])) == []

@@ -23,7 +23,14 @@ from jupyter_mn import Cluster
 from jupyter_mn.cli import main as jupyter_mn_cli
 from jupyter_mn.errors import NodeLost, SchedulingError, SpecError
 from jupyter_mn.events import Note
-from jupyter_mn.gang.dask import Candidate, candidates, preference, shortage
+from jupyter_mn.gang.dask import (
+    Candidate,
+    candidates,
+    could_change,
+    preference,
+    shortage,
+    silent_workers,
+)
 from jupyter_mn.gang.shell import run_on_nodes
 from jupyter_mn.spec import ClusterSpec
 
@@ -258,6 +265,27 @@ def test_matching_idle_workers_are_preferred_and_same_host_is_suggested():
     spec = ClusterSpec(backend="dask", scheduler="tls://10.0.0.9:8786", nodes=3)
     assert "--same-host makes each worker a node" in shortage(spec, found[1:], found, {})
     assert isinstance(found[0], Candidate)
+
+
+def test_a_silent_worker_is_not_asked_and_is_waited_for():
+    """Cut off or frozen: asking it would wait for a connection timeout; it may come back."""
+    workers = _workers("10.0.0.1", "10.0.0.2")
+    addrs = list(workers)
+    workers[addrs[0]]["last_seen"] = 1000.0
+    workers[addrs[1]]["last_seen"] = 1000.0 - 12.4  # the scheduler's clock: the kernel's unused
+    silent = silent_workers(workers)
+    assert silent == {addrs[1]: pytest.approx(12.4)}
+    facts = {addrs[0]: {"jupyter_mn": "0.1.0", "torch": "2.13.0"}}
+    found = candidates(workers, facts, {}, KERNEL, silent)
+    spec = ClusterSpec(backend="dask", scheduler="tls://10.0.0.9:8786", nodes=2)
+    assert (
+        "host 10.0.0.2: worker w1 (tls://10.0.0.2:9001) has not reached the scheduler for 12 s"
+        in (shortage(spec, found[:1], found, {}))
+    )
+    assert could_change(spec, found, {})  # two hosts, neither claimed: only its silence
+    assert not could_change(spec, candidates(workers, facts, {}, KERNEL), {})
+    workers[addrs[1]]["last_seen"] = 1000.0 - 4  # one heartbeat late is not silent
+    assert silent_workers(workers) == {}
 
 
 @pytest.fixture

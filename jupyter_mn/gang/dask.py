@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 _POLL_S = 1.0
 _CONNECT_TIMEOUT_S = 30.0
 _AGENT_KEY = re.compile(r"^jupyter-mn-agent-(.+)-\d+$")
+#: A worker whose last heartbeat to the scheduler trails the freshest one by this much (and by
+#: three of its heartbeat periods) is cut off or frozen: asked anything, it would hold the claim
+#: up until a connection times out (30 s). Wrongly left out, it costs one more poll.
+_SILENT_S = 5.0
 
 
 def security_for(address: str) -> Any:
@@ -60,6 +64,8 @@ class Candidate:
     mismatch: str = ""
     busy: int = 0
     in_kernel_group: bool = False
+    #: seconds it has not reached the scheduler (cut off or frozen); 0 when it has
+    silent: float = 0.0
 
     def unit(self, same_host: bool) -> str:
         return self.address if same_host else self.host
@@ -84,18 +90,41 @@ def node_order(c: Candidate) -> tuple[Any, ...]:
     return (host, _natural(c.name))
 
 
+def silent_workers(workers: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """``{address: seconds}`` of the workers that have not reached the scheduler lately.
+
+    Counted from the freshest worker's ``last_seen``, so only the scheduler's clock matters (the
+    kernel's may differ); when every worker is silent, none can be told apart.
+    """
+    from distributed.scheduler import heartbeat_interval
+
+    seen = {a: i["last_seen"] for a, i in workers.items() if i.get("last_seen") is not None}
+    if not seen:
+        return {}
+    newest = max(seen.values())
+    window = max(_SILENT_S, 3 * heartbeat_interval(len(workers)))
+    return {a: newest - t for a, t in seen.items() if newest - t > window}
+
+
 def candidates(
     workers: dict[str, dict[str, Any]],
     facts: dict[str, Any],
     processing: dict[str, Any],
     kernel: dict[str, str | None],
+    silent: dict[str, float] | None = None,
 ) -> list[Candidate]:
-    """Every worker with what speaks for or against it."""
+    """Every worker with what speaks for or against it (``silent``: see ``silent_workers``)."""
     found = []
+    silent = silent or {}
     for address, info in workers.items():
         fact = facts.get(address)
         problem = mismatch = ""
-        if isinstance(fact, BaseException) or fact is None:
+        if address in silent:
+            problem = (
+                f"has not reached the scheduler for {silent[address]:.0f} s (cut off or frozen)"
+            )
+            fact = {}
+        elif isinstance(fact, BaseException) or fact is None:
             # dask wraps the worker's error: Exception('ModuleNotFoundError("No module …")')
             missing = "No module named 'jupyter_mn" in str(fact)
             problem = "lacks jupyter_mn" if missing else f"cannot be inspected ({fact!r})"
@@ -118,6 +147,7 @@ def candidates(
                 mismatch=mismatch,
                 busy=len(processing.get(address) or ()),
                 in_kernel_group=bool(fact.get("in_kernel_group")),
+                silent=silent.get(address, 0.0),
             )
         )
     return found
@@ -155,9 +185,10 @@ def shortage(
 
 
 def could_change(spec: ClusterSpec, found: list[Candidate], claimed: dict[str, str]) -> bool:
-    """Worth waiting: another gang may release its claim, or the cluster may still scale up."""
+    """Worth waiting: another gang may release its claim, the cluster may still scale up, or a
+    silent worker come back (or be dropped, and replaced)."""
     units = {c.unit(spec.same_host) for c in found}
-    return bool(claimed) or len(units) < spec.nodes
+    return bool(claimed) or len(units) < spec.nodes or any(c.silent for c in found)
 
 
 class DaskProvisioner:
@@ -223,8 +254,12 @@ class DaskProvisioner:
 
         client = self._client
         workers = client.scheduler_info(n_workers=-1)["workers"]
-        facts = client.run(worker_facts, identity(), on_error="return") if workers else {}
-        found = candidates(workers, facts, client.processing(), kernel)
+        silent = silent_workers(workers)
+        heard = [a for a in workers if a not in silent]
+        facts = (
+            client.run(worker_facts, identity(), workers=heard, on_error="return") if heard else {}
+        )
+        found = candidates(workers, facts, client.processing(), kernel, silent)
         holders = _claim_holders(client.has_what())
         chosen: list[Candidate] = []
         claimed: dict[str, str] = {}

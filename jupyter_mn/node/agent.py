@@ -424,7 +424,11 @@ class NodeAgent:
     async def _orphaned(self) -> None:
         """The kernel stopped beating: free the node rather than hold its GPUs forever."""
         silent = self._watchdog.heartbeat_timeout if self._watchdog else 0
-        self._publish(GangState("BROKEN", f"node {self.node}: no heartbeat for {silent:.0f} s"))
+        why = f"node {self.node}: no heartbeat for {silent:.0f} s"
+        self._publish(GangState("BROKEN", why))
+        for r in self._ranks:  # busy with a cell nobody waits for: it would not read a stop
+            if r.running is not None:
+                r.kill(f"the kernel is gone ({why})")
         await self.stop()
         if self._launch.exit_when_orphaned:  # the worker is this gang's alone: end it too
             with contextlib.suppress(Exception):

@@ -2,7 +2,8 @@
 
 Like nccl-tests' ``all_reduce_perf``: a float32 buffer of the requested size, warm-up
 iterations, then the mean time of ``iters`` back-to-back all-reduces; each scope's time is the
-slowest rank's (nccl-tests takes the max across ranks too).
+slowest rank's (nccl-tests takes the max across ranks too). With several nodes, also each node's
+link on its own: a collective runs at its slowest link's pace, and does not say whose it is.
 """
 
 from __future__ import annotations
@@ -35,6 +36,30 @@ def _time(tensor: Any, group: Any, iters: int, warmup: int, sync: Any) -> float:
     return (time.perf_counter() - started) / iters
 
 
+def _links(tensor: Any, info: Any, iters: int, warmup: int, sync: Any) -> list[float]:
+    """Seconds for ``tensor`` to go from node k to node k+1 (one rank per node, one pair at a
+    time, in a ring), for every k: node k's link carries transfers k−1→k and k→k+1."""
+    import torch
+    import torch.distributed as dist
+
+    n, gpus = info.nnodes, info.local_world_size
+    seconds = torch.zeros(n, dtype=torch.float64, device=tensor.device)
+    for k in range(n):
+        src, dst = k * gpus, (k + 1) % n * gpus
+        for i in range(warmup + iters):
+            dist.barrier()
+            started = time.perf_counter()
+            if info.rank == src:
+                dist.send(tensor, dst)
+            elif info.rank == dst:
+                dist.recv(tensor, src)
+                sync()
+                if i >= warmup:  # the receiver's clock: the data has arrived
+                    seconds[k] += (time.perf_counter() - started) / iters
+    dist.all_reduce(seconds)  # only the receivers wrote
+    return seconds.tolist()
+
+
 def measure(size: int, iters: int, warmup: int) -> list[dict[str, Any]] | None:
     """Rows (scope, ranks, size, seconds) on rank 0, ``None`` elsewhere."""
     import torch
@@ -65,4 +90,7 @@ def measure(size: int, iters: int, warmup: int) -> list[dict[str, Any]] | None:
                 "seconds": slowest.item(),
             }
         )
+    if info.nnodes > 1:
+        links = _links(tensor, info, iters, warmup, sync)
+        rows.append({"scope": "links", "size": tensor.numel() * 4, "seconds": links})
     return rows if info.rank == 0 else None
