@@ -13,8 +13,10 @@ side (the Python API, which the magics call), and for each N it measures:
   one clock here; median);
 * registry writes per warm cell (SQLite triggers count the job rows written);
 * log throughput: every rank prints ``--lines`` lines; lines that reached the kernel over the
-  cell's wall time (goal ≥ 200k lines/s), checked complete: every rank's count, no gap in any
-  node's batch numbers, and the lines in the registry's log files;
+  time from ``run()`` to the last one (goal ≥ 200k lines/s), checked complete: every rank's
+  count, no gap in any node's batch numbers, and the lines in the registry's log files. "late":
+  lines that came after the cell's result (its drain gave up), "view dropped": batches the
+  cell's view lost (the kernel's inbox is bounded), "lost": lines that never came;
 * widget: that cell's ``ClusterWidget`` (no frontend attached: its own count of the comm
   updates it sends while the cell runs, its first and last full draws left out) messages and
   bytes per second (goal ≤ 10 msg/s);
@@ -64,6 +66,8 @@ class Row:
     fanout_ms: float
     registry_writes: float
     lines_per_s: float
+    late_lines: int
+    view_dropped: int
     lost_lines: int
     widget_msgs_per_s: float
     widget_bytes_per_s: float
@@ -108,6 +112,7 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
             fanouts.append(max(started_at) - t0)
         count = LineCount()
         gang.hub.subscribe(count)
+        dropped = gang.hub.inbox.dropped
         widget = ClusterWidget(ClusterSpec(nodes=nodes, gpus=GPUS), title="loud")
         with contextlib.redirect_stdout(io.StringIO()):  # no frontend: display() prints
             widget.show()  # its first full draw is not counted, nor its last (close)
@@ -118,9 +123,15 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
             drawn = widget.updates - shown[0], widget.sent_bytes - shown[1]
             widget.close()
         expected = nodes * GPUS * lines
+        at_result = count.lines
+        deadline = time.monotonic() + 120
+        while count.lines < expected and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for late lines, with a deadline
+        delivered = count.last_at - t0
         short = sum(max(lines - count.per_rank[r], 0) for r in range(nodes * GPUS))
         if count.gaps or count.lines != expected:
             print(f"  {nodes} nodes: {count.lines}/{expected} lines, {count.gaps} gaps")
+        dropped = gang.hub.inbox.dropped - dropped
         mem = memory_gb()
     finally:
         cluster.close()
@@ -134,7 +145,9 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
         cpu_ms_per_node=cpu / cells / nodes * 1e3,
         fanout_ms=statistics.median(fanouts) * 1e3,
         registry_writes=registry_writes,
-        lines_per_s=count.lines / elapsed,
+        lines_per_s=count.lines / delivered,
+        late_lines=expected - at_result,
+        view_dropped=dropped,
         lost_lines=short + max(expected - on_disk, 0),
         widget_msgs_per_s=drawn[0] / elapsed,
         widget_bytes_per_s=drawn[1] / elapsed,
@@ -150,6 +163,8 @@ COLUMNS = (
     ("fan-out ms", "fanout_ms", "{:>10.1f}"),
     ("registry writes/cell", "registry_writes", "{:>20.2f}"),
     ("lines/s", "lines_per_s", "{:>9,.0f}"),
+    ("late", "late_lines", "{:>4}"),
+    ("view dropped", "view_dropped", "{:>12}"),
     ("lost", "lost_lines", "{:>4}"),
     ("widget msg/s", "widget_msgs_per_s", "{:>12.1f}"),
     ("widget kB/s", "widget_bytes_per_s", "{:>11.0f}"),
