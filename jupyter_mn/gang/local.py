@@ -24,6 +24,7 @@ from distributed.security import Security
 
 from ..errors import SchedulingError
 from ..node.daskconfig import DASK_CONFIG
+from ..node.process import rank_command
 from ..spec import ClusterSpec
 
 #: What a worker process gets besides the kernel's dask config: quiet logs, and glibc returning
@@ -85,6 +86,7 @@ class LocalProvisioner:
         self._client: Any = None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
+        rank_command()  # the workers inherit this environment: a bad command, before they start
         security = Security.temporary()
         try:
             with dask.config.set(DASK_CONFIG):
