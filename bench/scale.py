@@ -8,13 +8,18 @@ side (the Python API, which the magics call), and for each N it measures:
 * start: ``Cluster.up()`` until every rank is ready;
 * warm cell: ``run("x = 1")`` round trip (median);
 * kernel CPU per node per cell: this process's CPU time (all its threads: the dask client, the
-  heartbeat, the recorder) over the warm cells, per cell and node (goal ≤ 0.3 ms);
+  heartbeat, the recorder, and on the local backend the dask scheduler) over the warm cells, per
+  cell and node (goal ≤ 0.3 ms); and the same net of what the process spends idle (measured
+  over a quiet while first: the scheduler hearing its workers, the kernel's heartbeat), since
+  that grows with the cells' wall time on a loaded machine;
 * fan-out: from ``run()`` until the last rank starts the cell (each rank's ``time.time()``,
   one clock here; median);
 * registry writes per warm cell (SQLite triggers count the job rows written);
 * log throughput: every rank prints ``--lines`` lines; lines that reached the kernel over the
-  cell's wall time (goal ≥ 200k lines/s), checked complete: every rank's count, no gap in any
-  node's batch numbers, and the lines in the registry's log files;
+  time from ``run()`` to the last one (goal ≥ 200k lines/s), checked complete: every rank's
+  count, no gap in any node's batch numbers, and the lines in the registry's log files. "late":
+  lines that came after the cell's result (its drain gave up), "view dropped": batches the
+  cell's view lost (the kernel's inbox is bounded), "lost": lines that never came;
 * widget: that cell's ``ClusterWidget`` (no frontend attached: its own count of the comm
   updates it sends while the cell runs, its first and last full draws left out) messages and
   bytes per second (goal ≤ 10 msg/s);
@@ -53,6 +58,7 @@ from jupyter_mn.views.widget import ClusterWidget  # noqa: E402
 
 GPUS = 8
 CPU_GOAL_MS, LINES_GOAL, WIDGET_GOAL = 0.3, 200_000, 10.0
+IDLE_S = 3.0
 
 
 @dataclass
@@ -61,9 +67,13 @@ class Row:
     start_s: float
     cell_ms: float
     cpu_ms_per_node: float
+    net_cpu_ms_per_node: float
+    idle_cpu_pct: float
     fanout_ms: float
     registry_writes: float
     lines_per_s: float
+    late_lines: int
+    view_dropped: int
     lost_lines: int
     widget_msgs_per_s: float
     widget_bytes_per_s: float
@@ -94,13 +104,17 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
         start_s = time.perf_counter() - started
         for _ in range(3):  # warm-up
             cluster.run("x = 1").unwrap()
+        idle_cpu, t0 = time.process_time(), time.perf_counter()
+        time.sleep(IDLE_S)  # the process's own background work, with no cell running
+        idle_rate = (time.process_time() - idle_cpu) / (time.perf_counter() - t0)
         walls, fanouts = [], []
-        cpu, before = time.process_time(), writes.count()
+        cpu, before, began = time.process_time(), writes.count(), time.perf_counter()
         for _ in range(cells):
             t0 = time.time()
             cluster.run("x = 1").unwrap()
             walls.append(time.time() - t0)
         cpu = time.process_time() - cpu
+        net_cpu = cpu - idle_rate * (time.perf_counter() - began)
         registry_writes = (writes.count() - before) / cells
         for _ in range(max(3, cells // 4)):
             t0 = time.time()
@@ -108,6 +122,7 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
             fanouts.append(max(started_at) - t0)
         count = LineCount()
         gang.hub.subscribe(count)
+        dropped = gang.hub.inbox.dropped
         widget = ClusterWidget(ClusterSpec(nodes=nodes, gpus=GPUS), title="loud")
         with contextlib.redirect_stdout(io.StringIO()):  # no frontend: display() prints
             widget.show()  # its first full draw is not counted, nor its last (close)
@@ -118,9 +133,15 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
             drawn = widget.updates - shown[0], widget.sent_bytes - shown[1]
             widget.close()
         expected = nodes * GPUS * lines
+        at_result = count.lines
+        deadline = time.monotonic() + 120
+        while count.lines < expected and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for late lines, with a deadline
+        delivered = count.last_at - t0
         short = sum(max(lines - count.per_rank[r], 0) for r in range(nodes * GPUS))
         if count.gaps or count.lines != expected:
             print(f"  {nodes} nodes: {count.lines}/{expected} lines, {count.gaps} gaps")
+        dropped = gang.hub.inbox.dropped - dropped
         mem = memory_gb()
     finally:
         cluster.close()
@@ -132,9 +153,13 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
         start_s=start_s,
         cell_ms=statistics.median(walls) * 1e3,
         cpu_ms_per_node=cpu / cells / nodes * 1e3,
+        net_cpu_ms_per_node=net_cpu / cells / nodes * 1e3,
+        idle_cpu_pct=idle_rate * 100,
         fanout_ms=statistics.median(fanouts) * 1e3,
         registry_writes=registry_writes,
-        lines_per_s=count.lines / elapsed,
+        lines_per_s=count.lines / delivered,
+        late_lines=expected - at_result,
+        view_dropped=dropped,
         lost_lines=short + max(expected - on_disk, 0),
         widget_msgs_per_s=drawn[0] / elapsed,
         widget_bytes_per_s=drawn[1] / elapsed,
@@ -147,9 +172,13 @@ COLUMNS = (
     ("start s", "start_s", "{:>7.1f}"),
     ("cell ms", "cell_ms", "{:>7.1f}"),
     ("CPU ms/node/cell", "cpu_ms_per_node", "{:>16.2f}"),
+    ("net of idle", "net_cpu_ms_per_node", "{:>11.2f}"),
+    ("idle CPU %", "idle_cpu_pct", "{:>10.1f}"),
     ("fan-out ms", "fanout_ms", "{:>10.1f}"),
     ("registry writes/cell", "registry_writes", "{:>20.2f}"),
     ("lines/s", "lines_per_s", "{:>9,.0f}"),
+    ("late", "late_lines", "{:>4}"),
+    ("view dropped", "view_dropped", "{:>12}"),
     ("lost", "lost_lines", "{:>4}"),
     ("widget msg/s", "widget_msgs_per_s", "{:>12.1f}"),
     ("widget kB/s", "widget_bytes_per_s", "{:>11.0f}"),
@@ -189,6 +218,8 @@ def plot(rows: list[Row], path: Path) -> None:
         ax.plot(n, values, "o-", label="measured" if goal else "fan-out")
         if title.startswith("fan-out"):
             ax.plot(n, [r.cell_ms for r in rows], "s--", label="warm cell")
+        if title.startswith("kernel CPU"):
+            ax.plot(n, [r.net_cpu_ms_per_node for r in rows], "s--", label="net of idle")
         if goal is not None:
             ax.axhline(goal, color="tab:red", linestyle=":", label="goal")
         ax.set_title(title, fontsize=10)

@@ -57,6 +57,18 @@ class _NodeFile:
         return fd, os.fstat(fd).st_size
 
     def write(self, rank: int, stream: str, lines: tuple[str, ...], now: float) -> None:
+        head = f"\t{now:.3f}\t{rank}\t{stream}\t"
+        first = self.seq + 1
+        data = "".join(f"{first + i}{head}{text}\n" for i, text in enumerate(lines))
+        batch = data.encode(errors="replace")
+        if self._size + len(batch) <= self.max_bytes:  # the usual case: no rotation inside
+            self.seq += len(lines)
+            self._append(batch)
+            return
+        self._write_rotating(rank, stream, lines, now)
+
+    def _write_rotating(self, rank: int, stream: str, lines: tuple[str, ...], now: float) -> None:
+        """Line by line, rotating where the next line would not fit."""
         batch = bytearray()
         for text in lines:
             self.seq += 1

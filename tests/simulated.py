@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ class LineCount:
     def __init__(self) -> None:
         self.per_rank: Counter[int] = Counter()
         self.gaps = 0
+        #: ``time.perf_counter()`` when the last batch came
+        self.last_at = 0.0
         self._last: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -80,6 +83,7 @@ class LineCount:
             if last is not None and event.seq != last + 1:
                 self.gaps += 1
             self._last[event.node] = event.seq
+            self.last_at = time.perf_counter()
             for rank, _, lines in event.items:
                 self.per_rank[rank] += len(lines)
 

@@ -111,6 +111,15 @@ def test_a_failing_rank_is_the_root_cause_and_the_next_cell_runs(gang):
     assert gang.kernel.run("%%cluster\nrank").result == "0"
 
 
+def test_a_lost_rank_s_node_gets_fresh_stand_ins_and_the_next_cell_runs(gang):
+    lost = gang.kernel.run("%%cluster\nimport os\nif rank == 21:\n    os._exit(3)\nrank")
+    assert lost.status == "error"
+    assert "rank 21" in lost.error_text and "exit code 3" in lost.error_text
+    again = gang.kernel.run("%%cluster --all\nrank")  # waits for node 5's new ranks
+    assert again.status == "ok", again.error_text
+    assert ast.literal_eval(again.result) == list(range(WORLD))
+
+
 @pytest.mark.parametrize(
     ("command", "says"),
     [

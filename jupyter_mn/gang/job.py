@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..events import NodeReply, OnEvent, RankState
+from ..events import LogLines, NodeReply, OnEvent, RankState
 from .inbox import Message, Reply
 
 if TYPE_CHECKING:
@@ -27,7 +27,8 @@ INTERRUPTED_BY_USER = "interrupted by the user"
 #: How long the loop sleeps between ticks (timeouts and escalation are checked then).
 TICK_S = 0.25
 #: After the replies, how long the lines written before them may take to arrive (events travel
-#: another path than replies).
+#: another path than replies), counted from the last batch that came: a wide gang's backlog
+#: (64 nodes × 8 ranks printing, bench/scale.py) takes longer in all, but keeps coming.
 LOG_DRAIN_S = 5.0
 
 
@@ -90,7 +91,8 @@ class Job(Generic[T]):
         raise NotImplementedError
 
     def drain_logs(self) -> None:
-        """Show every line the ranks wrote before their reply (events travel another path)."""
+        """Show every line the ranks wrote before their reply (events travel another path);
+        give up once none has come for ``LOG_DRAIN_S``."""
         wanted = {n: r.value.seq for n, r in self.replies.items() if r.error is None}
         deadline = time.monotonic() + LOG_DRAIN_S
         while any(self.gang.hub.seen(n) < seq for n, seq in wanted.items()):
@@ -103,6 +105,8 @@ class Job(Generic[T]):
                 return
             if self.gang.hub.inbox.is_event(item):  # a late reply or request is dropped
                 self.gang.hub.consume(item, self.on_event)
+                if isinstance(item, LogLines):
+                    deadline = time.monotonic() + LOG_DRAIN_S
 
 
 class WorkerCall(Job[dict[str, Any]]):

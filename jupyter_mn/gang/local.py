@@ -25,6 +25,7 @@ from distributed.security import Security
 
 from ..errors import SchedulingError
 from ..node.daskconfig import DASK_CONFIG
+from ..node.process import rank_command
 from ..spec import ClusterSpec
 
 #: What a worker process gets besides the kernel's dask config: quiet logs, and glibc returning
@@ -88,6 +89,7 @@ class LocalProvisioner:
         self._client: Any = None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
+        rank_command()  # the workers inherit this environment: a bad command, before they start
         security = Security.temporary()
         try:
             with dask.config.set(DASK_CONFIG):

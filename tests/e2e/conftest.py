@@ -153,3 +153,20 @@ def wait_kernel_idle(page: object, timeout_ms: int = 60_000) -> None:
 def run_command(page: object, command: str) -> None:
     """Fire a Lab command without awaiting it (run-cell resolves only when the cell ends)."""
     page.evaluate("c => { window.jupyterapp.commands.execute(c); }", command)
+
+
+def open_panel(page: object) -> object:
+    """Open the Clusters panel from the left sidebar; returns its locator."""
+    from playwright.sync_api import expect
+
+    tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-mn-clusters"]')
+    expect(tab).to_be_visible(timeout=60_000)
+    tab.click()
+    return page.locator("#jupyter-mn-clusters")
+
+
+def job_item(panel: object, name: str) -> object:
+    """The panel's entry for the job named ``name``."""
+    return panel.locator("li.jp-mn-Job").filter(
+        has=panel.page.locator(".jp-mn-Job-name", has_text=name)
+    )

@@ -7,26 +7,13 @@ import sys
 from pathlib import Path
 
 import psutil
-from conftest import ARTIFACTS, run_command, wait_kernel_idle
+from conftest import ARTIFACTS, job_item, open_panel, run_command, wait_kernel_idle
 from playwright.sync_api import expect
 
 from jupyter_mn.registry import Registry
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03-papermill.ipynb"
 XSS = '<img src=x onerror="window.__xss=1">'
-
-
-def open_panel(page):
-    tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-mn-clusters"]')
-    expect(tab).to_be_visible(timeout=60_000)
-    tab.click()
-    return page.locator("#jupyter-mn-clusters")
-
-
-def job_item(panel, name: str):
-    return panel.locator("li.jp-mn-Job").filter(
-        has=panel.page.locator(".jp-mn-Job-name", has_text=name)
-    )
 
 
 def test_panel_follows_a_job_and_the_log_viewer_shows_rank_labelled_text(lab, page):
