@@ -45,8 +45,10 @@ def dask_setup(worker: Any) -> None:
 class NodeAgent:
     """Dask actor: start this node's ranks, relay cells, publish their output as events.
 
-    Everything it does runs on the worker's event loop: reader threads only hand over lines and
-    messages (``call_soon``, ``log``); one task (``_keep_watch``) does the periodic work.
+    Everything it does runs on the worker's event loop, which also reads the ranks' pipes and
+    control sockets (no reader threads: each hop from one cost a wake-up on the cell's path);
+    only telemetry's look runs in a thread and hands its events over (``call_soon``). One task
+    (``_keep_watch``) does the periodic work.
     """
 
     def __init__(self, job: str, topic: str, node: int) -> None:
@@ -59,6 +61,7 @@ class NodeAgent:
         self._seq = 0
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._wake = asyncio.Event()  # a look at the node is due now (a cell ended, or stop)
         self._telemetry: NodeTelemetry | None = None
         self._launch: Launch  # set by start(), before anything reads it
@@ -68,9 +71,12 @@ class NodeAgent:
         self._guard: asyncio.Task[None] | None = None
         self.script: ScriptRun | None = None
 
-    # ---- called from threads
+    # ---- called from the loop or from threads
     def call_soon(self, fn: Any, *args: Any) -> None:
         assert self._loop is not None
+        if threading.get_ident() == self._loop_thread:  # no wake-up of the loop needed
+            self._loop.call_soon(fn, *args)
+            return
         with contextlib.suppress(RuntimeError):  # loop closed while the worker shuts down
             self._loop.call_soon_threadsafe(fn, *args)
 
@@ -127,6 +133,7 @@ class NodeAgent:
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._guard = asyncio.create_task(self._keep_watch())
 
     async def start(self, launch: Launch) -> list[dict[str, Any]]:

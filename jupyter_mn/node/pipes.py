@@ -1,7 +1,9 @@
-"""A rank process's stdout and stderr, read line by line on two threads.
+"""A rank process's stdout and stderr, read line by line on the agent's event loop.
 
 Both kinds of rank handle own one (``process.py`` for cell ranks, ``script.py`` for script
-ranks): lines go to the agent's log path as they come; the last ones are kept for error reports
+ranks): lines go to the agent's log path as they come (the loop reads a pipe when it is
+readable: a reader thread per pipe cost a cross-thread wake-up per sync mark, two a rank a
+cell); the last ones are kept for error reports
 (a fatal error report, e.g. a segfault, apart so the tail stays readable); the sync marks a cell
 rank writes after each reply tell when a cell's output has been read to its end.
 """
@@ -12,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import threading
 from collections import deque
 from typing import IO
 
@@ -40,35 +41,41 @@ class PipeReader:
         self.markers = {"out": 0, "err": 0}
         self.expected = 0
         self.open_streams = {"out", "err"}
+        #: the unfinished last line read from each pipe
+        self._partial = {"out": b"", "err": b""}
         self._change = asyncio.Event()
 
     def start(self, proc: subprocess.Popen[bytes]) -> None:
+        """Read ``proc``'s pipes from now on (called on the agent's event loop)."""
+        loop = asyncio.get_running_loop()
         for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
             assert pipe is not None
-            threading.Thread(
-                target=self._read,
-                args=(pipe, stream),
-                daemon=True,
-                name=f"jupyter-mn-rank{self.rank}-{stream}",
-            ).start()
+            # The loop's handle holds the pipe: it is not closed (by GC) while registered.
+            loop.add_reader(pipe.fileno(), self._readable, loop, pipe, stream)
 
-    # ---- reader threads
-    def _read(self, pipe: IO[bytes], stream: str) -> None:
-        fd, pending = pipe.fileno(), b""
-        while chunk := os.read(fd, 65536):
-            *lines, pending = (pending + chunk).split(b"\n")
+    # ---- event loop: a pipe is readable (one read does not block, even on a blocking fd)
+    def _readable(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes], stream: str) -> None:
+        fd = pipe.fileno()
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if chunk:
+            *lines, self._partial[stream] = (self._partial[stream] + chunk).split(b"\n")
             for raw in lines:
                 self._line(stream, raw.decode("utf-8", "replace"))
-        if pending:
-            self._line(stream, pending.decode("utf-8", "replace"))
-        self.agent.call_soon(self._closed_stream, stream)
+            return
+        loop.remove_reader(fd)
+        if self._partial[stream]:
+            self._line(stream, self._partial[stream].decode("utf-8", "replace"))
+        self._closed_stream(stream)
 
     def _line(self, stream: str, text: str) -> None:
         if SYNC_MARKER in text:
             before, _, _ = text.partition(SYNC_MARKER)
             if before:
                 self._line(stream, before)
-            self.agent.call_soon(self._marked, stream)
+            self._marked(stream)
             return
         text = text.rsplit("\r", 1)[-1][:MAX_LINE]
         if text.startswith(stacks.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
