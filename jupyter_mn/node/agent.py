@@ -195,8 +195,9 @@ class NodeAgent:
         self._telemetry.poll()
         return to_msg(self._telemetry.report())
 
-    async def run(self, payload: Any, run_id: int = 0) -> dict[str, Any]:
-        """Run a cell on every rank of this node; return their replies once output is flushed."""
+    async def run(self, payload: Any, run_id: int = 0) -> bytes:
+        """Run a cell on every rank of this node; return their replies (a packed ``NodeReply``)
+        once output is flushed."""
         self._run_id = run_id
         for r in self._ranks:
             r.begin(run_id)
@@ -204,9 +205,9 @@ class NodeAgent:
         await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
-        self._telemetry.cell(running=False)
-        self._wake.set()  # its last look, now
-        return to_msg(NodeReply.build(self.node, self.flush(), replies))
+        if self._telemetry.cell(running=False):
+            self._wake.set()  # its last look, now
+        return NodeReply.build(self.node, self.flush(), replies).packed()
 
     async def _watch(self, r: RankHandle, run_id: int) -> dict[str, Any]:
         reply = await r.reply("done")
@@ -334,12 +335,12 @@ class NodeAgent:
         for r in self._ranks:
             self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 
-    async def run_script(self, launch: Launch) -> dict[str, Any]:
+    async def run_script(self, launch: Launch) -> bytes:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
         self.script = ScriptRun(self, launch)
         outcomes = await self.script.wait()
-        return to_msg(NodeReply.build(self.node, self.flush(), outcomes))
+        return NodeReply.build(self.node, self.flush(), outcomes).packed()
 
     async def stop_script(self, signum: int = signal.SIGTERM, why: str = "") -> None:
         if self.script is not None:
