@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import hashlib
 import re
 import symtable
@@ -69,18 +70,30 @@ def compile_cell(source: str, cell_id: int = 0) -> str:
     if not source.strip():
         raise SpecError("the cell is empty: there is nothing to run on the ranks")
     try:
-        python = _transformer.transform_cell(source)
-        compile(python, f"Cell In[{cell_id}]", "exec", dont_inherit=True)
+        return _compiled(source)
     except SyntaxError as exc:
         line = exc.lineno or 0
         text = (exc.text or "").rstrip("\n")
         caret = " " * max((exc.offset or 1) - 1, 0) + "^"
         detail = f"\n    {text}\n    {caret}" if text else ""
         raise SpecError(f"SyntaxError in the cell, line {line}: {exc.msg}{detail}") from None
+
+
+#: How many cells' analyses are remembered: a notebook re-runs the same cells, and transforming,
+#: compiling and reading the symbol tables of a cell costs ~0.3 ms each time (a failure is not
+#: remembered).
+_CELLS_KEPT = 256
+
+
+@functools.lru_cache(maxsize=_CELLS_KEPT)
+def _compiled(source: str) -> str:
+    python = _transformer.transform_cell(source)
+    compile(python, "<cell>", "exec", dont_inherit=True)  # a SyntaxError says where
     return python
 
 
-def free_names(python: str) -> set[str]:
+@functools.lru_cache(maxsize=_CELLS_KEPT)
+def free_names(python: str) -> frozenset[str]:
     """Names the cell reads but never binds, including reads in nested scopes."""
     top, nested = _tables(python)
     bound = _bound(top, nested)
@@ -94,12 +107,13 @@ def free_names(python: str) -> set[str]:
             names |= free_names(_transformer.transform_cell(snippet))
         except SyntaxError:
             continue
-    return names
+    return frozenset(names)
 
 
-def bound_names(python: str) -> set[str]:
+@functools.lru_cache(maxsize=_CELLS_KEPT)
+def bound_names(python: str) -> frozenset[str]:
     """Names the cell binds in its namespace: after it runs they are rank-local state."""
-    return _bound(*_tables(python))
+    return frozenset(_bound(*_tables(python)))
 
 
 def _tables(python: str) -> tuple[symtable.SymbolTable, list[symtable.SymbolTable]]:

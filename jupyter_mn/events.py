@@ -7,6 +7,7 @@ each event travels as a plain dict tagged with its kind and is rebuilt with ``fr
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -297,9 +298,15 @@ class NodeReply:
         """From the ranks' own reports (dicts from their processes)."""
         return cls(node, seq, tuple(RankReply.of(r) for r in ranks))
 
+    def packed(self) -> bytes:
+        """What the agent returns to the kernel: the message pickled once. Dask sizes and frames
+        a bytes result at once, where a nested dict cost it a recursive ``sizeof`` a cell."""
+        return pickle.dumps(to_msg(self), protocol=pickle.HIGHEST_PROTOCOL)
+
     @classmethod
-    def of(cls, msg: dict[str, Any]) -> NodeReply:
-        reply = from_msg(msg)
+    def of(cls, msg: dict[str, Any] | bytes) -> NodeReply:
+        """From ``packed()`` bytes or a ``to_msg`` dict."""
+        reply = from_msg(pickle.loads(msg) if isinstance(msg, bytes) else msg)
         if not isinstance(reply, NodeReply):
             raise TypeError(f"expected a NodeReply, got {msg.get('kind')}")
         return reply

@@ -65,15 +65,17 @@ def dask_setup(worker: Any) -> None:
 class NodeAgent:
     """Dask actor: start this node's ranks, relay cells, publish their output as events.
 
-    Everything it does runs on the worker's event loop: reader threads only hand over lines and
-    messages (``call_soon``, ``log``); one task (``_keep_watch``) does the periodic work.
+    Everything it does runs on the worker's event loop, which also reads the ranks' pipes and
+    control sockets (no reader threads: each hop from one cost a wake-up on the cell's path);
+    only telemetry's look runs in a thread and hands its events over (``call_soon``). One task
+    (``_keep_watch``) does the periodic work.
     """
 
     def __init__(self, job: str, topic: str, node: int) -> None:
         self.job, self.topic, self.node = job, topic, node
         self._worker = get_worker()
         self._ranks: list[RankHandle] = []
-        self._lock = threading.Lock()  # the line buffer, filled by reader threads
+        self._lock = threading.Lock()  # the buffers (partials may come from any thread)
         self._buffer: list[tuple[int, str, str]] = []
         self._flush_armed = False
         #: the unfinished line of each (rank, stream), "" once cleared until that is sent
@@ -89,6 +91,7 @@ class NodeAgent:
         self._seq = 0
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._wake = asyncio.Event()  # a look at the node is due now (a cell ended, or stop)
         self._telemetry: NodeTelemetry | None = None
         self._launch: Launch  # set by start(), before anything reads it
@@ -99,9 +102,12 @@ class NodeAgent:
         self._guard: asyncio.Task[None] | None = None
         self.script: ScriptRun | None = None
 
-    # ---- called from threads
+    # ---- called from the loop or from threads
     def call_soon(self, fn: Any, *args: Any) -> None:
         assert self._loop is not None
+        if threading.get_ident() == self._loop_thread:  # no wake-up of the loop needed
+            self._loop.call_soon(fn, *args)
+            return
         with contextlib.suppress(RuntimeError):  # loop closed while the worker shuts down
             self._loop.call_soon_threadsafe(fn, *args)
 
@@ -234,6 +240,7 @@ class NodeAgent:
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._guard = asyncio.create_task(self._keep_watch())
 
     async def start(self, launch: Launch) -> list[dict[str, Any]]:
@@ -298,8 +305,9 @@ class NodeAgent:
         self._telemetry.poll()
         return to_msg(self._telemetry.report())
 
-    async def run(self, payload: Any, run_id: int = 0) -> dict[str, Any]:
-        """Run a cell on every rank of this node; return their replies once output is flushed."""
+    async def run(self, payload: Any, run_id: int = 0) -> bytes:
+        """Run a cell on every rank of this node; return their replies (a packed ``NodeReply``)
+        once output is flushed."""
         self._run_id = run_id
         for r in self._ranks:
             r.begin(run_id)
@@ -308,9 +316,9 @@ class NodeAgent:
         replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
         await asyncio.gather(*(r.synced() for r in self._ranks))
         self.send_displays()  # what rank 0 showed last comes before the reply
-        self._telemetry.cell(running=False)
-        self._wake.set()  # its last look, now
-        return to_msg(NodeReply.build(self.node, self.flush(), replies))
+        if self._telemetry.cell(running=False):
+            self._wake.set()  # its last look, now
+        return NodeReply.build(self.node, self.flush(), replies).packed()
 
     async def _watch(self, r: RankHandle, run_id: int) -> dict[str, Any]:
         reply = await r.reply("done")
@@ -442,12 +450,12 @@ class NodeAgent:
         for r in self._ranks:
             self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 
-    async def run_script(self, launch: Launch) -> dict[str, Any]:
+    async def run_script(self, launch: Launch) -> bytes:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
         self.script = ScriptRun(self, launch)
         outcomes = await self.script.wait()
-        return to_msg(NodeReply.build(self.node, self.flush(), outcomes))
+        return NodeReply.build(self.node, self.flush(), outcomes).packed()
 
     async def stop_script(self, signum: int = signal.SIGTERM, why: str = "") -> None:
         if self.script is not None:

@@ -1,7 +1,7 @@
 """The narrow seam between a node agent and what it owns (rank handles, a script run).
 
-They run partly on reader threads and must not reach into the agent: they hop onto its loop,
-hand it output lines, and tell it of a rank's state change. Nothing else.
+They run on the agent's event loop and must not reach into the agent: they schedule work on
+its loop, hand it output lines, and tell it of a rank's state change. Nothing else.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ class NodeLink(Protocol):
         """Run ``fn(*args)`` on the agent's event loop (callable from any thread)."""
 
     def log(self, rank: int, stream: str, line: str) -> None:
-        """One output line of a rank (any thread); the agent batches them into events."""
+        """One output line of a rank (from the loop); the agent batches them into events."""
 
     def partial(self, rank: int, stream: str, text: str) -> None:
         """The line a rank is still writing (a progress bar) now reads ``text`` ("": none);
         the agent sends it at a bounded rate (any thread)."""
 
     def display(self, rank: int, output: dict[str, Any]) -> None:
-        """One of the rank's display calls (``rank/displays.py``), from its control thread; the
+        """One of the rank's display calls (``rank/displays.py``), from the loop; the
         agent batches them."""
 
     def rank_state(

@@ -1,7 +1,9 @@
-"""A rank process's stdout and stderr, read line by line on two threads.
+"""A rank process's stdout and stderr, read line by line on the agent's event loop.
 
 Both kinds of rank handle own one (``process.py`` for cell ranks, ``script.py`` for script
-ranks): lines go to the agent's log path as they come; the last ones are kept for error reports
+ranks): lines go to the agent's log path as they come (the loop reads a pipe when it is
+readable: a reader thread per pipe cost a cross-thread wake-up per sync mark, two a rank a
+cell); the last ones are kept for error reports
 (a fatal error report, e.g. a segfault, apart so the tail stays readable); the sync marks a cell
 rank writes after each reply tell when a cell's output has been read to its end. A line still
 being written (a progress bar redrawn with ``\\r``) is kept as a terminal shows it
@@ -15,8 +17,8 @@ import codecs
 import contextlib
 import os
 import subprocess
-import threading
 from collections import deque
+from dataclasses import dataclass, field
 from typing import IO
 
 from ..rank import stacks
@@ -31,6 +33,22 @@ MAX_LINE = 10_000
 MAX_PARTIAL = 1_000
 _SYNC_WAIT_S = 2.0
 _CRASH_LINES = 200
+
+
+@dataclass
+class _Stream:
+    """One pipe's text not yet handed on."""
+
+    name: str  # "out" or "err"
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+    #: the line being written, as a terminal shows it
+    line: LineBuffer = field(default_factory=lambda: LineBuffer(MAX_LINE))
+    #: the start of a sync mark that a read cut in two
+    held: str = ""
+    #: the unfinished line as last handed to the agent
+    shown: str = ""
 
 
 class PipeReader:
@@ -50,47 +68,49 @@ class PipeReader:
         self._change = asyncio.Event()
 
     def start(self, proc: subprocess.Popen[bytes]) -> None:
+        """Read ``proc``'s pipes from now on (called on the agent's event loop)."""
+        loop = asyncio.get_running_loop()
         for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
             assert pipe is not None
-            threading.Thread(
-                target=self._read,
-                args=(pipe, stream),
-                daemon=True,
-                name=f"jupyter-mn-rank{self.rank}-{stream}",
-            ).start()
+            # The loop's handle holds the pipe: it is not closed (by GC) while registered.
+            loop.add_reader(pipe.fileno(), self._readable, loop, pipe, _Stream(stream))
 
-    # ---- reader threads
-    def _read(self, pipe: IO[bytes], stream: str) -> None:
-        fd, held = pipe.fileno(), ""
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        line, shown = LineBuffer(MAX_LINE), ""
-        while chunk := os.read(fd, 65536):
-            *ended, rest = (held + decoder.decode(chunk)).split("\n")
-            for text in ended:
-                self._ended(stream, line, text)
-            at = _mark_start(rest)  # a sync mark cut in two by the read: keep its start back
-            rest, held = rest[:at], rest[at:]
-            if ended:
-                shown = ""
-            line.write(rest)
-            now = line.visible()[:MAX_PARTIAL]
-            if now != shown:
-                shown = now
-                self.agent.partial(self.rank, stream, now)
-        self._ended(stream, line, held + decoder.decode(b"", final=True), last=True)
-        self.agent.call_soon(self._closed_stream, stream)
+    # ---- event loop: a pipe is readable (one read does not block, even on a blocking fd)
+    def _readable(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes], s: _Stream) -> None:
+        fd = pipe.fileno()
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            loop.remove_reader(fd)
+            self._ended(s, s.held + s.decoder.decode(b"", final=True), last=True)
+            self._closed_stream(s.name)
+            return
+        *ended, rest = (s.held + s.decoder.decode(chunk)).split("\n")
+        for text in ended:
+            self._ended(s, text)
+        at = _mark_start(rest)  # a sync mark cut in two by the read: keep its start back
+        rest, s.held = rest[:at], rest[at:]
+        if ended:
+            s.shown = ""
+        s.line.write(rest)
+        now = s.line.visible()[:MAX_PARTIAL]
+        if now != s.shown:
+            s.shown = now
+            self.agent.partial(self.rank, s.name, now)
 
-    def _ended(self, stream: str, line: LineBuffer, text: str, last: bool = False) -> None:
-        """``text`` ends ``line`` (at a newline, or at EOF when ``last``); a sync mark in it
-        ends the line before it too."""
+    def _ended(self, s: _Stream, text: str, last: bool = False) -> None:
+        """``text`` ends the stream's line (at a newline, or at EOF when ``last``); a sync mark
+        in it ends the line before it too."""
         before, mark, after = text.partition(SYNC_MARKER)
-        line.write(before)
-        if not line.empty or not (mark or last):  # an empty line is a line, unless at a mark
-            self._line(stream, line.take())
+        s.line.write(before)
+        if not s.line.empty or not (mark or last):  # an empty line is a line, unless at a mark
+            self._line(s.name, s.line.take())
         if mark:
-            self.agent.call_soon(self._marked, stream)
+            self._marked(s.name)
             if after:
-                self._ended(stream, line, after, last)
+                self._ended(s, after, last)
 
     def _line(self, stream: str, text: str) -> None:
         if text.startswith(stacks.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
@@ -101,7 +121,6 @@ class PipeReader:
             self.err_tail.append(text)
         self.agent.log(self.rank, stream, text)
 
-    # ---- event loop
     def _marked(self, stream: str) -> None:
         self.markers[stream] += 1
         self._change.set()

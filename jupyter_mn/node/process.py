@@ -2,9 +2,9 @@
 
 The process runs ``python -m jupyter_mn.rank.runtime`` (``rank_command``) in its own session (a
 Jupyter interrupt never reaches it), with stdout/stderr on pipes (C-level output included) and a
-control socket.
-Its pipes are read by a ``PipeReader`` (``pipes.py``), its control socket by a thread; both hand
-what it says to the agent's event loop; its death shows as EOF at once.
+control socket. Its pipes (``pipes.py``) and its control socket (``frames.py``) are read on the
+agent's event loop whenever they are readable, with no thread between; its death shows as EOF at
+once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from ..errors import RendezvousError
 from ..rank import stacks
 from ..rank.env import CONTROL_FD
+from .frames import Frames
 from .link import NodeLink
 from .pipes import PipeReader
 
@@ -124,29 +124,33 @@ class RankHandle:
             child.close()
         self.conn = Connection(parent.detach())
         self.pipes.start(self.proc)
-        threading.Thread(
-            target=self._read_control, daemon=True, name=f"jupyter-mn-rank{rank}-control"
-        ).start()
+        self._frames = Frames()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.conn.fileno(), self._read_control)
 
     def begin(self, run_id: int) -> None:
         """Run ``run_id`` is sent: the rank is busy, and its output ends at one more mark."""
         self.running = run_id
         self.pipes.expected += 1
 
-    # ---- thread: forward what the process says to the event loop
+    # ---- event loop: the control socket is readable (one read does not block)
     def _read_control(self) -> None:
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            if msg["op"] == "display":  # rank 0's display() while the cell runs
-                self.agent.display(self.rank, msg)
-                continue
-            box = self.stack_replies if msg["op"] == "stacks" else self.messages
-            self.agent.call_soon(box.put_nowait, msg)
-        self.agent.call_soon(self.messages.put_nowait, {"op": "exit"})
-        self.agent.call_soon(self._gone)
+        fd = self.conn.fileno()
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if data:
+            for msg in self._frames.feed(data):
+                if msg["op"] == "display":  # rank 0's display() while the cell runs
+                    self.agent.display(self.rank, msg)
+                    continue
+                box = self.stack_replies if msg["op"] == "stacks" else self.messages
+                box.put_nowait(msg)
+            return
+        self._loop.remove_reader(fd)
+        self.messages.put_nowait({"op": "exit"})
+        self._gone()
 
     def _gone(self) -> None:
         """The process went away; when no cell was running, nobody else would notice."""
@@ -258,7 +262,9 @@ class RankHandle:
                 await self.exit_code()
         await self._session_gone()
         self.signal(signal.SIGKILL)  # children the rank left in its session (DataLoader workers)
-        self.conn.close()
+        if not self.conn.closed:
+            self._loop.remove_reader(self.conn.fileno())  # never a closed fd on the loop
+            self.conn.close()
 
     async def _session_gone(self) -> None:
         """Give what the rank started a moment to end on its own: multiprocessing's resource

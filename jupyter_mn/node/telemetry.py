@@ -93,14 +93,24 @@ class NodeTelemetry:
             with self._lock:
                 self._log.feed(text)
 
-    def cell(self, running: bool) -> None:
+    def cell(self, running: bool) -> bool:
         """A cell starts or ends; the agent's periodic task does the looking (off the cell's path).
+        Returns whether a last look is due now.
 
         Nothing is re-sent at a cell's start: the kernel keeps each node's last report and
         shows it to the new cell's view (``Gang.replay``), so a trivial cell costs no events.
         """
         self._running = running
-        self._final = self._final or not running
+        self._final = self._final or (not running and not self.idle)
+        return self._final
+
+    @property
+    def idle(self) -> bool:
+        """A look would find nothing new: no GPU to sample (that was said once) and gloo, whose
+        transport no NCCL line changes. Then a cell's end costs no look (a thread hop, a glob)."""
+        sampler = self._sampler
+        no_gpu = sampler is not None and bool(sampler.note) and self._noted
+        return self._backend == "gloo" and no_gpu
 
     def due(self, period_over: bool) -> bool:
         """Whether to ``look`` now: every ``SAMPLE_S`` while a cell runs, once at its end."""

@@ -118,14 +118,13 @@ class ClusterWidget:
         tabs = []
         for node, log in enumerate(self._logs):
             ranks = node_ranks(node, spec.gpus, spec.ranks)
-            tab = W.VBox([RankFilter(ranks=ranks), log] if len(ranks) > 1 else [log])
-            tab.add_class("jp-mn-node")  # the filter's scope
-            tabs.append(tab)
+            # classes given at construction: a later add_class is one more comm message each
+            children = [RankFilter(ranks=ranks), log] if len(ranks) > 1 else [log]
+            tabs.append(W.VBox(children, _dom_classes=["jp-mn-node"]))  # the filter's scope
         self._tabs = W.Tab(children=tabs, titles=[f"node {n}" for n in range(spec.nodes)])
         self._gpu = W.HTML()
         self._transport = W.HTML()
-        panels = W.HBox([self._gpu, self._transport])
-        panels.add_class("jp-mn-panels")
+        panels = W.HBox([self._gpu, self._transport], _dom_classes=["jp-mn-panels"])
         self._notes = W.HTML()
         self.root = W.VBox(
             [

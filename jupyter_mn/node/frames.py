@@ -1,0 +1,48 @@
+"""The messages a rank sends on its control socket, decoded as bytes arrive.
+
+A rank writes with ``multiprocessing.connection.Connection.send``: a big-endian signed 32-bit
+length (or -1, then an unsigned 64-bit length, for payloads over 2 GiB) and the pickle. The
+agent reads the socket on its event loop whenever it is readable (a reader thread per rank cost
+a cross-thread wake-up per reply), so a message may arrive in pieces.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from typing import Any
+
+_SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
+
+
+class Frames:
+    """Incremental decoder: ``feed`` bytes, get the complete messages so far."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buffer += data
+        messages: list[Any] = []
+        while True:
+            found = self._next()
+            if found is None:
+                return messages
+            messages.append(found)
+
+    def _next(self) -> Any:
+        buffer = self._buffer
+        if len(buffer) < _SHORT.size:
+            return None
+        (size,) = _SHORT.unpack_from(buffer)
+        start = _SHORT.size
+        if size == -1:
+            if len(buffer) < start + _LONG.size:
+                return None
+            (size,) = _LONG.unpack_from(buffer, start)
+            start += _LONG.size
+        if len(buffer) < start + size:
+            return None
+        message = pickle.loads(memoryview(buffer)[start : start + size])
+        del buffer[: start + size]
+        return message
