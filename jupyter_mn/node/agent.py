@@ -75,7 +75,10 @@ class NodeAgent:
         self.job, self.topic, self.node = job, topic, node
         self._worker = get_worker()
         self._ranks: list[RankHandle] = []
-        self._lock = threading.Lock()  # the buffers (partials may come from any thread)
+        #: the buffers: lines, partials and displays all come on the loop now (pipes and control
+        #: sockets are read there), so it is never contended; kept so a caller off the loop
+        #: (telemetry's look thread) could never interleave a flush
+        self._lock = threading.Lock()
         self._buffer: list[tuple[int, str, str]] = []
         self._flush_armed = False
         #: the unfinished line of each (rank, stream), "" once cleared until that is sent
@@ -102,7 +105,7 @@ class NodeAgent:
         self._guard: asyncio.Task[None] | None = None
         self.script: ScriptRun | None = None
 
-    # ---- called from the loop or from threads
+    # ---- called from the loop (``call_soon`` from telemetry's thread too)
     def call_soon(self, fn: Any, *args: Any) -> None:
         assert self._loop is not None
         if threading.get_ident() == self._loop_thread:  # no wake-up of the loop needed

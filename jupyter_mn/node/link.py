@@ -1,12 +1,12 @@
 """The narrow seam between a node agent and what it owns (rank handles, a script run).
 
-They run on the agent's event loop and must not reach into the agent: they schedule work on
-its loop, hand it output lines, and tell it of a rank's state change. Nothing else.
+They run on the agent's event loop (it reads their pipes and control sockets) and must not reach
+into the agent: they hand it output lines, unfinished lines and display calls, and tell it of a
+rank's state change. Nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -17,15 +17,12 @@ class NodeLink(Protocol):
     def node(self) -> int:
         """This node's rank in the gang."""
 
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the agent's event loop (callable from any thread)."""
-
     def log(self, rank: int, stream: str, line: str) -> None:
         """One output line of a rank (from the loop); the agent batches them into events."""
 
     def partial(self, rank: int, stream: str, text: str) -> None:
         """The line a rank is still writing (a progress bar) now reads ``text`` ("": none);
-        the agent sends it at a bounded rate (any thread)."""
+        the agent sends it at a bounded rate (from the loop)."""
 
     def display(self, rank: int, output: dict[str, Any]) -> None:
         """One of the rank's display calls (``rank/displays.py``), from the loop; the

@@ -88,7 +88,7 @@ class NodeTelemetry:
         self._ranks = ranks
 
     def line(self, text: str) -> None:
-        """A line a rank printed (any thread); NCCL's are parsed when they come this way."""
+        """A line a rank printed (on the agent's loop); NCCL's are parsed as they come."""
         if self.from_streams and "NCCL" in text:
             with self._lock:
                 self._log.feed(text)
