@@ -1,0 +1,120 @@
+"""A rank's pipes read on the event loop: sync marks cut by a read, unfinished lines, EOF."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+from jupyter_mn.node.pipes import MAX_LINE, PipeReader
+from jupyter_mn.rank.sync import SYNC_MARKER
+
+
+class Recorder:
+    """The agent's side of the seam, recording what the reader hands it."""
+
+    node = 0
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.partials: list[tuple[str, str]] = []
+        self.changed = asyncio.Event()
+
+    def log(self, rank: int, stream: str, line: str) -> None:
+        self.lines.append((stream, line))
+        self.changed.set()
+
+    def partial(self, rank: int, stream: str, text: str) -> None:
+        self.partials.append((stream, text))
+        self.changed.set()
+
+    def display(self, rank: int, output: dict[str, Any]) -> None:
+        raise AssertionError("pipes never carry displays")
+
+    def rank_state(self, rank: int, state: str, detail: str = "", **_: Any) -> None:
+        pass
+
+
+def _child(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+async def _until(link: Recorder, done: Any) -> None:
+    while not done():
+        link.changed.clear()
+        await asyncio.wait_for(link.changed.wait(), 10)
+
+
+def test_a_sync_mark_cut_in_two_by_a_read_ends_the_line_and_is_never_shown():
+    half = len(SYNC_MARKER) // 2
+    code = (
+        "import os, sys\n"
+        f"os.write(1, b'abc' + {SYNC_MARKER[:half].encode()!r})\n"
+        "sys.stdin.readline()\n"  # the reader has read the first half by then
+        f"os.write(1, {SYNC_MARKER[half:].encode()!r} + b'\\n')\n"
+        f"os.write(2, {(SYNC_MARKER + chr(10)).encode()!r})\n"
+    )
+
+    async def main() -> tuple[Recorder, PipeReader]:
+        link = Recorder()
+        proc = _child(code)
+        reader = PipeReader(link, rank=0)
+        reader.expected = 1
+        reader.start(proc)
+        await _until(link, lambda: ("out", "abc") in link.partials)
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        await reader.synced()
+        await reader.drained()
+        proc.wait()
+        return link, reader
+
+    link, reader = asyncio.run(main())
+    assert reader.markers == {"out": 1, "err": 1}
+    assert link.lines == [("out", "abc")]
+    assert all("\x1e" not in text for _, text in link.partials)
+
+
+def test_an_unfinished_progress_bar_is_a_line_at_eof():
+    code = "import sys; sys.stdout.write(' 50%|##   |\\r100%|#####|'); sys.stdout.flush()"
+
+    async def main() -> Recorder:
+        link = Recorder()
+        proc = _child(code)
+        reader = PipeReader(link, rank=0)
+        reader.start(proc)
+        await reader.drained()
+        proc.wait()
+        assert not reader.open_streams
+        return link
+
+    link = asyncio.run(main())
+    assert link.lines == [("out", "100%|#####|")]
+
+
+def test_a_long_line_without_a_newline_keeps_its_head_and_counts_the_rest():
+    size = 3_000_000
+    code = f"import sys; sys.stdout.write('y' * {size}); sys.stdout.flush()"
+
+    async def main() -> Recorder:
+        link = Recorder()
+        proc = _child(code)
+        reader = PipeReader(link, rank=0)
+        reader.start(proc)
+        await _until(link, lambda: not reader.open_streams)
+        proc.wait()
+        return link
+
+    link = asyncio.run(main())
+    [(stream, text)] = link.lines
+    assert stream == "out"
+    assert text.startswith("y" * MAX_LINE + " … [jupyter_mn: ")
+    assert f"{size - MAX_LINE:,} more characters" in text
+    assert all(len(t) <= 1_000 for _, t in link.partials)  # a live line is sent short
