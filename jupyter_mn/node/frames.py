@@ -3,16 +3,27 @@
 A rank writes with ``multiprocessing.connection.Connection.send``: a big-endian signed 32-bit
 length (or -1, then an unsigned 64-bit length, for payloads over 2 GiB) and the pickle. The
 agent reads the socket on its event loop whenever it is readable (a reader thread per rank cost
-a cross-thread wake-up per reply), so a message may arrive in pieces.
+a cross-thread wake-up per reply), so a message may arrive in pieces. A message the agent cannot
+unpickle (rank 0 displayed data holding a class of its own ``__main__``) is dropped as an
+``Undecodable`` and the messages after it are still read: left at the head of the buffer it
+would have hidden the cell's reply for good.
 """
 
 from __future__ import annotations
 
 import pickle
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 _SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A complete message that did not unpickle, in place of it."""
+
+    error: str
 
 
 class Frames:
@@ -43,6 +54,9 @@ class Frames:
             start += _LONG.size
         if len(buffer) < start + size:
             return None
-        message = pickle.loads(memoryview(buffer)[start : start + size])
+        try:
+            message = pickle.loads(memoryview(buffer)[start : start + size])
+        except Exception as exc:  # what unpickling runs may raise anything
+            message = Undecodable(f"{type(exc).__name__}: {exc}")
         del buffer[: start + size]
         return message

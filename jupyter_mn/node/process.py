@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import RendezvousError
 from ..rank import stacks
 from ..rank.env import CONTROL_FD
-from .frames import Frames
+from .frames import Frames, Undecodable
 from .link import NodeLink
 from .pipes import PipeReader
 
@@ -142,6 +142,10 @@ class RankHandle:
             data = b""
         if data:
             for msg in self._frames.feed(data):
+                if isinstance(msg, Undecodable):  # said in the rank's log, not lost silently
+                    note = f"[jupyter_mn: the agent could not read a message: {msg.error}]"
+                    self.agent.log(self.rank, "err", note)
+                    continue
                 if msg["op"] == "display":  # rank 0's display() while the cell runs
                     self.agent.display(self.rank, msg)
                     continue

@@ -1,0 +1,48 @@
+"""The control socket's messages decoded as bytes arrive, as a rank's Connection writes them."""
+
+from __future__ import annotations
+
+import socket
+from multiprocessing.connection import Connection
+
+from jupyter_mn.node.frames import Frames, Undecodable
+
+
+def _fail() -> None:
+    raise ValueError("no such class here")
+
+
+class Boom:
+    """Pickles fine in the rank; unpickling in the agent raises (a class only the rank has)."""
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_fail, ())
+
+
+def _wire(*messages: object) -> bytes:
+    """What a rank's ``Connection.send`` puts on its socket for ``messages``."""
+    ours, theirs = socket.socketpair()
+    with ours, Connection(theirs.detach()) as conn:
+        for msg in messages:
+            conn.send(msg)
+        data = b""
+        ours.settimeout(5)
+        while sum(1 for _ in Frames().feed(data)) < len(messages):
+            data += ours.recv(1 << 20)
+        return data
+
+
+def test_messages_cut_anywhere_come_out_whole_and_in_order():
+    messages = [{"op": "ready", "pid": 1}, {"op": "display", "data": {"x": "y" * 100_000}}]
+    data = _wire(*messages)
+    frames, got = Frames(), []
+    for at in range(0, len(data), 7_001):
+        got += frames.feed(data[at : at + 7_001])
+    assert got == messages
+
+
+def test_a_message_that_does_not_unpickle_is_said_and_the_next_one_still_arrives():
+    data = _wire({"op": "display", "data": {"x": Boom()}}, {"op": "done", "ok": True})
+    bad, reply = Frames().feed(data)
+    assert isinstance(bad, Undecodable) and "no such class here" in bad.error
+    assert reply == {"op": "done", "ok": True}
