@@ -139,6 +139,8 @@ class NodeAgent:
         """Send the unfinished lines ``after`` seconds after they last went out (not sooner
         than a line batch would); an earlier due time wins over a later one."""
         assert self._loop is not None
+        if self._closing:  # stop() sent the last event: nothing may follow it
+            return
         due = max(self._loop.time() + BATCH_S, self._partial_sent + after)
         timer = self._partial_timer
         if timer is not None:
@@ -202,6 +204,8 @@ class NodeAgent:
 
     def _schedule_displays(self) -> None:
         assert self._loop is not None
+        if self._closing:  # stop() sent them before its last event
+            return
         due = max(self._loop.time() + BATCH_S, self._display_next)
         self._display_timer = self._loop.call_at(due, self.send_displays)
 
@@ -474,4 +478,7 @@ class NodeAgent:
         await self._stop_ranks()
         if self._telemetry is not None:
             self._telemetry.close()
+        if self._partial_timer is not None:  # the ranks' lines ended with them
+            self._partial_timer.cancel()
+        self.send_displays()
         return self.flush(always=True)  # last: once the kernel has it, the topic can be dropped
