@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
-from .values import is_number
+from .values import env_value, is_number, options_from_environ
 
 GANG_POLICIES = ("auto", "kueue", "volcano", "coscheduling", "native", "none")
 ENV_PREFIX = "JUPYTER_MN_K8S_"
@@ -184,29 +184,13 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
 
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """``JUPYTER_MN_K8S_IMAGE=…`` and friends, typed like the fields."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(KubeOptions):
-        var = ENV_PREFIX + f.name.upper()
-        raw = environ.get(var, "")
-        if raw:
-            values[f.name] = _parse(var, raw, f)
-    return values
+    return options_from_environ(KubeOptions, ENV_PREFIX, environ, _parse)
 
 
-def _parse(var: str, raw: str, f: dataclasses.Field) -> Any:
-    kind = str(f.type)
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-    except ValueError:
-        raise SpecError(f"{var}={raw!r} is not a number") from None
+def _parse(var: str, raw: str, f: dataclasses.Field[Any]) -> Any:
     if f.name == "node_selector":
         return pairs([p for p in raw.split(",") if p], "--node-selector")
-    if kind.startswith("tuple"):
-        return tuple(p.strip() for p in raw.split(",") if p.strip())
-    return raw
+    return env_value(var, raw, f)
 
 
 def pairs(items: list[str] | tuple[str, ...], flag: str) -> tuple[tuple[str, str], ...]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
-from .values import is_number
+from .values import is_number, options_from_environ
 
 ENV_PREFIX = "JUPYTER_MN_SLURM_"
 #: argparse destinations of the Slurm flags are ``slurm_<field>``.
@@ -130,27 +130,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
 
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """``JUPYTER_MN_SLURM_PARTITION=gpu`` and friends, typed like the fields."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(SlurmOptions):
-        var = ENV_PREFIX + f.name.upper()
-        raw = environ.get(var, "")
-        if not raw:
-            continue
-        kind = str(f.type)
-        try:
-            if kind == "int":
-                values[f.name] = int(raw)
-            elif kind == "float":
-                values[f.name] = float(raw)
-            elif kind == "bool":
-                values[f.name] = raw.lower() in ("1", "true", "yes", "on")
-            elif kind.startswith("tuple"):
-                values[f.name] = tuple(p.strip() for p in raw.split(",") if p.strip())
-            else:
-                values[f.name] = raw
-        except ValueError:
-            raise SpecError(f"{var}={raw!r} is not a number") from None
-    return values
+    return options_from_environ(SlurmOptions, ENV_PREFIX, environ)
 
 
 def add_flags(parser: Any) -> Any:

@@ -1,9 +1,15 @@
-"""Checks of single values shared by ``spec.py`` and ``kubespec.py`` (which ``spec`` imports)."""
+"""Checks of single values shared by ``spec.py``, ``kubespec.py`` and ``slurmspec.py`` (which
+``spec`` imports), and the typed reading of a backend's ``JUPYTER_MN_<BACKEND>_<OPTION>``
+variables."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from .errors import SpecError
 
 
 def is_number(value: Any, *, low: float, strict: bool = False) -> bool:
@@ -16,3 +22,38 @@ def is_number(value: Any, *, low: float, strict: bool = False) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
     return value > low if strict else value >= low
+
+
+def env_value(var: str, raw: str, f: dataclasses.Field[Any]) -> Any:
+    """The text of variable ``var`` typed like the options field ``f``: a number, a flag
+    (1/true/yes/on), a comma-separated tuple, else the text itself."""
+    kind = str(f.type)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise SpecError(f"{var}={raw!r} is not a number") from None
+    if kind == "bool":
+        return raw.lower() in ("1", "true", "yes", "on")
+    if kind.startswith("tuple"):
+        return tuple(p.strip() for p in raw.split(",") if p.strip())
+    return raw
+
+
+def options_from_environ(
+    options: type,
+    prefix: str,
+    environ: Mapping[str, str],
+    parse: Callable[[str, str, dataclasses.Field[Any]], Any] = env_value,
+) -> dict[str, Any]:
+    """The fields of the options dataclass ``options`` set as ``<prefix><FIELD>`` variables
+    (empty ones are unset), typed by ``parse``."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(options):
+        var = prefix + f.name.upper()
+        raw = environ.get(var, "")
+        if raw:
+            values[f.name] = parse(var, raw, f)
+    return values
