@@ -1,4 +1,8 @@
-"""Gangs on a real Slurm (``slurm.py``): one slurmd per test host, one batch job per gang."""
+"""Gangs on a real Slurm (``slurm.py``): one slurmd per test host, one batch job per gang.
+
+The preflight doctor runs in the first gang test only; the others are about scheduling and skip it
+(on a loaded 2-core machine it costs a minute).
+"""
 
 from __future__ import annotations
 
@@ -67,7 +71,7 @@ def test_a_job_that_cannot_start_shows_why_and_is_cancelled_at_the_schedule_time
 def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_job(
     slurm, no_leftovers
 ):
-    with Cluster(nodes=2, gpus=1, backend="slurm") as cluster:
+    with Cluster(nodes=2, gpus=1, backend="slurm", preflight=False) as cluster:
         cluster.up()
         (first,) = (line.split()[0] for line in slurm.jobs())
         cell = cluster.submit("import time\nfor _ in range(600):\n    time.sleep(0.1)")
@@ -154,3 +158,23 @@ def test_dry_run_prints_the_batch_script_without_gpus_on_a_cpu_only_cluster(slur
     assert "--gres" not in script
     assert "sinfo did not answer" not in script
     assert not slurm.jobs()
+
+
+def test_the_pending_reason_is_shown_as_it_changes_until_the_job_starts(slurm, no_leftovers):
+    argv = ["sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null"]
+    blocker = slurm.run(*argv, "--wrap", "sleep 300").strip()
+    wait_until(lambda: f"{blocker} RUNNING" in " ".join(slurm.jobs()), 30, "the blocker to run")
+    reasons: list[str] = []
+
+    def waiting(event: object) -> None:
+        if isinstance(event, NodesWaiting):
+            reasons.append(event.reason)
+            if event.reason == "pending: Resources":
+                slurm.run("scancel", blocker)  # the nodes free up: the gang's job starts
+
+    with Cluster(nodes=2, gpus=1, backend="slurm", preflight=False) as cluster:
+        cluster.up(on_event=waiting)
+        assert cluster.run("dist.get_world_size()").unwrap() == 2
+    assert reasons[-1] == "pending: Resources"
+    assert set(reasons) <= {"pending: None", "pending: Priority", "pending: Resources"}
+    wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
