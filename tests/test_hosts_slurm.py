@@ -88,7 +88,8 @@ def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_jo
 def test_down_cancels_the_job_and_a_killed_kernels_job_ends_within_the_orphan_timeout(slurm):
     kernel = Kernel()
     try:
-        cell = "%%cluster --backend slurm --nodes 2 --gpus 1 --orphan-timeout 5\n1 + 1"
+        flags = "--backend slurm --nodes 2 --gpus 1 --orphan-timeout 5 --no-preflight"
+        cell = f"%%cluster {flags}\n1 + 1"
         assert kernel.run(cell).result == "2"
         down = kernel.run("%cluster down")
         assert down.status == "ok", down.error_text
