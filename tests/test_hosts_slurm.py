@@ -38,17 +38,22 @@ def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
     assert {ip.strip() for ip in lines if ip.strip() not in hosts} == set(hosts.values())
 
 
-def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts(slurm, no_leftovers):
-    with Cluster(nodes=2, gpus=1, backend="slurm") as cluster:
+def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_release(
+    slurm, no_leftovers
+):
+    cluster = Cluster(nodes=2, gpus=1, backend="slurm", idle_timeout=10)
+    try:
         rows = [json.loads(v) for v in cluster.run(CHECK, return_all=True).unwrap()]
         (job,) = slurm.jobs()
         assert job.split()[1] == "RUNNING"
+        wait_until(lambda: not slurm.jobs(), 10 + 30, "the idle release to cancel the job")
+    finally:
+        cluster.close()
     hosts = slurm.net.hosts
     assert [r["host"] for r in rows] == [h.hostname for h in hosts]
     assert {r["master"] for r in rows} == {hosts[0].ip}
     assert all(r["sum"] == 1 for r in rows)
     assert all((r["gloo"], r["nccl"]) == ("eth0", "=eth0") for r in rows)
-    wait_until(lambda: not slurm.jobs(), 30, "the job to leave squeue")
 
 
 def test_a_job_that_cannot_start_shows_why_and_is_cancelled_at_the_schedule_timeout(
