@@ -23,7 +23,7 @@ from typing import Any
 
 from ...errors import JupyterMNError, SchedulingError
 from ...events import NodesWaiting, Note, OnEvent
-from ...node.slurm import TLS_VARS
+from ...node.slurm import TLS_VARS, tls_address
 from ...spec import ClusterSpec
 from . import commands
 from .script import Batch, batch_script, gres, srun_argv, step_env
@@ -103,14 +103,13 @@ class SlurmProvisioner:
         port = random.randrange(*_PORTS)
         pem = (security.tls_ca_file, security.tls_worker_cert, security.tls_worker_key)
         env = {**os.environ, **step_env(spec, port), **dict(zip(TLS_VARS, pem, strict=True))}
-        deadline = time.monotonic() + spec.start_timeout
         allocation = os.environ.get("SLURM_JOB_ID")
         if allocation:
             host = self._start_step(spec, allocation, env)
         else:
             host = self._submit(spec, gang_id, port, env)
-            deadline = time.monotonic() + spec.start_timeout
-        self._client = self._connect(f"tls://{host}:{port}", security, deadline)
+        deadline = time.monotonic() + spec.start_timeout  # from the job's start
+        self._client = self._connect(tls_address(host, port), security, deadline)
         self._client.wait_for_workers(spec.nodes, timeout=max(1.0, deadline - time.monotonic()))
         workers = self._client.scheduler_info(n_workers=-1)["workers"]
         return self._client, sorted(workers, key=lambda a: int(workers[a]["name"]))
