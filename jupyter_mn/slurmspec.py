@@ -32,8 +32,12 @@ _NAMES = re.compile(r"[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*")
 _TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-\[\]&|*:!()]+")
 _GRES = re.compile(r"auto|none|gpu(:[A-Za-z0-9_.\-]+)?")
-#: sbatch options the gang sets itself (its shape, where its output goes, its name)
+#: sbatch options the gang sets itself (its shape, where its output goes, its name), or that
+#: would break it (``--export``: the certificate travels in the environment; one job, no array)
 _OWN = (
+    "--export",
+    "-a",
+    "--array",
     "-N",
     "--nodes",
     "-n",

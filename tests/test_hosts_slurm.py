@@ -1,4 +1,8 @@
-"""Gangs on a real Slurm (``slurm.py``): one slurmd per test host, one batch job per gang."""
+"""Gangs on a real Slurm (``slurm.py``): one slurmd per test host, one batch job per gang.
+
+The preflight doctor runs in the first gang test only; the others are about scheduling and skip it
+(on a loaded 2-core machine it costs a minute).
+"""
 
 from __future__ import annotations
 
@@ -34,17 +38,22 @@ def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
     assert {ip.strip() for ip in lines if ip.strip() not in hosts} == set(hosts.values())
 
 
-def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts(slurm, no_leftovers):
-    with Cluster(nodes=2, gpus=1, backend="slurm") as cluster:
+def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_release(
+    slurm, no_leftovers
+):
+    cluster = Cluster(nodes=2, gpus=1, backend="slurm", idle_timeout=10)
+    try:
         rows = [json.loads(v) for v in cluster.run(CHECK, return_all=True).unwrap()]
         (job,) = slurm.jobs()
         assert job.split()[1] == "RUNNING"
+        wait_until(lambda: not slurm.jobs(), 10 + 30, "the idle release to cancel the job")
+    finally:
+        cluster.close()
     hosts = slurm.net.hosts
     assert [r["host"] for r in rows] == [h.hostname for h in hosts]
     assert {r["master"] for r in rows} == {hosts[0].ip}
     assert all(r["sum"] == 1 for r in rows)
     assert all((r["gloo"], r["nccl"]) == ("eth0", "=eth0") for r in rows)
-    wait_until(lambda: not slurm.jobs(), 30, "the job to leave squeue")
 
 
 def test_a_job_that_cannot_start_shows_why_and_is_cancelled_at_the_schedule_timeout(
@@ -67,7 +76,7 @@ def test_a_job_that_cannot_start_shows_why_and_is_cancelled_at_the_schedule_time
 def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_job(
     slurm, no_leftovers
 ):
-    with Cluster(nodes=2, gpus=1, backend="slurm") as cluster:
+    with Cluster(nodes=2, gpus=1, backend="slurm", preflight=False) as cluster:
         cluster.up()
         (first,) = (line.split()[0] for line in slurm.jobs())
         cell = cluster.submit("import time\nfor _ in range(600):\n    time.sleep(0.1)")
@@ -84,7 +93,8 @@ def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_jo
 def test_down_cancels_the_job_and_a_killed_kernels_job_ends_within_the_orphan_timeout(slurm):
     kernel = Kernel()
     try:
-        cell = "%%cluster --backend slurm --nodes 2 --gpus 1 --orphan-timeout 5\n1 + 1"
+        flags = "--backend slurm --nodes 2 --gpus 1 --orphan-timeout 5 --no-preflight"
+        cell = f"%%cluster {flags}\n1 + 1"
         assert kernel.run(cell).result == "2"
         down = kernel.run("%cluster down")
         assert down.status == "ok", down.error_text
@@ -154,3 +164,23 @@ def test_dry_run_prints_the_batch_script_without_gpus_on_a_cpu_only_cluster(slur
     assert "--gres" not in script
     assert "sinfo did not answer" not in script
     assert not slurm.jobs()
+
+
+def test_the_pending_reason_is_shown_as_it_changes_until_the_job_starts(slurm, no_leftovers):
+    argv = ["sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null"]
+    blocker = slurm.run(*argv, "--wrap", "sleep 300").strip()
+    wait_until(lambda: f"{blocker} RUNNING" in " ".join(slurm.jobs()), 30, "the blocker to run")
+    reasons: list[str] = []
+
+    def waiting(event: object) -> None:
+        if isinstance(event, NodesWaiting):
+            reasons.append(event.reason)
+            if event.reason == "pending: Resources":
+                slurm.run("scancel", blocker)  # the nodes free up: the gang's job starts
+
+    with Cluster(nodes=2, gpus=1, backend="slurm", preflight=False) as cluster:
+        cluster.up(on_event=waiting)
+        assert cluster.run("dist.get_world_size()").unwrap() == 2
+    assert reasons[-1] == "pending: Resources"
+    assert set(reasons) <= {"pending: None", "pending: Priority", "pending: Resources"}
+    wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")

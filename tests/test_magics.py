@@ -26,11 +26,14 @@ FLAGS = [
     "--image", "--namespace", "--gang", "--queue", "--node-selector", "--toleration",
     "--volume", "--cpu", "--memory", "--shm-size", "--schedule-timeout", "--lifetime",
     "--dask-port", "--all", "--pull", "--push", "--rdma-networks", "--gpu-resource",
+    "--partition", "--account", "--qos", "--time", "--constraint", "--exclusive",
+    "--sbatch-arg", "--gpu-gres", "--orphan-timeout",
 ]  # fmt: skip
 VALUES = [
     "2", "0", "-1", "1e400", "nan", "inf", "-inf", "NaN", "1.5", "99999999999999999999",
-    "kubernetes", "local", "dask", "img:1", "tcp://h:1", "tcp://h:1\n", "a\n", "x=1",
-    "A=1\n", "8GB", "1e400GB", "'", '"', "\\", "a b", "--", "-", "=", "/data", "",
+    "kubernetes", "local", "dask", "slurm", "--mem=1G", "4:00:00", "img:1", "tcp://h:1",
+    "tcp://h:1\n", "a\n", "x=1", "A=1\n", "8GB", "1e400GB", "'", '"', "\\", "a b", "--", "-",
+    "=", "/data", "",
 ]  # fmt: skip
 TOKEN = st.one_of(st.sampled_from(FLAGS), st.sampled_from(VALUES), st.text(max_size=12))
 LINE = st.one_of(

@@ -28,6 +28,7 @@ from jupyter_mn.spec import ClusterSpec
         ({"sbatch_args": ("--nodes=8",)}, "the gang sets --nodes itself"),
         ({"sbatch_args": ("-N8",)}, "the gang sets -N8 itself"),
         ({"sbatch_args": ("--job-name=x",)}, "the gang sets --job-name itself"),
+        ({"sbatch_args": ("--export=NONE",)}, "the gang sets --export itself"),
         ({"sbatch_args": ("--mem=4G\n#SBATCH --nodes=9",)}, "expected one sbatch option"),
         ({"schedule_timeout": 0}, "--schedule-timeout must be positive"),
         ({"orphan_timeout": 1}, "--orphan-timeout must be an integer ≥ 5"),

@@ -35,12 +35,17 @@ async def serve(env: MutableMapping[str, str]) -> None:
     await serve_node(
         node=int(env["SLURM_PROCID"]),
         host=own,
-        scheduler=f"tls://{scheduler_host}:{port}",
+        scheduler=tls_address(scheduler_host, port),
         port=port,
         security=security_of(ca, cert, key),
         orphan_timeout=float(env["JUPYTER_MN_ORPHAN_TIMEOUT"]),
         connect_timeout=float(env["JUPYTER_MN_CONNECT_TIMEOUT"]),
     )
+
+
+def tls_address(host: str, port: int) -> str:
+    """``tls://10.0.0.5:8786``, or ``tls://[fd00::5]:8786`` for an IPv6 address."""
+    return f"tls://[{host}]:{port}" if ":" in host else f"tls://{host}:{port}"
 
 
 def main() -> None:

@@ -37,7 +37,13 @@ def available() -> bool:
     return shutil.which("sbatch") is not None
 
 
-def run(argv: list[str], what: str, env: Mapping[str, str] | None = None, stdin: str = "") -> str:
+def run(
+    argv: list[str],
+    what: str,
+    env: Mapping[str, str] | None = None,
+    stdin: str = "",
+    timeout: float = _TIMEOUT_S,
+) -> str:
     """``argv``'s stdout; a ``SchedulingError`` saying ``what`` failed and why."""
     try:
         done = subprocess.run(
@@ -46,12 +52,12 @@ def run(argv: list[str], what: str, env: Mapping[str, str] | None = None, stdin:
             capture_output=True,
             text=True,
             env=dict(env) if env is not None else None,
-            timeout=_TIMEOUT_S,
+            timeout=timeout,
         )
     except FileNotFoundError:
         raise SchedulingError(f"{what}: {argv[0]} not found (is Slurm installed here?)") from None
     except subprocess.TimeoutExpired:
-        raise SchedulingError(f"{what}: {argv[0]} did not answer in {_TIMEOUT_S:g} s") from None
+        raise SchedulingError(f"{what}: {argv[0]} did not answer in {timeout:g} s") from None
     if done.returncode != 0:
         raise SchedulingError(f"{what}: {(done.stderr or done.stdout).strip()}")
     return done.stdout
@@ -113,10 +119,11 @@ def hostnames(nodelist: str) -> list[str]:
     return run(["scontrol", "show", "hostnames", nodelist], "expanding a node list").split()
 
 
-def has_gpus(partition: str) -> bool:
+def has_gpus(partition: str, timeout: float = _TIMEOUT_S) -> bool:
     """Whether the partition's nodes (the default partition's without one) declare GPUs."""
     argv = ["sinfo", "-h", "-o", "%G"] + ([f"--partition={partition}"] if partition else [])
-    return any("gpu" in line for line in run(argv, "asking sinfo for GPUs").splitlines())
+    out = run(argv, "asking sinfo for GPUs", timeout=timeout)
+    return any("gpu" in line for line in out.splitlines())
 
 
 def cancel(job_id: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...errors import JupyterMNError, SchedulingError
 from ...events import NodesWaiting, Note, OnEvent
-from ...node.slurm import TLS_VARS
+from ...node.slurm import TLS_VARS, tls_address
 from ...spec import ClusterSpec
 from . import commands
 from .script import Batch, batch_script, gres, srun_argv, step_env
@@ -35,6 +35,7 @@ _CONNECT_TRY_S = 5.0
 #: the scheduler's port is picked by the kernel (task 0 cannot tell it back without a shared
 #: file system): a random one in a range no Linux hands out as ephemeral
 _PORTS = (20000, 32000)
+_DRY_RUN_SINFO_S = 5.0
 _CPU_ONLY = (
     "the {partition} partition declares no GPUs (sinfo %G): no --gres asked, the ranks run on "
     "CPU (gloo); --gpu-gres gpu asks for them anyway"
@@ -63,8 +64,8 @@ def plan(spec: ClusterSpec, gang_id: str, port: int, has_gpus: bool) -> str:
     return batch_script(spec, batch)
 
 
-def _has_gpus(spec: ClusterSpec) -> bool:
-    return spec.slurm.gres != "auto" or commands.has_gpus(spec.slurm.partition)
+def _has_gpus(spec: ClusterSpec, timeout: float = 30.0) -> bool:
+    return spec.slurm.gres != "auto" or commands.has_gpus(spec.slurm.partition, timeout)
 
 
 def dry_run(spec: ClusterSpec) -> str:
@@ -76,8 +77,8 @@ def dry_run(spec: ClusterSpec) -> str:
         f"# jupyter_mn: {spec.nodes} node(s) x {spec.gpus} rank(s) as one Slurm job "
         "(sbatch reads this on stdin).\n"
     )
-    try:
-        has_gpus = _has_gpus(spec)
+    try:  # sinfo retries a missing slurm.conf for a minute: a dry run does not wait that long
+        has_gpus = _has_gpus(spec, timeout=_DRY_RUN_SINFO_S)
     except SchedulingError as exc:
         header += f"# sinfo did not answer ({exc}): GPUs asked as on a GPU partition.\n"
         has_gpus = True
@@ -102,14 +103,13 @@ class SlurmProvisioner:
         port = random.randrange(*_PORTS)
         pem = (security.tls_ca_file, security.tls_worker_cert, security.tls_worker_key)
         env = {**os.environ, **step_env(spec, port), **dict(zip(TLS_VARS, pem, strict=True))}
-        deadline = time.monotonic() + spec.start_timeout
         allocation = os.environ.get("SLURM_JOB_ID")
         if allocation:
             host = self._start_step(spec, allocation, env)
         else:
             host = self._submit(spec, gang_id, port, env)
-            deadline = time.monotonic() + spec.start_timeout
-        self._client = self._connect(f"tls://{host}:{port}", security, deadline)
+        deadline = time.monotonic() + spec.start_timeout  # from the job's start
+        self._client = self._connect(tls_address(host, port), security, deadline)
         self._client.wait_for_workers(spec.nodes, timeout=max(1.0, deadline - time.monotonic()))
         workers = self._client.scheduler_info(n_workers=-1)["workers"]
         return self._client, sorted(workers, key=lambda a: int(workers[a]["name"]))
