@@ -1,6 +1,9 @@
 """Time to a clean failure, per fault, next to what a peer would wait: the process-group timeout.
 
-Run: ``.venv/bin/python bench/faults.py [--reps N]`` (a 2×2 local gang, CPU ranks, gloo).
+Run: ``.venv/bin/python bench/faults.py [--reps N]`` (a 2×2 local gang, CPU ranks, gloo);
+``--hosts`` (root): the network faults instead, on test hosts (``bench/faults_hosts.py``: a
+partition, a frozen node, a kernel ↔ node cut, plain torch.distributed beside them, and busbw
+against a shaped line rate).
 
 For each fault the table gives the median time from the cell's start to its error (for a
 ``--timeout`` fault: from the timeout), the median time until the next cell ran (the group
@@ -183,7 +186,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="repetitions per fault (median)")
     parser.add_argument("--peer-timeout", type=float, default=10.0, help="PG timeout of the peer")
+    parser.add_argument("--hosts", action="store_true", help="network faults on test hosts")
     args = parser.parse_args()
+    if args.hosts:
+        from faults_hosts import main as on_hosts
+
+        on_hosts(max(1, args.reps // 3), args.peer_timeout)
+        return
     load = os.getloadavg()[0]
     rows: list[tuple[str, list[float], list[float]]] = []
     with Cluster(nodes=2, gpus=2, memory_limit="900MB") as cluster:

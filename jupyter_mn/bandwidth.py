@@ -218,8 +218,8 @@ def bench(
         )
     if "cuda" not in gang.device:
         report.notes.append(
-            "gloo on CPU: these numbers measure host memory copies and TCP (loopback on one "
-            "machine), not a GPU interconnect"
+            "gloo on CPU: these numbers measure host memory copies and TCP (loopback when the "
+            "gang is on one machine), not a GPU interconnect"
         )
     if nnodes > 1 and inter is None:
         report.notes.append("expected: unknown (no RDMA port ACTIVE, no link speed reported)")

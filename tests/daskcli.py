@@ -246,6 +246,19 @@ class DaskCLI:
             pids = client.run(os.getpid)
         return {str(info[a]["name"]): pid for a, pid in pids.items()}
 
+    def actors(self) -> dict[str, list[str]]:
+        """The actors (keys) each worker holds, by name, from a fresh client."""
+        import dask
+        from distributed import Client, Security
+
+        with (
+            dask.config.set(tls_config(self.certs)),
+            Client(self.address, security=Security(), set_as_default=False) as client,
+        ):
+            info = client.scheduler_info(n_workers=-1)["workers"]
+            held = client.run(lambda dask_worker: [str(k) for k in dask_worker.state.actors])
+        return {str(info[a]["name"]): keys for a, keys in held.items()}
+
     def stop_worker(self, name: str) -> None:
         _stop(self.workers.pop(name).popen)
 

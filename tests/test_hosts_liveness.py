@@ -15,6 +15,7 @@ import pytest
 from daskcli import DaskCLI
 from hosts import Host, HostNet
 from looping import LOOP, when_looping
+from polling import wait_until
 from procs import processes, rank_processes
 
 from jupyter_mn import Cluster
@@ -124,7 +125,7 @@ def test_a_node_cut_off_from_the_kernel_stops_its_ranks_and_leaves_nothing(
 ):
     """Only the kernel's machine (and the scheduler's, the same here) loses the node: its ranks
     still reach their peers, so only the agent's dead-man switch can stop them."""
-    address, _ = dask_hosts
+    address, cli = dask_hosts
     far = host_net.hosts[1]
     ranks: list[psutil.Process] = []
     gone: list[float] = []
@@ -153,5 +154,6 @@ def test_a_node_cut_off_from_the_kernel_stops_its_ranks_and_leaves_nothing(
     stopped = max(gone) - listener.done[0]
     # its last beat came at most HEARTBEAT_S before the cut; then a look every 0.5 s and a stop
     assert HEARTBEAT_TIMEOUT - 2.5 < stopped < HEARTBEAT_TIMEOUT + 3, stopped
-    # the link is back: nothing of the gang runs on that host
+    # the link is back: nothing of the gang runs on that host, and its worker holds no agent
     assert not rank_processes(processes(*far.pids()))
+    wait_until(lambda: not cli.actors().get(far.hostname), what="the agent released")
