@@ -2,9 +2,8 @@
 
 The process runs ``python -m jupyter_mn.rank.runtime`` (``rank_command``) in its own session (a
 Jupyter interrupt never reaches it), with stdout/stderr on pipes (C-level output included) and a
-control socket.
-Its pipes are read by a ``PipeReader`` (``pipes.py``), its control socket by a thread; both hand
-what it says to the agent's event loop; its death shows as EOF at once.
+control socket. Its pipes are read by a ``PipeReader`` (``pipes.py``), its control socket by a
+thread; both hand what it says to the agent's event loop; its death shows as EOF at once.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
     """
     raw = environ.get(RANK_PYTHON, "")
     if not raw.strip():
-        return _DEFAULT_COMMAND
+        return list(_DEFAULT_COMMAND)
     try:
         argv = shlex.split(raw)
     except ValueError as exc:
