@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import io
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -47,7 +48,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="jmn-bench-scale-")  # registry
+RUNTIME_DIR = os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="jmn-bench-scale-")
 from simulated import LineCount, RegistryWrites, loud_cell, simulated_env  # noqa: E402
 
 os.environ.update(simulated_env())
@@ -246,11 +247,14 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "scale.png")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", flush=True)
-    writes = RegistryWrites(Registry().root)
+    writes = RegistryWrites(Registry().root)  # the bench's own registry, removed at the end
     rows = []
-    for nodes in args.nodes:
-        rows.append(measure(nodes, args.cells, args.lines, writes))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    try:
+        for nodes in args.nodes:
+            rows.append(measure(nodes, args.cells, args.lines, writes))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    finally:
+        shutil.rmtree(RUNTIME_DIR, ignore_errors=True)
     print(f"\n{table(rows)}")
     print(
         f"\ngoals: kernel CPU ≤ {CPU_GOAL_MS} ms per node per cell, ≥ {LINES_GOAL:,} lines/s "

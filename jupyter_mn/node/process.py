@@ -50,7 +50,7 @@ def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
     """
     raw = environ.get(RANK_PYTHON, "")
     if not raw.strip():
-        return _DEFAULT_COMMAND
+        return list(_DEFAULT_COMMAND)
     try:
         argv = shlex.split(raw)
     except ValueError as exc:
