@@ -113,7 +113,7 @@ def test_a_kernel_inside_an_allocation_starts_a_step_there_and_submits_nothing(s
     script = tmp_path / "inside.py"
     script.write_text(
         "import json\nfrom jupyter_mn import Cluster\n"
-        "with Cluster(nodes=2, gpus=1, backend='slurm') as c:\n"
+        "with Cluster(nodes=2, gpus=1, backend='slurm', preflight=False) as c:\n"
         f"    print(json.dumps(c.run({CHECK!r}, return_all=True).unwrap()))\n"
     )
     out = tmp_path / "out"
