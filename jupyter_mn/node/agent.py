@@ -454,6 +454,9 @@ class NodeAgent:
 
     async def _stop_ranks(self) -> None:
         await asyncio.gather(*(r.stop() for r in self._ranks))
+        # A dead rank's pipes reach EOF on the loop a moment after its exit: its last lines must
+        # be read before stop()'s last event (a later one brings the gang's topic back).
+        await asyncio.gather(*(r.pipes.drained() for r in self._ranks))
         for r in self._ranks:
             self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 
