@@ -306,7 +306,9 @@ class NodeReply:
     @classmethod
     def of(cls, msg: dict[str, Any] | bytes) -> NodeReply:
         """From ``packed()`` bytes or a ``to_msg`` dict."""
-        reply = from_msg(pickle.loads(msg) if isinstance(msg, bytes) else msg)
+        if isinstance(msg, bytes):
+            msg = pickle.loads(msg)
+        reply = from_msg(msg)
         if not isinstance(reply, NodeReply):
             raise TypeError(f"expected a NodeReply, got {msg.get('kind')}")
         return reply

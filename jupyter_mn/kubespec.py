@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
-from .values import env_value, is_number, options_from_environ
+from .values import check_names, env_value, is_number, options_from_environ
 
 GANG_POLICIES = ("auto", "kueue", "volcano", "coscheduling", "native", "none")
 ENV_PREFIX = "JUPYTER_MN_K8S_"
@@ -165,9 +165,7 @@ class KubeOptions:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> KubeOptions:
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise SpecError(f"unknown Kubernetes option(s): {', '.join(sorted(unknown))}")
+        check_names(cls, values, "Kubernetes")
         return cls(**_normalize(dict(values)))
 
 

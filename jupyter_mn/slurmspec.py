@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
-from .values import is_number, options_from_environ
+from .values import check_names, is_number, options_from_environ
 
 ENV_PREFIX = "JUPYTER_MN_SLURM_"
 #: argparse destinations of the Slurm flags are ``slurm_<field>``.
@@ -108,9 +108,7 @@ class SlurmOptions:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> SlurmOptions:
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise SpecError(f"unknown Slurm option(s): {', '.join(sorted(unknown))}")
+        check_names(cls, values, "Slurm")
         return cls(**_normalize(dict(values)))
 
 

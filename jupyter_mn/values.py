@@ -42,6 +42,13 @@ def env_value(var: str, raw: str, f: dataclasses.Field[Any]) -> Any:
     return raw
 
 
+def check_names(options: type, values: Mapping[str, Any], what: str) -> None:
+    """Refuse names in ``values`` that are no field of the options dataclass ``options``."""
+    unknown = set(values) - {f.name for f in dataclasses.fields(options)}
+    if unknown:
+        raise SpecError(f"unknown {what} option(s): {', '.join(sorted(unknown))}")
+
+
 def options_from_environ(
     options: type,
     prefix: str,

@@ -128,3 +128,8 @@ def test_dry_run_without_a_reachable_slurm_asks_gpus_and_says_why(monkeypatch, t
     script = dry_run(ClusterSpec(nodes=2, gpus=4, backend="slurm"))
     assert "# sinfo did not answer" in script
     assert "#SBATCH --gres=gpu:4" in script
+
+
+def test_an_unknown_config_option_is_named():
+    with pytest.raises(SpecError, match="unknown Slurm option\\(s\\): partion"):
+        SlurmOptions.from_mapping({"partion": "gpu"})

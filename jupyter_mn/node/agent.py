@@ -66,19 +66,17 @@ class NodeAgent:
     """Dask actor: start this node's ranks, relay cells, publish their output as events.
 
     Everything it does runs on the worker's event loop, which also reads the ranks' pipes and
-    control sockets (no reader threads: each hop from one cost a wake-up on the cell's path);
-    only telemetry's look runs in a thread and hands its events over (``call_soon``). One task
-    (``_keep_watch``) does the periodic work.
+    control sockets (no reader threads: each hop from one cost a wake-up on the cell's path), so
+    its line, partial and display buffers need no lock. Only telemetry's look (and
+    ``transport()``, a plain actor method dask calls in a thread) runs off the loop; it touches
+    telemetry alone and hands its events over (``call_soon``). One task (``_keep_watch``) does
+    the periodic work.
     """
 
     def __init__(self, job: str, topic: str, node: int) -> None:
         self.job, self.topic, self.node = job, topic, node
         self._worker = get_worker()
         self._ranks: list[RankHandle] = []
-        #: the buffers: lines, partials and displays all come on the loop now (pipes and control
-        #: sockets are read there), so it is never contended; kept so a caller off the loop
-        #: (telemetry's look thread) could never interleave a flush
-        self._lock = threading.Lock()
         self._buffer: list[tuple[int, str, str]] = []
         self._flush_armed = False
         #: the unfinished line of each (rank, stream), "" once cleared until that is sent
@@ -117,22 +115,20 @@ class NodeAgent:
     def log(self, rank: int, stream: str, line: str) -> None:
         if self._telemetry is not None:
             self._telemetry.line(line)
-        with self._lock:
-            self._buffer.append((rank, stream, line))
-            self._partials.pop((rank, stream), None)  # the line is done: views drop its partial
-            if self._flush_armed:
-                return
-            self._flush_armed = True
+        self._buffer.append((rank, stream, line))
+        self._partials.pop((rank, stream), None)  # the line is done: views drop its partial
+        if self._flush_armed:
+            return
+        self._flush_armed = True
         # the window counts from this first line, not from when the loop gets to it
         assert self._loop is not None
         self.call_soon(self._loop.call_at, self._loop.time() + BATCH_S, self.flush)
 
     def partial(self, rank: int, stream: str, text: str) -> None:
-        with self._lock:
-            self._partials[(rank, stream)] = text
-            if self._partial_changed:
-                return
-            self._partial_changed = True
+        self._partials[(rank, stream)] = text
+        if self._partial_changed:
+            return
+        self._partial_changed = True
         self.call_soon(self._schedule_partials, PARTIAL_S)
 
     def _schedule_partials(self, after: float) -> None:
@@ -153,39 +149,37 @@ class NodeAgent:
         assert self._loop is not None
         self._partial_timer, self._partial_sent = None, self._loop.time()
         self.flush(partials=True)
-        with self._lock:
-            standing = bool(self._partials)
+        standing = bool(self._partials)
         if standing:
             self._schedule_partials(PARTIAL_REPEAT_S)
 
     def flush(self, always: bool = False, partials: bool = False) -> int:
         """Publish buffered lines as one ``LogLines`` (``always``: even none, as a last event;
         ``partials``: with the unfinished lines); return the last sequence number sent."""
-        with self._lock:
-            lines, self._buffer = self._buffer, []
-            self._flush_armed = False
-            unfinished: tuple[tuple[int, str, str], ...] = ()
-            if partials:
-                self._partial_changed = False
-                unfinished = tuple((r, s, t) for (r, s), t in sorted(self._partials.items()))
-                self._partials = {k: t for k, t in self._partials.items() if t}
-            if lines or unfinished or always:
-                items: list[tuple[int, str, list[str]]] = []
-                for rank, stream, text in lines:
-                    if items and items[-1][0] == rank and items[-1][1] == stream:
-                        items[-1][2].append(text)
-                    else:
-                        items.append((rank, stream, [text]))
-                self._seq += 1
-                self._publish(
-                    LogLines(
-                        self.node,
-                        self._seq,
-                        tuple((r, s, tuple(t)) for r, s, t in items),
-                        unfinished,
-                    )
+        lines, self._buffer = self._buffer, []
+        self._flush_armed = False
+        unfinished: tuple[tuple[int, str, str], ...] = ()
+        if partials:
+            self._partial_changed = False
+            unfinished = tuple((r, s, t) for (r, s), t in sorted(self._partials.items()))
+            self._partials = {k: t for k, t in self._partials.items() if t}
+        if lines or unfinished or always:
+            items: list[tuple[int, str, list[str]]] = []
+            for rank, stream, text in lines:
+                if items and items[-1][0] == rank and items[-1][1] == stream:
+                    items[-1][2].append(text)
+                else:
+                    items.append((rank, stream, [text]))
+            self._seq += 1
+            self._publish(
+                LogLines(
+                    self.node,
+                    self._seq,
+                    tuple((r, s, tuple(t)) for r, s, t in items),
+                    unfinished,
                 )
-            return self._seq
+            )
+        return self._seq
 
     def display(self, rank: int, output: dict[str, Any]) -> None:
         out = DisplayOutput(
@@ -195,11 +189,10 @@ class NodeAgent:
             output.get("display_id") or "",
             bool(output.get("wait", False)),
         )
-        with self._lock:
-            self._displays.setdefault(rank, DisplayBatch()).add(out)
-            if self._display_armed:
-                return
-            self._display_armed = True
+        self._displays.setdefault(rank, DisplayBatch()).add(out)
+        if self._display_armed:
+            return
+        self._display_armed = True
         self.call_soon(self._schedule_displays)
 
     def _schedule_displays(self) -> None:
@@ -216,13 +209,12 @@ class NodeAgent:
             self._display_timer.cancel()
             self._display_timer = None
         size = 0
-        with self._lock:
-            self._display_armed = False
-            batches, self._displays = self._displays, {}
-            for rank, batch in sorted(batches.items()):
-                self._seq += 1
-                self._publish(Displays(self.node, self._seq, rank, tuple(batch.outputs)))
-                size += batch.size
+        self._display_armed = False
+        batches, self._displays = self._displays, {}
+        for rank, batch in sorted(batches.items()):
+            self._seq += 1
+            self._publish(Displays(self.node, self._seq, rank, tuple(batch.outputs)))
+            size += batch.size
         self._display_next = self._loop.time() + max(DISPLAY_S, size / DISPLAY_BYTES_PER_S)
 
     def _publish(self, event: Any) -> None:
@@ -232,8 +224,8 @@ class NodeAgent:
     def rank_state(
         self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
     ) -> None:
-        with self._lock:  # after the lines flushed before it, before those flushed after it
-            self._publish(RankState(self.node, rank, state, detail, run, primary))
+        # after the lines flushed before it, before those flushed after it
+        self._publish(RankState(self.node, rank, state, detail, run, primary))
 
     # ---- actor methods
     def endpoint(self) -> tuple[str, int]:
@@ -454,6 +446,9 @@ class NodeAgent:
 
     async def _stop_ranks(self) -> None:
         await asyncio.gather(*(r.stop() for r in self._ranks))
+        # A dead rank's pipes reach EOF on the loop a moment after its exit: its last lines must
+        # be read before stop()'s last event (a later one brings the gang's topic back).
+        await asyncio.gather(*(r.pipes.drained() for r in self._ranks))
         for r in self._ranks:
             self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
 

@@ -71,6 +71,22 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def start_in_session(
+    argv: list[str], env: dict[str, str], cwd: str | None, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """Start a rank (a cell's or a script's) in its own session, its output on two pipes."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=pass_fds,
+        start_new_session=True,
+    )
+
+
 def signal_session(pid: int, signum: int) -> None:
     """Signal a rank process and what it started (it leads its own session)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -107,16 +123,7 @@ class RankHandle:
         #: named in a start failure when it is not the usual one (``JUPYTER_MN_RANK_PYTHON``)
         self.command = "" if command == _DEFAULT_COMMAND else shlex.join(command)
         try:
-            self.proc = subprocess.Popen(
-                command,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(child.fileno(),),
-                start_new_session=True,
-            )
+            self.proc = start_in_session(command, env, cwd, pass_fds=(child.fileno(),))
         except OSError as exc:
             parent.close()
             raise RendezvousError(f"rank {rank}: cannot run {shlex.join(command)}: {exc}") from None

@@ -30,7 +30,7 @@ from ..rank.env import rank_env
 from .link import NodeLink
 from .netif import socket_ifname
 from .pipes import TAIL_LINES, PipeReader
-from .process import STOP_GRACE_S, describe_exit, signal_session
+from .process import STOP_GRACE_S, describe_exit, signal_session, start_in_session
 
 ERR_TAIL_LINES = 200
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
@@ -57,15 +57,7 @@ class ScriptRank:
         self._outcome: dict[str, Any] | None = None
         self.error_file = env["TORCHELASTIC_ERROR_FILE"]
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        self.proc = start_in_session(argv, env, cwd)
         self.pipes.start(self.proc)
 
     def signal(self, signum: int) -> None:

@@ -169,7 +169,7 @@ class ClusterWidget:
         self.state.apply(event)
 
     def close(self) -> None:
-        """Final draw of everything and the text summary; the Cancel button goes grey."""
+        """Final draw of everything and the text summary; the Cancel button goes away."""
         if self._thread is None:
             return
         self._stop.set()
