@@ -11,21 +11,16 @@ to a tenth of it.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from daskcli import DaskCLI
 from hosts import Host, HostNet
-from looping import LOOP, when_looping
-from procs import processes, rank_processes
+from looping import LOOP, KernelCut, frozen, link_down, when_looping
 
 from jupyter_mn import Cluster
 from jupyter_mn.bandwidth import bench
@@ -43,35 +38,17 @@ def _host_of(net: HostNet, ip: str) -> Host:
     return next(h for h in net.hosts if h.ip == ip)
 
 
-def _worker_pid(cli: DaskCLI, host: Host) -> int:
-    return cli.worker_pids()[host.hostname]
-
-
 def gang_fault(cluster: Cluster, net: HostNet, cli: DaskCLI, fault: str) -> Row:
     """Break node 1 while both ranks loop; time to the cell's error and to the next value."""
     cluster.run("1")  # a gang is up: node 1's host is known
     far = _host_of(net, cluster.up().hosts[1])
-    gone: list[float] = []
+    kernel_cut: KernelCut | None = None
     if fault == "partition (link down)":
-        action = lambda: far.run("ip", "link", "set", "eth0", "down")  # noqa: E731
-        restore = lambda: far.run("ip", "link", "set", "eth0", "up")  # noqa: E731
+        action, restore = link_down(far)
     elif fault == "frozen node (agent SIGSTOP)":
-        pid = _worker_pid(cli, far)
-        action = lambda: os.kill(pid, signal.SIGSTOP)  # noqa: E731
-        restore = lambda: os.kill(pid, signal.SIGCONT)  # noqa: E731
+        action, restore = frozen(cli.worker_pids()[far.hostname])
     else:  # the kernel (and scheduler) lose the node; its peers still reach it
-        ranks: list[psutil.Process] = []
-
-        def action() -> None:
-            ranks.extend(rank_processes(processes(*far.pids())))
-            far.drop(peer=net.gateway)
-            threading.Thread(
-                target=psutil.wait_procs,
-                args=(ranks,),
-                kwargs={"timeout": 60, "callback": lambda _: gone.append(time.monotonic())},
-                daemon=True,
-            ).start()
-
+        action = kernel_cut = KernelCut(far, net.gateway)
         restore = far.heal
     listener = when_looping(action)
     try:
@@ -81,8 +58,9 @@ def gang_fault(cluster: Cluster, net: HostNet, cli: DaskCLI, fault: str) -> Row:
         restore()
     cause = result.root_cause
     said = f"{cause.error.ename}: {cause.error.evalue.splitlines()[0]}" if cause else "no error"
-    if gone:
-        said = f"its ranks stopped {max(gone) - listener.done[0]:.1f} s after the cut; {said}"
+    if kernel_cut is not None and kernel_cut.gone:
+        stopped = max(kernel_cut.gone) - listener.done[0]
+        said = f"its ranks stopped {stopped:.1f} s after the cut; {said}"
     assert cluster.run("dist.get_world_size()").unwrap() == 2
     return fault, failed - listener.done[0], time.monotonic() - failed, said
 
@@ -120,15 +98,14 @@ def plain_peer(net: HostNet, fault: str, timeout: float) -> Row:
     try:
         for proc in procs:
             assert proc.stdout.readline().strip() == "looping"
-        if fault.startswith("partition"):
-            far.run("ip", "link", "set", "eth0", "down")
-        else:
-            os.kill(procs[1].pid, signal.SIGSTOP)  # `ip netns exec` and sh exec'd into python
+        # `ip netns exec`, unshare and sh exec into python: the pid is the rank's
+        fail, _ = link_down(far) if fault.startswith("partition") else frozen(procs[1].pid)
+        fail()
         started = time.monotonic()
         said = procs[0].stdout.readline().strip()
         waited = time.monotonic() - started
     finally:
-        far.run("ip", "link", "set", "eth0", "up")
+        link_down(far)[1]()
         for proc in procs:
             proc.kill()
             proc.wait()

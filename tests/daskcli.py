@@ -247,7 +247,8 @@ class DaskCLI:
         return {str(info[a]["name"]): pid for a, pid in pids.items()}
 
     def actors(self) -> dict[str, list[str]]:
-        """The actors (keys) each worker holds, by name, from a fresh client."""
+        """The actors (keys) each worker holds, by name, from a fresh client (a worker being
+        removed meanwhile is left out: it holds nothing any more)."""
         import dask
         from distributed import Client, Security
 
@@ -256,8 +257,10 @@ class DaskCLI:
             Client(self.address, security=Security(), set_as_default=False) as client,
         ):
             info = client.scheduler_info(n_workers=-1)["workers"]
-            held = client.run(lambda dask_worker: [str(k) for k in dask_worker.state.actors])
-        return {str(info[a]["name"]): keys for a, keys in held.items()}
+            held = client.run(
+                lambda dask_worker: [str(k) for k in dask_worker.state.actors], on_error="ignore"
+            )
+        return {str(info[a]["name"]): keys for a, keys in held.items() if a in info}
 
     def stop_worker(self, name: str) -> None:
         _stop(self.workers.pop(name).popen)

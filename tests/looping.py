@@ -3,8 +3,16 @@ rank 1 says it loops: the fault cases on test hosts (tests and ``bench/faults.py
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+from hosts import Host
+from procs import processes, rank_processes
 
 from jupyter_mn.events import LogLines
 
@@ -37,3 +45,37 @@ def when_looping(action: Callable[[], None]) -> Callable[[object], None]:
 
     on_event.done = done  # type: ignore[attr-defined]
     return on_event
+
+
+def link_down(host: Host) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Cut ``host``'s link (no FIN, no RST reaches anyone), and bring it back (idempotent)."""
+    return (
+        lambda: host.run("ip", "link", "set", "eth0", "down"),
+        lambda: host.run("ip", "link", "set", "eth0", "up"),
+    )
+
+
+def frozen(pid: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Freeze process ``pid`` (SIGSTOP: alive, silent), and thaw it."""
+    return lambda: os.kill(pid, signal.SIGSTOP), lambda: os.kill(pid, signal.SIGCONT)
+
+
+@dataclass
+class KernelCut:
+    """An action that cuts ``host`` off from ``gateway`` alone (where the kernel and the
+    scheduler are), so its ranks still reach their peers, and notes when those ranks are gone."""
+
+    host: Host
+    gateway: str
+    ranks: list[psutil.Process] = field(default_factory=list)
+    gone: list[float] = field(default_factory=list)
+
+    def __call__(self) -> None:
+        self.ranks.extend(rank_processes(processes(*self.host.pids())))
+        self.host.drop(peer=self.gateway)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        psutil.wait_procs(
+            self.ranks, timeout=60, callback=lambda _: self.gone.append(time.monotonic())
+        )

@@ -4,9 +4,6 @@ or lossy link raises no alarm. On test hosts (``hosts.py``) with the dask backen
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -14,7 +11,7 @@ import psutil
 import pytest
 from daskcli import DaskCLI
 from hosts import Host, HostNet
-from looping import LOOP, when_looping
+from looping import LOOP, KernelCut, frozen, link_down, when_looping
 from polling import wait_until
 from procs import processes, rank_processes
 
@@ -30,14 +27,6 @@ def dask_hosts(
 ) -> Iterator[tuple[str, DaskCLI]]:
     with DaskCLI.on_hosts(tmp_path_factory.mktemp("dask-liveness"), host_net) as cli:
         yield cli.address, cli
-
-
-def cut(host: Host) -> Callable[[], None]:
-    return lambda: host.run("ip", "link", "set", "eth0", "down")
-
-
-def freeze(pid: int) -> Callable[[], None]:
-    return lambda: os.kill(pid, signal.SIGSTOP)
 
 
 def waiting_for(host: Host, then: Callable[[], None]) -> Callable[[object], None]:
@@ -66,9 +55,9 @@ def test_a_lost_node_ends_the_cell_fast_and_is_the_root_cause(
     far = host_net.hosts[1]
     pid = cli.worker_pids()[far.hostname]
     if fault == "link down":
-        action, restore = cut(far), lambda: far.run("ip", "link", "set", "eth0", "up")
+        action, restore = link_down(far)
     else:
-        action, restore = freeze(pid), lambda: os.kill(pid, signal.SIGCONT)
+        action, restore = frozen(pid)
     listener = when_looping(action)
     back = waiting_for(far, restore)
     with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address) as cluster:
@@ -127,31 +116,19 @@ def test_a_node_cut_off_from_the_kernel_stops_its_ranks_and_leaves_nothing(
     still reach their peers, so only the agent's dead-man switch can stop them."""
     address, cli = dask_hosts
     far = host_net.hosts[1]
-    ranks: list[psutil.Process] = []
-    gone: list[float] = []
-
-    def cut_from_kernel() -> None:
-        ranks.extend(rank_processes(processes(*far.pids())))
-        far.drop(peer=host_net.gateway)
-        threading.Thread(
-            target=psutil.wait_procs,
-            args=(ranks,),
-            kwargs={"timeout": 60, "callback": lambda _: gone.append(time.monotonic())},
-            daemon=True,
-        ).start()
-
-    listener = when_looping(cut_from_kernel)
+    cut = KernelCut(far, host_net.gateway)
+    listener = when_looping(cut)
     spec = {"heartbeat_timeout": HEARTBEAT_TIMEOUT}
     try:
         with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address, **spec) as cluster:
             result = cluster.run(LOOP.format(seconds=120), on_event=listener)
-            psutil.wait_procs(ranks, timeout=30)
+            psutil.wait_procs(cut.ranks, timeout=30)
     finally:
         far.heal()
-    assert listener.done and len(ranks) == 1, ranks
+    assert listener.done and len(cut.ranks) == 1, cut.ranks
     cause = result.root_cause
     assert cause is not None and cause.node == 1 and cause.error.ename == "NodeLost"
-    stopped = max(gone) - listener.done[0]
+    stopped = max(cut.gone) - listener.done[0]
     # its last beat came at most HEARTBEAT_S before the cut; then a look every 0.5 s and a stop
     assert HEARTBEAT_TIMEOUT - 2.5 < stopped < HEARTBEAT_TIMEOUT + 3, stopped
     # the link is back: nothing of the gang runs on that host, and its worker holds no agent
