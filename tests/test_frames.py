@@ -32,17 +32,25 @@ def _wire(*messages: object) -> bytes:
         return data
 
 
-def test_messages_cut_anywhere_come_out_whole_and_in_order():
-    messages = [{"op": "ready", "pid": 1}, {"op": "display", "data": {"x": "y" * 100_000}}]
-    data = _wire(*messages)
-    frames, got = Frames(), []
-    for at in range(0, len(data), 7_001):
-        got += frames.feed(data[at : at + 7_001])
-    assert got == messages
-
-
 def test_a_message_that_does_not_unpickle_is_said_and_the_next_one_still_arrives():
     data = _wire({"op": "display", "data": {"x": Boom()}}, {"op": "done", "ok": True})
     bad, reply = Frames().feed(data)
     assert isinstance(bad, Undecodable) and "no such class here" in bad.error
     assert reply == {"op": "done", "ok": True}
+
+
+def test_messages_split_anywhere_come_out_whole_and_in_order():
+    messages = [{"op": "ready", "pid": 1}, {"op": "done", "value": b"x" * 70_000}, {"op": "exit"}]
+    data = _wire(*messages)
+    for size in (1, 3, 4, 5, 4096, len(data)):
+        frames, got = Frames(), []
+        for start in range(0, len(data), size):
+            got += frames.feed(data[start : start + size])
+        assert got == messages, size
+
+
+def test_an_incomplete_message_waits_for_the_rest():
+    data = _wire({"op": "done"})
+    frames = Frames()
+    assert frames.feed(data[:-1]) == []
+    assert frames.feed(data[-1:]) == [{"op": "done"}]

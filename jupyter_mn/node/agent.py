@@ -311,9 +311,17 @@ class NodeAgent:
         for r in self._ranks:
             r.begin(run_id)
         self._telemetry.cell(running=True)
-        await asyncio.gather(*(r.send({"op": "run", "payload": payload}) for r in self._ranks))
-        replies = await asyncio.gather(*(self._watch(r, run_id) for r in self._ranks))
-        await asyncio.gather(*(r.synced() for r in self._ranks))
+        msg = {"op": "run", "payload": payload}
+
+        async def rank(r: RankHandle) -> dict[str, Any]:
+            # one task per rank for the whole cell (send, reply, output read to its end): three
+            # gathers cost a task per rank each on the cell's path
+            await r.send(msg)
+            reply = await self._watch(r, run_id)
+            await r.synced()
+            return reply
+
+        replies = await asyncio.gather(*(rank(r) for r in self._ranks))
         self.send_displays()  # what rank 0 showed last comes before the reply
         if self._telemetry.cell(running=False):
             self._wake.set()  # its last look, now
