@@ -217,6 +217,8 @@ class DaskCLI:
         """A scheduler on the test hosts' bridge (``tests/hosts.py``) and a worker on every
         host; this process has their TLS config meanwhile. Stopped on the way out."""
         import dask
+        import distributed  # noqa: F401  its defaults join dask's config now: were they to
+        # join inside config.set, leaving it would remove all of "distributed" with them
 
         cli = cls(folder, make_certs(folder / "certs"))
         try:
