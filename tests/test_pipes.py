@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from jupyter_mn.node.pipes import MAX_LINE, PipeReader
 from jupyter_mn.rank.sync import SYNC_MARKER
+
+T = TypeVar("T")
 
 
 class Recorder:
@@ -34,6 +38,13 @@ class Recorder:
 
     def rank_state(self, rank: int, state: str, detail: str = "", **_: Any) -> None:
         pass
+
+
+def on_loop_thread(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a fresh loop in a thread of its own, as the agent's loop runs on its
+    worker's thread (and whatever an earlier test left on the main thread cannot interfere)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _child(code: str) -> subprocess.Popen[bytes]:
@@ -76,7 +87,7 @@ def test_a_sync_mark_cut_in_two_by_a_read_ends_the_line_and_is_never_shown():
         proc.wait()
         return link, reader
 
-    link, reader = asyncio.run(main())
+    link, reader = on_loop_thread(main())
     assert reader.markers == {"out": 1, "err": 1}
     assert link.lines == [("out", "abc")]
     assert all("\x1e" not in text for _, text in link.partials)
@@ -95,7 +106,7 @@ def test_an_unfinished_progress_bar_is_a_line_at_eof():
         assert not reader.open_streams
         return link
 
-    link = asyncio.run(main())
+    link = on_loop_thread(main())
     assert link.lines == [("out", "100%|#####|")]
 
 
@@ -112,7 +123,7 @@ def test_a_long_line_without_a_newline_keeps_its_head_and_counts_the_rest():
         proc.wait()
         return link
 
-    link = asyncio.run(main())
+    link = on_loop_thread(main())
     [(stream, text)] = link.lines
     assert stream == "out"
     assert text.startswith("y" * MAX_LINE + " … [jupyter_mn: ")

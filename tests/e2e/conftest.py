@@ -161,8 +161,12 @@ def open_panel(page: object) -> object:
 
     tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-mn-clusters"]')
     expect(tab).to_be_visible(timeout=60_000)
-    tab.click()
-    return page.locator("#jupyter-mn-clusters")
+    # Lab restores the last layout: a panel already open would be closed by a click
+    if "lm-mod-current" not in (tab.get_attribute("class") or "").split():
+        tab.click()
+    panel = page.locator("#jupyter-mn-clusters")
+    expect(panel).to_be_visible()
+    return panel
 
 
 def job_item(panel: object, name: str) -> object:
