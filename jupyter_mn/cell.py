@@ -65,7 +65,7 @@ class CellPayload:
     notes: tuple[str, ...] = field(default=(), compare=False)
 
 
-def compile_cell(source: str, cell_id: int = 0) -> str:
+def compile_cell(source: str) -> str:
     """IPython-transform and compile the cell; return the Python source the ranks will run."""
     if not source.strip():
         raise SpecError("the cell is empty: there is nothing to run on the ranks")

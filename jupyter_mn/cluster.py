@@ -213,7 +213,7 @@ class Cluster:
         with self._job() as torn_down:
             self.cells += 1
             cell_id = self.cells if cell_id is None else cell_id
-            python = compile_cell(code, cell_id)
+            python = compile_cell(code)
             names, notes = self._capture(python, namespace, push)  # bad input: nothing started
             defines = bound_names(python)
             payload = CellPayload(
@@ -288,7 +288,7 @@ class Cluster:
         if self._background is not None and not self._background.done():
             raise ClusterBusy(self._busy_message())
         cell_id = options.pop("cell_id", None) or self.cells + 1
-        compile_cell(code, cell_id)  # a syntax error is the caller's, now
+        compile_cell(code)  # a syntax error is the caller's, now
         handle = BackgroundCell(
             self, cell_id, lambda view: self.run(code, cell_id=cell_id, on_event=view, **options)
         )
