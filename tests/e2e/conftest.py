@@ -47,8 +47,12 @@ class Lab:
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
         nb.metadata["kernelspec"] = {"name": kernel, "display_name": kernel, "language": "python"}
         nbformat.write(nb, self.root / name)
-        workspace = uuid.uuid4().hex[:8]  # a fresh workspace: no state from other tests
-        return f"{self.url}/lab/workspaces/{workspace}/tree/{name}?reset&token={self.token}"
+        return self.fresh(f"/tree/{name}")
+
+    def fresh(self, path: str = "") -> str:
+        """Lab's URL in a workspace of its own: no layout restored from other tests."""
+        workspace = uuid.uuid4().hex[:8]
+        return f"{self.url}/lab/workspaces/{workspace}{path}?reset&token={self.token}"
 
     def api(self, path: str, method: str = "GET", token: bool = True) -> object:
         """Call the REST API with the token header (no token: as an anonymous client)."""
@@ -161,7 +165,10 @@ def open_panel(page: object) -> object:
 
     tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-mn-clusters"]')
     expect(tab).to_be_visible(timeout=60_000)
-    # Lab restores the last layout: a panel already open would be closed by a click
+    # The tab shows before Lab has restored its layout, and restoring sets which sidebar panel is
+    # open: a click before that can be undone (CI saw it). Click once the layout is final.
+    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+    page.evaluate("() => window.jupyterapp.restored.then(() => true)")
     if "lm-mod-current" not in (tab.get_attribute("class") or "").split():
         tab.click()
     panel = page.locator("#jupyter-mn-clusters")

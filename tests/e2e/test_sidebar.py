@@ -117,7 +117,7 @@ def test_cancel_stops_a_long_cell_and_release_frees_the_idle_gang(lab, page):
 
 
 def test_a_papermill_run_from_a_terminal_appears_in_the_panel(lab, page, tmp_path):
-    page.goto(f"{lab.url}/lab?token={lab.token}")
+    page.goto(lab.fresh())
     panel = open_panel(page)
     papermill = subprocess.Popen(
         [

@@ -25,7 +25,7 @@ USABLE_MS = 10_000
 
 
 def test_the_panel_and_the_log_viewer_stay_usable_with_512_ranks(lab, page):
-    page.goto(f"{lab.url}/lab?token={lab.token}")
+    page.goto(lab.fresh())
     panel = open_panel(page)
     kernel = Kernel(env=simulated_env())
     try:
