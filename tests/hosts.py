@@ -1,10 +1,14 @@
 """Test hosts: network namespaces on a bridge, each with its own address and hostname.
 
-What a real cluster's nodes have and 127.0.0.x "hosts" do not: a non-loopback interface
-(``eth0``) with an address of its own, a hostname that resolves to nothing (set with
-``unshare --uts``, seen only by the processes started on the host), and a link that can be cut
-or shaped (``tc``). The namespaces share the filesystem and the process table, so a process on a
-host runs this checkout's code with the same interpreter.
+What a real cluster's nodes have and 127.0.0.x "hosts" do not: a non-loopback interface (``eth0``)
+with an address of its own, a hostname that resolves to nothing (set with ``unshare --uts``, seen
+only by the processes started on the host), and a link that can be cut or shaped (``tc``). The
+machine's nameserver is out of a host's reach (nothing is routed off the bridge), so a host's
+resolver asks its own loopback, which refuses at once: ``ip netns exec`` mounts
+``/etc/netns/<netns>/resolv.conf`` over ``/etc/resolv.conf``. Without it every lookup (c10d's
+reverse lookups of its peers, say) waits for the resolver's timeout. The namespaces share the
+filesystem and the process table, so a process on a host runs this checkout's code with the same
+interpreter.
 
 Every instance takes its own names and /24 (``10.231.X.0``), so test sessions run side by side;
 ``close`` kills what runs inside (by PID, from ``ip netns pids``) and deletes namespaces and
@@ -25,11 +29,14 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
 #: Only addresses inside bridges these tests make: never routed anywhere else.
 _PREFIX = "10.231"
+#: Where ``ip netns exec`` finds the files it mounts over /etc for a namespace's processes.
+_NETNS_ETC = Path("/etc/netns")
 
 
 def missing() -> str | None:
@@ -197,6 +204,9 @@ class HostNet:
         host = Host(hostname or f"node-{i}", f"jmn-{self.tag}-{i}", f"{self.subnet}.{10 + i}", veth)
         _ip("netns", "add", host.netns)
         self.hosts.append(host)  # from here on, close() removes it
+        etc = _NETNS_ETC / host.netns
+        etc.mkdir(parents=True)
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("link", "set", veth, "master", self.bridge, "up")
         host.run("ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
@@ -215,6 +225,7 @@ class HostNet:
         psutil.wait_procs(procs, timeout=10)
         with contextlib.suppress(OSError):
             _ip("netns", "del", host.netns)
+        shutil.rmtree(_NETNS_ETC / host.netns, ignore_errors=True)
         self.hosts.remove(host)
 
     def close(self) -> None:
