@@ -45,7 +45,7 @@ if dist.get_rank() == 0:
         display(Image(data=png.getvalue()))
         time.sleep(0.05)
 """
-LIVE = re.compile(r'<span class="jp-mn-live">([^<]*)</span>')
+LIVE = re.compile(r'<span class="jp-mn-live"[^>]*>([^<]*)</span>')  # tagged with its rank
 
 
 def iopub(kernel: Kernel, code: str) -> list[dict[str, Any]]:
