@@ -87,6 +87,11 @@ class Host:
             *argv,
         ]
 
+    @property
+    def resolv_conf(self) -> Path:
+        """The host's resolver settings: its own loopback, refused at once (see the module)."""
+        return _NETNS_ETC / self.netns / "resolv.conf"
+
     def run(self, *argv: str) -> None:
         """A quick command in the namespace (``ip link``, ``tc``)."""
         _ip("netns", "exec", self.netns, *argv)
@@ -204,9 +209,8 @@ class HostNet:
         host = Host(hostname or f"node-{i}", f"jmn-{self.tag}-{i}", f"{self.subnet}.{10 + i}", veth)
         _ip("netns", "add", host.netns)
         self.hosts.append(host)  # from here on, close() removes it
-        etc = _NETNS_ETC / host.netns
-        etc.mkdir(parents=True)
-        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+        host.resolv_conf.parent.mkdir(parents=True)
+        host.resolv_conf.write_text("nameserver 127.0.0.1\n")
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("link", "set", veth, "master", self.bridge, "up")
         host.run("ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
@@ -225,7 +229,7 @@ class HostNet:
         psutil.wait_procs(procs, timeout=10)
         with contextlib.suppress(OSError):
             _ip("netns", "del", host.netns)
-        shutil.rmtree(_NETNS_ETC / host.netns, ignore_errors=True)
+        shutil.rmtree(host.resolv_conf.parent, ignore_errors=True)
         self.hosts.remove(host)
 
     def close(self) -> None:

@@ -55,15 +55,14 @@ def missing() -> str | None:
     return None
 
 
-def on_host(host: Host, argv: list[str], etc: Path) -> list[str]:
+def on_host(host: Host, argv: list[str], hosts: Path) -> list[str]:
     """``argv`` on ``host`` with the machine's /sys: ``ip netns exec`` (``Host.command``) mounts
     a sysfs of the namespace, without /sys/fs/cgroup, and slurmd 22.05 refuses to start without
-    its cgroup plugin even when no cgroup is used; ``nsenter`` joins only the network. The
-    machine's nameserver is not reachable from a host (no NAT), and every lookup would wait for
-    its timeout (c10d's reverse lookups cost the ranks 20 s): ``etc/resolv.conf`` (nameserver on
-    the host's loopback, refused at once) replaces /etc/resolv.conf in a mount namespace of its
-    own, and ``etc/hosts`` names every node, as a cluster's nodes resolve each other (torchrun
-    needs its own name to resolve).
+    its cgroup plugin even when no cgroup is used; ``nsenter`` joins only the network, so the
+    files ``ip netns exec`` would mount over /etc are mounted here, in a mount namespace of its
+    own: the host's ``resolv_conf`` (its loopback, refused at once: the machine's nameserver is
+    out of reach and c10d's reverse lookups would wait 20 s) and ``hosts``, which names every
+    node, as a cluster's nodes resolve each other (torchrun needs its own name to resolve).
     """
     return [
         "nsenter",
@@ -73,10 +72,11 @@ def on_host(host: Host, argv: list[str], etc: Path) -> list[str]:
         "--mount",
         "sh",
         "-c",
-        'mount --bind "$1/resolv.conf" /etc/resolv.conf && mount --bind "$1/hosts" /etc/hosts'
-        ' && hostname "$0" && shift && exec "$@"',
+        'mount --bind "$1" /etc/resolv.conf && mount --bind "$2" /etc/hosts'
+        ' && hostname "$0" && shift 2 && exec "$@"',
         host.hostname,
-        str(etc),
+        str(host.resolv_conf),
+        str(hosts),
         *argv,
     ]
 
@@ -119,15 +119,13 @@ class SlurmCluster:
             cluster._munge()
             cluster._write_conf()
             cluster._spawn(["slurmctld", "-D", "-i", "-f", str(cluster.conf)], "slurmctld")
-            etc = root / "etc"
-            etc.mkdir()
-            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+            hosts = root / "hosts"
             names = "".join(f"{h.ip} {h.hostname}\n" for h in net.hosts)
-            (etc / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
+            hosts.write_text(f"127.0.0.1 localhost\n{names}")
             for host in net.hosts:
                 (root / f"spool-{host.hostname}").mkdir()
                 argv = ["slurmd", "-D", "-N", host.hostname, "-f", str(cluster.conf)]
-                cluster._spawn(on_host(host, argv, etc), f"slurmd-{host.hostname}")
+                cluster._spawn(on_host(host, argv, hosts), f"slurmd-{host.hostname}")
             cluster.wait_idle(timeout)
             yield cluster
         finally:

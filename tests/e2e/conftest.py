@@ -168,7 +168,7 @@ def open_panel(page: object) -> object:
     # The tab shows before Lab has restored its layout, and restoring sets which sidebar panel is
     # open: a click before that can be undone (CI saw it). Click once the layout is final.
     page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-    page.evaluate("() => window.jupyterapp.restored.then(() => true)")
+    page.evaluate("() => window.jupyterapp.restored")
     if "lm-mod-current" not in (tab.get_attribute("class") or "").split():
         tab.click()
     panel = page.locator("#jupyter-mn-clusters")
