@@ -129,3 +129,29 @@ def test_a_long_line_without_a_newline_keeps_its_head_and_counts_the_rest():
     assert text.startswith("y" * MAX_LINE + " … [jupyter_mn: ")
     assert f"{size - MAX_LINE:,} more characters" in text
     assert all(len(t) <= 1_000 for _, t in link.partials)  # a live line is sent short
+
+
+def test_a_rank_prints_a_line_in_one_write_and_a_redrawn_bar_as_it_is_drawn():
+    """What the agent reads: each packet of a SOCK_SEQPACKET stdout is one write of the rank's.
+    Unbuffered, ``print("line", 6)`` is four writes, and a read between them sees "line" as a
+    line still being written."""
+    import os
+    import socket
+
+    code = (
+        "import sys\nfrom jupyter_mn.rank.runtime import _line_buffered\n_line_buffered()\n"
+        "print('line', 6)\nsys.stdout.write('\\r 50%|')\nsys.stdout.write('#')\n"
+        "sys.stdout.flush()\nprint('err', 7, file=sys.stderr)\n"
+    )
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        subprocess.run(
+            [sys.executable, "-c", code],
+            stdout=theirs,
+            stderr=theirs,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            check=True,
+        )
+        theirs.close()
+        packets = list(iter(lambda: ours.recv(4096), b""))
+    assert packets == [b"line 6\n", b"\r 50%|", b"#", b"err 7\n"]

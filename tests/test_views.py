@@ -150,6 +150,32 @@ def test_text_view_prints_the_table_only_when_it_says_something():
     assert " rank  node  status" in shown(CellDone(1, True, TABLE_AFTER_S, ok))
 
 
+def test_text_view_prints_a_line_written_in_pieces_once_and_a_standing_bar_now_and_then(
+    monkeypatch,
+):
+    """A line whose first piece arrived alone (the agent sent it as unfinished) is printed once,
+    finished; a line unfinished for ``PARTIAL_AFTER_S`` is a bar, printed every
+    ``PARTIAL_EVERY_S``."""
+    from jupyter_mn.views import text
+
+    clock = [100.0]
+    monkeypatch.setattr(text.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    view = text.TextView(out, io.StringIO(), spec=ClusterSpec(nodes=1, gpus=1))
+    view(LogLines(0, 1, (), ((0, "out", "line"),)))
+    clock[0] += 0.01
+    view(LogLines(0, 2, ((0, "out", ("line 6",)),)))
+    assert out.getvalue() == "[node 0 rank 0] line 6\n"
+
+    bar = "[node 0 rank 0] {}%|\n".format
+    for step, pct in enumerate((10, 20, 30, 40, 50, 60)):
+        view(LogLines(0, 3 + step, (), ((0, "out", f"{pct}%|"),)))
+        clock[0] += 0.5 if step == 0 else text.PARTIAL_EVERY_S / 2
+    view(LogLines(0, 9, ((0, "out", ("100%|",)),)))
+    # each event first prints the held state when due: 20 % at 3 s, 40 % at 8 s, 60 % at 13 s
+    assert out.getvalue() == "[node 0 rank 0] line 6\n" + bar(20) + bar(40) + bar(60) + bar(100)
+
+
 def test_the_widget_header_follows_a_background_re_form_to_ready():
     """A rank dies: the cell fails while its node restarts; the header then turns READY."""
     from polling import wait_until

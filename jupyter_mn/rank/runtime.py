@@ -11,6 +11,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import queue
+import sys
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
@@ -56,8 +57,18 @@ def _read_commands(
             commands.put(msg)
 
 
+def _line_buffered() -> None:
+    """Write stdout and stderr a line at a time, as to a terminal: ``print("line", 6)`` is one
+    write, not four, so the agent never mistakes a line cut between writes for a line still being
+    written (a progress bar). ``\\r`` flushes too, so a redrawn bar still arrives as drawn.
+    (``PYTHONUNBUFFERED`` stays set for the rank's own Python children.)"""
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+
+
 def main() -> None:
     faulthandler.enable(all_threads=False)  # a segfault leaves its Python stack in the log
+    _line_buffered()
     control = _Control(Connection(int(os.environ[contract.CONTROL_FD])))
     exit_with_parent()
     signals = execute.CellSignals()

@@ -2,8 +2,9 @@
 
 Used under papermill and wherever no widget frontend is attached. It is called on the kernel's
 main thread, so ipykernel routes what it prints to the running cell. A line still being written
-(a progress bar) is printed as a line at most every ``PARTIAL_EVERY_S`` while it changes; its
-final state is the finished line, printed like any other.
+``PARTIAL_AFTER_S`` after it began (a progress bar) is printed as a line at most every
+``PARTIAL_EVERY_S`` while it changes; its final state is the finished line, printed like any
+other. A line finished sooner (one written in pieces) is printed once, finished.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from .summary import evidence, final, header
 TABLE_AFTER_S = 10.0
 #: A progress bar's state is printed at most this often (a saved notebook keeps every print).
 PARTIAL_EVERY_S = 5.0
+#: An unfinished line is a progress bar once it has been unfinished this long.
+PARTIAL_AFTER_S = 1.0
 
 
 class TextView:
@@ -52,6 +55,8 @@ class TextView:
         self._printed: dict[tuple[int, int, str], tuple[float, str]] = {}
         #: per (node, rank, stream): the newest progress state not printed yet
         self._held: dict[tuple[int, int, str], str] = {}
+        #: per (node, rank, stream): when its unfinished line was first seen
+        self._begun: dict[tuple[int, int, str], float] = {}
         #: this cell brought the gang up: its first table says where the ranks run
         self._cold = False
 
@@ -93,8 +98,8 @@ class TextView:
             out = self._out(stream)
             out.write("".join(f"{prefix}{line}\n" for line in lines))
             out.flush()
-            self._held.pop((event.node, rank, stream), None)
-            self._printed.pop((event.node, rank, stream), None)  # the next bar starts afresh
+            for started in (self._held, self._printed, self._begun):  # the next bar starts afresh
+                started.pop((event.node, rank, stream), None)
         self._partials(
             ((event.node, rank, stream), text)
             for rank, stream, text in event.partial
@@ -102,16 +107,18 @@ class TextView:
         )
 
     def _partials(self, changes: Any) -> None:
-        """Hold each new progress state; print those whose key has not printed for a while."""
+        """Hold each new progress state; print those of bars (lines unfinished for a while)
+        whose key has not printed for a while."""
+        now = time.monotonic()
         for key, text in changes:
             if text:
                 self._held[key] = text
+                self._begun.setdefault(key, now)
             else:
                 self._held.pop(key, None)
-        now = time.monotonic()
         for key, text in list(self._held.items()):
             at, last = self._printed.get(key, (-PARTIAL_EVERY_S, ""))
-            if now - at < PARTIAL_EVERY_S:
+            if now - at < PARTIAL_EVERY_S or now - self._begun[key] < PARTIAL_AFTER_S:
                 continue
             del self._held[key]
             if text != last:
