@@ -58,6 +58,23 @@ def test_rank0_value_state_and_notebook_names(gang_2x2):
     assert [r.status for r in later.ranks] == ["ok"] * 4
 
 
+def test_a_cell_goes_on_the_cell_stream_and_a_large_one_as_actor_calls(gang_2x2, monkeypatch):
+    """docs/architecture.md, "The cell stream": with the actor path for cells broken, a warm
+    cell still runs (its request went on the stream); one with 100 KB of captured names needs the
+    actor path."""
+    actor_cells: list[list[int] | None] = []
+    gang = gang_2x2.gang
+    real = gang.call_each
+    monkeypatch.setattr(
+        gang, "call_each", lambda call, nodes=None: (actor_cells.append(nodes), real(call, nodes))
+    )
+    assert gang_2x2.run("dist.get_rank() + 40").value == 40
+    assert actor_cells == []
+    blob = b"x" * 100_000
+    result = gang_2x2.run("len(blob) + dist.get_world_size()", namespace={"blob": blob})
+    assert result.value == 100_004 and actor_cells == [[0, 1]]
+
+
 def test_pull_copies_names_from_rank_zero(gang_2x2):
     result = gang_2x2.run("w = {'rank': dist.get_rank(), 'x': torch.arange(3)}", pull=["w"])
     assert result.value is None

@@ -20,6 +20,7 @@ from ..events import GangState, Note, OnEvent, RankState, from_msg
 from ..launch import Launch, Script
 from ..names import gang_id
 from ..spec import ClusterSpec
+from .cellstream import CellStream
 from .heartbeat import Heartbeat
 from .hub import EventHub, topics
 from .inbox import InterruptRequest, Reply
@@ -74,6 +75,8 @@ class Gang:
         self.master: tuple[str, int] = ("", 0)
         self._agents: list[Any] = []
         self._agent_futures: list[Any] = []
+        #: cells' requests and replies, beside dask (cellstream.py)
+        self._cells = CellStream(self.hub.inbox)
         self._generation = 0
         self._runs = 0
         #: the id of the job running now (0: none), which interrupt requests are meant for
@@ -211,6 +214,26 @@ class Gang:
         self.addresses = list(addresses)
         self.hosts = [workers[a]["host"] for a in addresses]
         self.master = tuple(self._agents[0].endpoint().result())
+        self._open_cells()
+
+    def _open_cells(self) -> None:
+        """A cell stream to every agent the kernel can reach (not through a port-forward, which
+        carries dask's scheduler connection alone); the others get their cells as actor calls."""
+        client, cells = self._client, self._cells
+        if client.direct_to_workers is False:
+            return
+        context = client.security.get_connection_args("client").get("ssl_context")
+        ports = [agent.serve_cells() for agent in self._agents]
+        for node, (host, port) in enumerate(zip(self.hosts, ports, strict=True)):
+            cells.open(node, host, port.result(), context)
+
+    def send_cell(self, payload: Any, run_id: int) -> None:
+        """Start ``agent.run(payload, run_id)`` on every node: on its cell stream where it has
+        one, else as an actor call; each node's reply reaches the inbox."""
+        request = self._cells.request(payload, run_id)
+        rest = [node for node in range(self.nodes) if not self._cells.send(node, request)]
+        if rest:
+            self.call_each(lambda node, agent: agent.run(payload, run_id), rest)
 
     def _start_ranks(self) -> list[dict[str, Any]]:
         # A port picked now, not before the preflight: the fewer seconds between choosing it and
@@ -348,6 +371,7 @@ class Gang:
 
     def _teardown(self, broken: str | None) -> None:
         self._heartbeat.stop()
+        self._cells.close()
         stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.nodes)]
         deadline = time.monotonic() + _STOP_TIMEOUT_S
         last = {}
@@ -373,13 +397,14 @@ class Gang:
     def generation(self) -> int:
         return self._generation
 
-    def call_each(self, call: Callable[[int, Any], Any]) -> None:
+    def call_each(self, call: Callable[[int, Any], Any], nodes: list[int] | None = None) -> None:
         """Start ``call(node, agent)`` (an actor call) for every node, all with one wake-up of
         the client's loop (one per node cost a thread switch each on the cell's path); each
         outcome reaches the inbox as that node's reply. The actor proxy raises at once when its
         worker is already known lost: that is the reply then."""
         inbox = self.hub.inbox
         agents = list(self._agents)
+        chosen = range(len(agents)) if nodes is None else nodes
 
         async def one(node: int, agent: Any) -> None:
             try:
@@ -390,7 +415,7 @@ class Gang:
                 inbox.put_reply(Reply(node, value=value))
 
         async def go() -> None:
-            await asyncio.gather(*(one(node, agent) for node, agent in enumerate(agents)))
+            await asyncio.gather(*(one(node, agents[node]) for node in chosen))
 
         self._client.loop.add_callback(go)
 

@@ -66,7 +66,7 @@ class CellJob(Job[CellResult]):
         self.started = time.monotonic()
         self.gang.hub.replay(self.on_event)
         payload, run_id = self.payload, self.run_id
-        self.gang.call_each(lambda node, agent: agent.run(payload, run_id))
+        self.gang.send_cell(payload, run_id)
 
     def take(self, item: Any) -> bool:
         if isinstance(item, Reply) and isinstance(item.error, NodeUnreachable):

@@ -34,6 +34,7 @@ from ..events import (
 )
 from ..launch import Launch
 from ..rank.env import rank_env
+from .cellserver import CellServer
 from .displaybatch import DisplayBatch
 from .gpu import RankProcess
 from .netif import socket_ifname
@@ -98,6 +99,8 @@ class NodeAgent:
         self._launch: Launch  # set by start(), before anything reads it
         self._command: list[str] = []  # how a cell rank starts (set by start())
         self._generation = 0
+        self._cells: CellServer | None = None
+        self._cell_port = 0
         self._run_id = 0
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
@@ -232,6 +235,15 @@ class NodeAgent:
         """This node's address and a free port: where rank 0 will host the TCPStore."""
         host = self._worker.ip
         return host, listen_port(host)
+
+    async def serve_cells(self) -> int:
+        """Open this node's cell stream (``cellserver.py``); return its port on the worker's
+        host. It has the worker's security (TLS with the gang's certificates, if the worker's)."""
+        if self._cells is None:
+            context = self._worker.security.get_listen_args("worker").get("ssl_context")
+            self._cells = CellServer(self.run)
+            self._cell_port = await self._cells.start(self._worker.ip, context)
+        return self._cell_port
 
     def _begin(self) -> None:
         """Once, from the first actor call that starts processes: the loop, and the task that
@@ -474,6 +486,8 @@ class NodeAgent:
     async def stop(self) -> int:
         """Stop everything of this node; return the sequence number of its last event."""
         self._closing = True
+        if self._cells is not None:
+            await self._cells.close()
         if self._guard is not None and self._guard is not asyncio.current_task():
             self._wake.set()  # its look in a thread, if any, ends before telemetry closes
             await asyncio.wait([self._guard], timeout=2 * SAMPLE_S)

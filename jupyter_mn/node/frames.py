@@ -60,3 +60,11 @@ class Frames:
             message = Undecodable(f"{type(exc).__name__}: {exc}")
         del buffer[: start + size]
         return message
+
+
+def encode(message: Any) -> bytes:
+    """``message`` in the same format (what ``Frames`` decodes), for a stream of our own."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) < 2**31:
+        return _SHORT.pack(len(data)) + data
+    return _SHORT.pack(-1) + _LONG.pack(len(data)) + data

@@ -1,0 +1,169 @@
+"""The kernel's end of the cell stream (docs/architecture.md, "The cell stream"): a cell's
+request goes to each node agent straight from the thread that runs the cell, and each node's
+reply reaches the inbox from a reader thread of its own, with no dask client loop on the way.
+
+TLS is done by an ``ssl.SSLObject`` on memory buffers under a lock, so the sending thread and the
+reader thread can share one connection (an ``SSLSocket`` must not be used by two threads at
+once; asyncio's TLS works the same way). A request over ``MAX_REQUEST`` bytes (a cell with large
+captured variables) goes as an actor call instead, and a send gives up after ``SEND_S``: a send
+on a cut link must not hold the cell's thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+
+from ..node.frames import Frames, encode
+from .inbox import Inbox, Reply
+
+MAX_REQUEST = 64 * 1024
+#: How long connecting, the TLS handshake or one send may take.
+SEND_S = 5.0
+
+
+class StreamLost(ConnectionError):
+    """The connection to a node agent closed or failed while a cell waited for its reply."""
+
+
+class _Channel:
+    """One connection, TLS (as the worker's comms) or plain: one thread sends, another reads."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext | None) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+        self._tls: ssl.SSLObject | None = None
+        if context is not None:
+            self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self._tls = context.wrap_bio(self._in, self._out)
+            self._handshake()
+
+    def _handshake(self) -> None:
+        assert self._tls is not None
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._flush()
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    raise ConnectionError("closed during the TLS handshake") from None
+                self._in.write(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        if pending := self._out.read():
+            self.sock.sendall(pending)
+
+    def send(self, data: bytes) -> None:
+        with self._lock:
+            if self._tls is None:
+                self.sock.sendall(data)
+                return
+            self._tls.write(data)
+            self._flush()
+
+    def recv(self) -> bytes | None:
+        """What arrived (maybe nothing yet, mid-record); None once the connection is over."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError:
+            return b""
+        if not data or self._tls is None:
+            return data or None
+        with self._lock:
+            self._in.write(data)
+            chunks = []
+            while True:
+                try:
+                    chunks.append(self._tls.read(1 << 16))
+                except ssl.SSLWantReadError:
+                    break
+                except ssl.SSLZeroReturnError:
+                    return None
+            self._flush()
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread
+        self.sock.close()
+
+
+class CellStream:
+    """A connection per node agent that has one; ``send`` says where there is none."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self._inbox = inbox
+        self._channels: dict[int, _Channel] = {}
+        #: per node, how many requests await their reply (a closed stream fails them)
+        self._waiting: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def open(self, node: int, host: str, port: int, context: ssl.SSLContext | None) -> bool:
+        """Connect to ``node``'s agent; False when it cannot be reached (its cells then go as
+        actor calls)."""
+        try:
+            sock = socket.create_connection((host, port), timeout=SEND_S)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            channel = _Channel(sock, context)
+        except (OSError, ssl.SSLError):
+            return False
+        self._channels[node] = channel
+        threading.Thread(
+            target=self._read, args=(node, channel), name=f"jupyter-mn-cells-{node}", daemon=True
+        ).start()
+        return True
+
+    def send(self, node: int, request: bytes) -> bool:
+        """Send ``request`` (``encode``d) to ``node``'s agent; False when it has no stream or
+        ``request`` is too large for one. A failed send is that node's reply."""
+        channel = self._channels.get(node)
+        if channel is None or len(request) > MAX_REQUEST:
+            return False
+        with self._lock:
+            self._waiting[node] = self._waiting.get(node, 0) + 1
+        try:
+            channel.send(request)
+        except (OSError, ssl.SSLError) as exc:
+            self._drop(node, channel, f"sending the cell failed: {exc}")
+        return True
+
+    @staticmethod
+    def request(payload: object, run_id: int) -> bytes:
+        return encode((payload, run_id))
+
+    def _read(self, node: int, channel: _Channel) -> None:
+        frames = Frames()
+        try:
+            while (data := channel.recv()) is not None:
+                for _run_id, value, error in frames.feed(data):
+                    with self._lock:
+                        self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
+                    failed = RuntimeError(error) if error is not None else None  # agent.run raised
+                    self._inbox.put_reply(Reply(node, value=value, error=failed))
+        except (OSError, ssl.SSLError, ValueError):
+            pass  # closed under the reader (close(), or the send failed)
+        self._drop(node, channel, "its connection closed")
+
+    def _drop(self, node: int, channel: _Channel, why: str) -> None:
+        """Forget ``node``'s stream; a request still waiting gets ``why`` as its reply."""
+        with self._lock:
+            if self._channels.get(node) is not channel:
+                return
+            del self._channels[node]
+            waiting = self._waiting.pop(node, 0)
+        channel.close()
+        if waiting:
+            self._inbox.put_reply(Reply(node, error=StreamLost(why)))
+
+    def close(self) -> None:
+        """Close every connection (teardown); nothing is posted for them."""
+        with self._lock:
+            channels, self._channels = self._channels, {}
+            self._waiting.clear()
+        for channel in channels.values():
+            channel.close()

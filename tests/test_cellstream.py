@@ -1,0 +1,133 @@
+"""The cell stream on its own: a real TLS connection with dask's certificates between the kernel's
+end (``CellStream``, its reader thread and the sending thread sharing the connection) and the
+agent's (``CellServer`` on an asyncio loop), with a ``run`` standing in for ``NodeAgent.run``."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from distributed.security import Security
+
+from jupyter_mn.gang.cellstream import MAX_REQUEST, CellStream, StreamLost
+from jupyter_mn.gang.inbox import Inbox, Reply
+from jupyter_mn.node.cellserver import CellServer
+
+
+class Agent:
+    """A CellServer on a loop thread of its own; ``run`` answers ``payload * 2`` as bytes, or
+    raises for "boom", or waits for ``release`` on "wait"."""
+
+    def __init__(self, security: Security) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.release = asyncio.Event()
+        self.waiting = threading.Event()  # a "wait" run has started
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = CellServer(self.run)
+        context = security.get_listen_args("worker")["ssl_context"]
+        self.port = self.call(self.server.start("127.0.0.1", context))
+
+    async def run(self, payload: Any, run_id: int) -> bytes:
+        if payload == "boom":
+            raise ValueError("no such rank")
+        if payload == "wait":
+            self.waiting.set()
+            await self.release.wait()
+        return repr((payload * 2, run_id)).encode()
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.call(self.server.close())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def tls() -> Security:
+    return Security.temporary()
+
+
+@pytest.fixture
+def agent(tls: Security) -> Iterator[Agent]:
+    a = Agent(tls)
+    yield a
+    a.close()
+
+
+def replies(inbox: Inbox, n: int) -> list[Reply]:
+    return [inbox.get(timeout=10) for _ in range(n)]
+
+
+def connected(agent: Agent, security: Security) -> tuple[CellStream, Inbox]:
+    inbox = Inbox()
+    stream = CellStream(inbox)
+    context = security.get_connection_args("client")["ssl_context"]
+    assert stream.open(0, "127.0.0.1", agent.port, context)
+    return stream, inbox
+
+
+def test_requests_sent_while_replies_are_read_all_come_back_over_tls(agent, tls):
+    stream, inbox = connected(agent, tls)
+    try:
+        for run_id in range(300):
+            assert stream.send(0, stream.request(run_id, run_id))
+        got = replies(inbox, 300)
+        assert sorted(eval(r.value.decode()) for r in got) == [(2 * i, i) for i in range(300)]
+        assert all(r.node == 0 and r.error is None for r in got)
+        assert stream.send(0, stream.request("boom", 1))
+        failed = inbox.get(timeout=10)
+        assert isinstance(failed.error, RuntimeError) and "ValueError: no such rank" in str(
+            failed.error
+        )
+    finally:
+        stream.close()
+
+
+def test_a_kernel_without_the_gangs_certificate_is_refused(agent):
+    other = Security.temporary()  # another CA: the agent requires a client certificate of its own
+    inbox = Inbox()
+    stream = CellStream(inbox)
+    assert not stream.open(
+        0, "127.0.0.1", agent.port, other.get_connection_args("client")["ssl_context"]
+    )
+    assert not stream.send(0, stream.request("x", 1))  # no stream: the caller sends it otherwise
+    # plain TCP connects, but the agent takes no request from it: it closes the connection
+    assert stream.open(0, "127.0.0.1", agent.port, None)
+    assert stream.send(0, stream.request("x", 2))
+    assert isinstance(inbox.get(timeout=10).error, StreamLost)
+
+
+def test_a_large_request_is_left_to_the_actor_call(agent, tls):
+    stream, _ = connected(agent, tls)
+    try:
+        assert not stream.send(0, stream.request(b"x" * MAX_REQUEST, 1))
+        assert stream.send(0, stream.request(b"x" * 1000, 1))
+    finally:
+        stream.close()
+
+
+def test_a_stream_closed_under_a_waiting_request_is_that_nodes_reply(agent, tls):
+    stream, inbox = connected(agent, tls)
+    assert stream.send(0, stream.request("wait", 5))
+    assert agent.waiting.wait(10)
+    agent.close()  # the agent's process goes: its connection closes
+    lost = inbox.get(timeout=10)
+    assert (lost.node, type(lost.error)) == (0, StreamLost)
+    assert not stream.send(0, stream.request("x", 6))  # the next cell goes another way
+    stream.close()
+
+
+def test_closing_an_idle_stream_posts_nothing(agent, tls):
+    stream, inbox = connected(agent, tls)
+    stream.close()
+    agent.close()
+    with pytest.raises(queue.Empty):  # no reply for a request nobody made
+        inbox.get(timeout=0.5)
