@@ -22,7 +22,6 @@ import io
 import linecache
 import os
 import pickle
-import queue
 import signal
 import socket
 import sys
@@ -33,7 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from jupyter_mn.rank.env import CONTROL_FD
+from jupyter_mn.rank.env import CONTROL_FD, STACKS_FD
 from jupyter_mn.rank.parent import exit_with_parent
 from jupyter_mn.rank.sync import sync_streams
 
@@ -190,29 +189,30 @@ def main() -> None:
         "world_size": int(env["WORLD_SIZE"]),
         "collective": cell.enter,
     }
-    commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
     main_thread = threading.main_thread().ident or 0
+    stacks = Connection(int(env[STACKS_FD]))
 
-    def read() -> None:
+    def answer_stacks() -> None:
         while True:
             try:
-                msg = _loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                commands.put({"op": "stop"})
-                return
-            if msg["op"] == "stacks":
+                stacks.recv_bytes()
                 frame = sys._current_frames().get(main_thread)
                 stack = traceback.extract_stack(frame) if frame is not None else []
-                send({"op": "stacks", "busy": cell.active, "stack": _cell_lines(list(stack))})
-            else:
-                commands.put(msg)
+                stacks.send(
+                    {"op": "stacks", "busy": cell.active, "stack": _cell_lines(list(stack))}
+                )
+            except (EOFError, OSError):
+                return
 
-    threading.Thread(target=read, name="standin-control", daemon=True).start()
+    threading.Thread(target=answer_stacks, name="standin-stacks", daemon=True).start()
     host = socket.gethostname()
     send({"op": "ready", "pid": os.getpid(), "device": "cpu", "backend": BACKEND, "host": host})
     held: dict[str, bytes] = {}
     while True:
-        msg = commands.get()
+        try:
+            msg = _loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break
         if msg["op"] == "run":
             send(run(msg["payload"], ns, cell, held))
             sync_streams()

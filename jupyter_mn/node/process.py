@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import RendezvousError
 from ..rank import stacks
-from ..rank.env import CONTROL_FD
+from ..rank.env import CONTROL_FD, STACKS_FD
 from .frames import Frames, Undecodable
 from .link import NodeLink
 from .pipes import PipeReader
@@ -119,21 +119,29 @@ class RankHandle:
         self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
         parent, child = socket.socketpair()
-        env = {**env, CONTROL_FD: str(child.fileno())}
+        stacks_parent, stacks_child = socket.socketpair()
+        env = {**env, CONTROL_FD: str(child.fileno()), STACKS_FD: str(stacks_child.fileno())}
         #: named in a start failure when it is not the usual one (``JUPYTER_MN_RANK_PYTHON``)
         self.command = "" if command == _DEFAULT_COMMAND else shlex.join(command)
         try:
-            self.proc = start_in_session(command, env, cwd, pass_fds=(child.fileno(),))
+            self.proc = start_in_session(
+                command, env, cwd, pass_fds=(child.fileno(), stacks_child.fileno())
+            )
         except OSError as exc:
             parent.close()
+            stacks_parent.close()
             raise RendezvousError(f"rank {rank}: cannot run {shlex.join(command)}: {exc}") from None
         finally:
             child.close()
+            stacks_child.close()
         self.conn = Connection(parent.detach())
+        self.stacks_conn = Connection(stacks_parent.detach())
         self.pipes.start(self.proc)
         self._frames = Frames()
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.conn.fileno(), self._read_control)
+        self._stack_frames = Frames()
+        self._loop.add_reader(self.stacks_conn.fileno(), self._read_stacks)
 
     def begin(self, run_id: int) -> None:
         """Run ``run_id`` is sent: the rank is busy, and its output ends at one more mark."""
@@ -156,12 +164,24 @@ class RankHandle:
                 if msg["op"] == "display":  # rank 0's display() while the cell runs
                     self.agent.display(self.rank, msg)
                     continue
-                box = self.stack_replies if msg["op"] == "stacks" else self.messages
-                box.put_nowait(msg)
+                self.messages.put_nowait(msg)
             return
         self._loop.remove_reader(fd)
         self.messages.put_nowait({"op": "exit"})
         self._gone()
+
+    def _read_stacks(self) -> None:
+        fd = self.stacks_conn.fileno()
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._loop.remove_reader(fd)
+            return
+        for msg in self._stack_frames.feed(data):
+            if not isinstance(msg, Undecodable):
+                self.stack_replies.put_nowait(msg)
 
     def _gone(self) -> None:
         """The process went away; when no cell was running, nobody else would notice."""
@@ -231,7 +251,13 @@ class RankHandle:
         while not self.stack_replies.empty():  # a late answer to an earlier request
             self.stack_replies.get_nowait()
         state = {"rank": self.rank, "node": self.agent.node, "busy": self.running is not None}
-        if self.proc.poll() is not None or not await self.send({"op": "stacks"}):
+        asked = self.proc.poll() is None
+        if asked:
+            try:
+                self.stacks_conn.send({"op": "stacks"})  # a few bytes: the socket takes them
+            except (OSError, ValueError):
+                asked = False
+        if not asked:
             return {**state, "stack": [], "note": describe_exit(self.proc.poll())}
         try:
             msg = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
@@ -273,9 +299,10 @@ class RankHandle:
                 await self.exit_code()
         await self._session_gone()
         self.signal(signal.SIGKILL)  # children the rank left in its session (DataLoader workers)
-        if not self.conn.closed:
-            self._loop.remove_reader(self.conn.fileno())  # never a closed fd on the loop
-            self.conn.close()
+        for conn in (self.conn, self.stacks_conn):
+            if not conn.closed:
+                self._loop.remove_reader(conn.fileno())  # never a closed fd on the loop
+                conn.close()
 
     async def _session_gone(self) -> None:
         """Give what the rank started a moment to end on its own: multiprocessing's resource

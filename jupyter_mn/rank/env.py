@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..launch import Launch
 
-#: The rank's end of its control socket to the agent (cell ranks only).
+#: The rank's end of its control socket to the agent (cell ranks only): cells, read by the
+#: rank's main thread between cells.
 CONTROL_FD = "JUPYTER_MN_CONTROL_FD"
+#: The rank's end of its stacks socket: where-is-your-main-thread requests, answered by a thread
+#: while the main thread is busy.
+STACKS_FD = "JUPYTER_MN_STACKS_FD"
 #: Which generation of the process group the rank joins first (a relaunched rank: a later one).
 GENERATION = "JUPYTER_MN_GENERATION"
 PG_TIMEOUT = "JUPYTER_MN_PG_TIMEOUT"

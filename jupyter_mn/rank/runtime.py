@@ -1,7 +1,9 @@
 """A rank process's main loop: join the group, then run what the agent sends until told to stop.
 
 Started by the node agent as ``python -m jupyter_mn.rank.runtime`` in its own session, with stdout
-and stderr on pipes to the agent and a control socket (fd ``JUPYTER_MN_CONTROL_FD``) for cells.
+and stderr on pipes to the agent, a control socket (fd ``JUPYTER_MN_CONTROL_FD``) for cells, read
+by the main thread between cells (a reader thread handing them over cost a wake-up per cell), and
+a stacks socket (``JUPYTER_MN_STACKS_FD``) answered by a thread while the main thread is busy.
 Its environment follows the contract in ``env.py``; the group lives in ``group.py``, a cell's run
 in ``execute.py``.
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import queue
 import sys
 import threading
 from multiprocessing.connection import Connection
@@ -25,7 +26,8 @@ from .sync import sync_streams
 
 
 class _Control:
-    """The control socket: the main thread sends cell replies, the reader thread stack replies."""
+    """The control socket: read by the main thread; written by it and by any thread of the cell
+    that displays something on rank 0, so one message at a time."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -36,25 +38,14 @@ class _Control:
             self.conn.send(msg)
 
 
-def _read_commands(
-    control: _Control,
-    commands: queue.Queue[dict[str, Any]],
-    shell: Any,
-    signals: execute.CellSignals,
-) -> None:
-    """Reader thread: answer stack requests at once (the main thread may be blocked); queue
-    everything else for the main thread."""
+def _answer_stacks(conn: Connection, shell: Any, signals: execute.CellSignals) -> None:
+    """Stacks thread: where the main thread is, at once (it may be blocked in a collective)."""
     while True:
         try:
-            msg = control.conn.recv()
+            conn.recv()
+            conn.send({"op": "stacks", "busy": signals.active, "stack": stacks.main_thread(shell)})
         except (EOFError, OSError):
-            commands.put({"op": "stop"})
             return
-        if msg["op"] == "stacks":
-            busy = signals.active
-            control.send({"op": "stacks", "busy": busy, "stack": stacks.main_thread(shell)})
-        else:
-            commands.put(msg)
 
 
 def _line_buffered() -> None:
@@ -91,11 +82,10 @@ def main() -> None:
     shell.on_error = on_error
     if info.rank == 0:  # its displays show in the notebook while the cell runs
         shell.display_pub.send = control.send
-    commands: queue.Queue[dict[str, Any]] = queue.Queue()
     threading.Thread(
-        target=_read_commands,
-        args=(control, commands, shell, signals),
-        name="jupyter-mn-control",
+        target=_answer_stacks,
+        args=(Connection(int(os.environ[contract.STACKS_FD])), shell, signals),
+        name="jupyter-mn-stacks",
         daemon=True,
     ).start()
     control.send(
@@ -108,7 +98,10 @@ def main() -> None:
         }
     )
     while True:
-        msg = commands.get()
+        try:
+            msg = control.conn.recv()
+        except (EOFError, OSError):  # the agent is gone
+            break
         op = msg["op"]
         if op == "run":
             reply = execute.run(shell, msg["payload"], info, group, signals)
