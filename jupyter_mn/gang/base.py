@@ -371,13 +371,13 @@ class Gang:
 
     def _teardown(self, broken: str | None) -> None:
         self._heartbeat.stop()
-        self._cells.close()
         stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.nodes)]
         deadline = time.monotonic() + _STOP_TIMEOUT_S
         last = {}
         for node, future in enumerate(stops):
             with contextlib.suppress(Exception):  # a lost agent: its worker goes with the cluster
                 last[node] = future.result(timeout=max(deadline - time.monotonic(), 0.1))
+        self._cells.close("the gang was torn down")  # after the agents: a run's reply came first
         # An event still on its way would bring the topic back on the scheduler after release.
         self.hub.wait_delivered(last, _LAST_EVENTS_S)
         if self._client is not None:

@@ -79,11 +79,12 @@ class _Channel:
             chunks = []
             while True:
                 try:
-                    chunks.append(self._tls.read(1 << 16))
+                    chunk = self._tls.read(1 << 16)
                 except ssl.SSLWantReadError:
                     break
-                except ssl.SSLZeroReturnError:
+                if not chunk:  # the agent's close_notify: the TLS stream has ended
                     return None
+                chunks.append(chunk)
             self._flush()
         return b"".join(chunks)
 
@@ -160,10 +161,10 @@ class CellStream:
         if waiting:
             self._inbox.put_reply(Reply(node, error=StreamLost(why)))
 
-    def close(self) -> None:
-        """Close every connection (teardown); nothing is posted for them."""
+    def close(self, why: str = "closed") -> None:
+        """Close every connection (teardown); a request still waiting gets ``why`` as its
+        reply, so a job running meanwhile ends."""
         with self._lock:
-            channels, self._channels = self._channels, {}
-            self._waiting.clear()
-        for channel in channels.values():
-            channel.close()
+            channels = list(self._channels.items())
+        for node, channel in channels:
+            self._drop(node, channel, why)

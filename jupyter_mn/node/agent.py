@@ -486,13 +486,13 @@ class NodeAgent:
     async def stop(self) -> int:
         """Stop everything of this node; return the sequence number of its last event."""
         self._closing = True
-        if self._cells is not None:
-            await self._cells.close()
         if self._guard is not None and self._guard is not asyncio.current_task():
             self._wake.set()  # its look in a thread, if any, ends before telemetry closes
             await asyncio.wait([self._guard], timeout=2 * SAMPLE_S)
         await self.stop_script()
         await self._stop_ranks()
+        if self._cells is not None:  # a run in progress has its reply now (its ranks stopped)
+            await self._cells.close(STOP_GRACE_S)
         if self._telemetry is not None:
             self._telemetry.close()
         if self._partial_timer is not None:  # the ranks' lines ended with them

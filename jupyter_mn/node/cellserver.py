@@ -69,14 +69,20 @@ class CellServer:
         if not writer.is_closing():
             writer.write(encode(reply))
 
-    async def close(self) -> None:
-        """Stop listening, drop the kernel's connection (a request still waiting gets its
-        ``StreamLost``) and end the runs in progress (the agent is stopping its ranks); return
-        once the connection is closed."""
+    async def close(self, grace: float = 0.0) -> None:
+        """Stop listening; give the runs in progress ``grace`` seconds to answer (the agent has
+        stopped their ranks) and their replies to go out, then drop the kernel's connection (a
+        request still waiting gets ``StreamLost`` there); return once it is closed."""
         if self._server is not None:
             self._server.close()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace)
         for writer in list(self._writers):
-            writer.transport.abort()  # no TLS goodbye: the agent is going
+            writer.close()  # after what is written: the replies
+            try:
+                await asyncio.wait_for(writer.wait_closed(), grace)
+            except (asyncio.TimeoutError, ConnectionError, ssl.SSLError):
+                writer.transport.abort()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._serving, return_exceptions=True)
