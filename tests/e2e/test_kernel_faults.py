@@ -87,6 +87,13 @@ def _listening(procs: list[psutil.Process]) -> set[int]:
     return ports
 
 
+def _cmdline(pid: int | None) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline()) if pid else "?"
+    except psutil.Error:
+        return "?"
+
+
 SHARED_MEMORY = (
     "%%cluster --nodes 2 --gpus 2\nfrom multiprocessing import shared_memory\n"
     "segment = shared_memory.SharedMemory(create=True, size=1 << 20)\nsegment.name"
@@ -112,8 +119,12 @@ def test_kernel_killed_leaves_no_process_port_or_shared_memory(no_leftovers):
     finally:
         kernel.kc.stop_channels()
         kernel.km.cleanup_resources()
-    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
-    assert not ports & listening
+    left = [
+        (c.laddr.port, c.pid, _cmdline(c.pid))
+        for c in psutil.net_connections("tcp")
+        if c.status == "LISTEN" and c.laddr.port in ports
+    ]
+    assert not left, "ports the gang listened on are still listening (port, pid, command)"
     assert not [path for path in shared if Path(path).exists()], "shared memory left behind"
 
 
