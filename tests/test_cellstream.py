@@ -30,7 +30,8 @@ class Agent:
         self.thread.start()
         self.server = CellServer(self.run)
         context = security.get_listen_args("worker")["ssl_context"]
-        self.port = self.call(self.server.start("127.0.0.1", context))
+        self.call(self.server.start("127.0.0.1", context))
+        self.port = self.server.port
 
     async def run(self, payload: Any, run_id: int) -> bytes:
         if payload == "boom":

@@ -100,7 +100,6 @@ class NodeAgent:
         self._command: list[str] = []  # how a cell rank starts (set by start())
         self._generation = 0
         self._cells: CellServer | None = None
-        self._cell_port = 0
         self._run_id = 0
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
@@ -242,8 +241,8 @@ class NodeAgent:
         if self._cells is None:
             context = self._worker.security.get_listen_args("worker").get("ssl_context")
             self._cells = CellServer(self.run)
-            self._cell_port = await self._cells.start(self._worker.ip, context)
-        return self._cell_port
+            await self._cells.start(self._worker.ip, context)
+        return self._cells.port
 
     def _begin(self) -> None:
         """Once, from the first actor call that starts processes: the loop, and the task that

@@ -27,21 +27,20 @@ class CellServer:
         self._run = run
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        #: the kernel's connections, and the tasks serving them
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._serving: set[asyncio.Future[Any]] = set()
+        #: the kernel's connections, each with the task serving it
+        self._connections: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}
+        self.port = 0
 
-    async def start(self, host: str, context: ssl.SSLContext | None) -> int:
-        """Listen; return the port."""
+    async def start(self, host: str, context: ssl.SSLContext | None) -> None:
+        """Listen (on ``self.port``)."""
         self._server = await asyncio.start_server(self._serve, host, 0, ssl=context)
-        return int(self._server.sockets[0].getsockname()[1])
+        self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = Frames()
-        self._writers.add(writer)
         serving = asyncio.current_task()
         assert serving is not None
-        self._serving.add(serving)
+        self._connections[writer] = serving
         try:
             while data := await reader.read(1 << 16):
                 for request in frames.feed(data):
@@ -53,8 +52,7 @@ class CellServer:
         except (ConnectionError, ssl.SSLError):
             pass  # the kernel went away: its runs still end, their replies go nowhere
         finally:
-            self._writers.discard(writer)
-            self._serving.discard(serving)
+            self._connections.pop(writer, None)
             writer.close()
 
     async def _answer(self, writer: asyncio.StreamWriter, payload: Any, run_id: int) -> None:
@@ -77,7 +75,8 @@ class CellServer:
             self._server.close()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace)
-        for writer in list(self._writers):
+        connections = dict(self._connections)
+        for writer in connections:
             writer.close()  # after what is written: the replies
             try:
                 await asyncio.wait_for(writer.wait_closed(), grace)
@@ -85,4 +84,4 @@ class CellServer:
                 writer.transport.abort()
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._serving, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *connections.values(), return_exceptions=True)

@@ -148,14 +148,20 @@ class RankHandle:
         self.running = run_id
         self.pipes.expected += 1
 
-    # ---- event loop: the control socket is readable (one read does not block)
-    def _read_control(self) -> None:
-        fd = self.conn.fileno()
+    # ---- event loop: the control or stacks socket is readable
+    def _read(self, conn: Connection) -> bytes:
+        """What ``conn`` has (it is readable: one read does not block); at EOF b"", and the
+        loop stops watching it."""
         try:
-            data = os.read(fd, 65536)
+            data = os.read(conn.fileno(), 65536)
         except OSError:
             data = b""
-        if data:
+        if not data:
+            self._loop.remove_reader(conn.fileno())
+        return data
+
+    def _read_control(self) -> None:
+        if data := self._read(self.conn):
             for msg in self._frames.feed(data):
                 if isinstance(msg, Undecodable):  # said in the rank's log, not lost silently
                     note = f"[jupyter_mn: the agent could not read a message: {msg.error}]"
@@ -166,20 +172,11 @@ class RankHandle:
                     continue
                 self.messages.put_nowait(msg)
             return
-        self._loop.remove_reader(fd)
         self.messages.put_nowait({"op": "exit"})
         self._gone()
 
     def _read_stacks(self) -> None:
-        fd = self.stacks_conn.fileno()
-        try:
-            data = os.read(fd, 65536)
-        except OSError:
-            data = b""
-        if not data:
-            self._loop.remove_reader(fd)
-            return
-        for msg in self._stack_frames.feed(data):
+        for msg in self._stack_frames.feed(self._read(self.stacks_conn)):
             if not isinstance(msg, Undecodable):
                 self.stack_replies.put_nowait(msg)
 
