@@ -6,17 +6,24 @@ import pickle
 
 import pytest
 
-from jupyter_mn.events import GangState, NodeReply, to_msg
+from jupyter_mn.events import GangState, NodeReply, RankError
 
 
 def test_a_packed_node_reply_reads_back_as_it_was_sent():
-    reply = NodeReply.build(3, 17, [{"rank": 6, "status": "ok", "duration": 0.5, "value": b"x"}])
+    failed = {
+        "rank": 7,
+        "status": "error",
+        "error": {"ename": "E", "evalue": "v", "traceback": ["a", "b"]},
+    }
+    ok = {"rank": 6, "status": "ok", "duration": 0.5, "value": b"x", "notes": ["n"]}
+    reply = NodeReply.build(3, 17, [ok, failed])
     again = NodeReply.of(reply.packed())
     assert again == reply
-    assert NodeReply.of(to_msg(reply)) == reply
+    assert again.ranks[1].error == RankError("E", "v", ("a", "b"))
+    assert again.failed
 
 
 def test_bytes_that_are_not_a_node_reply_are_refused_by_name():
-    other = pickle.dumps(to_msg(GangState("READY", "")))
+    other = pickle.dumps(GangState("READY", ""))
     with pytest.raises(TypeError, match="expected a NodeReply, got GangState"):
         NodeReply.of(other)
