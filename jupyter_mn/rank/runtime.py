@@ -105,8 +105,8 @@ def main() -> None:
         op = msg["op"]
         if op == "run":
             reply = execute.run(shell, msg["payload"], info, group, signals)
+            sync_streams()  # the marks first: the agent reads them with the reply
             control.send(reply)
-            sync_streams()
             group.release()
         elif op == "destroy":
             if msg["generation"] == group.generation:  # a late request must not hit a new group
