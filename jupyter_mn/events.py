@@ -7,6 +7,7 @@ each event travels as a plain dict tagged with its kind and is rebuilt with ``fr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -349,7 +350,7 @@ def from_msg(msg: dict[str, Any]) -> Any:
 
 
 def _build(cls: type, msg: dict[str, Any]) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _field_names(cls)
     msg = {k: v for k, v in msg.items() if k in names}  # dask adds e.g. "worker"
     if cls is LogLines:
         msg["items"] = tuple((r, s, tuple(lines)) for r, s, lines in msg["items"])
@@ -361,6 +362,13 @@ def _build(cls: type, msg: dict[str, Any]) -> Any:
         elif value is not None:
             msg[name] = _build(part, value)
     return cls(**_tuples(msg))
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    """An event's field names (``dataclasses.fields`` walks the class each call: every event
+    from an agent, and every rank's report on the agents)."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def _tuples(values: dict[str, Any]) -> dict[str, Any]:
