@@ -8,10 +8,10 @@ side (the Python API, which the magics call), and for each N it measures:
 * start: ``Cluster.up()`` until every rank is ready;
 * warm cell: ``run("x = 1")`` round trip (median);
 * kernel CPU per node per cell: this process's CPU time (all its threads: the dask client, the
-  heartbeat, the recorder, and on the local backend the dask scheduler) over the warm cells, per
-  cell and node (goal ≤ 0.3 ms); and the same net of what the process spends idle (measured
-  over a quiet while first: the scheduler hearing its workers, the kernel's heartbeat), since
-  that grows with the cells' wall time on a loaded machine;
+  heartbeat, the recorder; the local backend's dask scheduler is a process of its own) over the
+  warm cells, per cell and node (goal ≤ 0.3 ms); and the same net of what the process spends
+  idle (measured over a quiet while first: the kernel's heartbeat, the client hearing the
+  scheduler), since that grows with the cells' wall time on a loaded machine;
 * fan-out: from ``run()`` until the last rank starts the cell (each rank's ``time.time()``,
   one clock here; median);
 * registry writes per warm cell (SQLite triggers count the job rows written);

@@ -39,23 +39,42 @@ def test_a_local_gang_listens_on_loopback_only(no_leftovers):
     started = time.time() - 0.5
     with Cluster(nodes=2, gpus=2) as cluster:
         total, ifname = cluster.run(ALL_REDUCE).unwrap()
-        # the kernel's new listeners (scheduler, dashboard), then the workers, nannies, ranks
+        # the kernel's new listeners (none: its client only connects), then the scheduler's, the
+        # workers' and the ranks'
         sockets = {("kernel", *s) for s in listening(kernel) - before}
         for proc in kernel.children(recursive=True):
             if proc.create_time() >= started:
-                sockets |= {(" ".join(proc.cmdline()[:3]), *s) for s in listening(proc)}
+                sockets |= {(" ".join(proc.cmdline()[:5]), *s) for s in listening(proc)}
     ranks = [s for s in sockets if "jupyter_mn.rank.runtime" in s[0]]
     assert ranks, f"no rank listens (the store, gloo): {sockets}"
+    assert not [s for s in sockets if s[0] == "kernel"], "the scheduler is a process of its own"
+    assert [s for s in sockets if "localnode.scheduler" in s[0]], sockets
     exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback]
     assert not exposed, f"listening beyond loopback: {exposed}"
     assert (total, ifname) == (4.0, "lo")
 
 
 def test_a_node_whose_worker_dies_at_start_fails_the_gang_at_once(monkeypatch, no_leftovers):
-    """A worker process that cannot start (here: no Python runtime) is named within seconds,
-    not after ``start_timeout`` (waiting for workers alone would wait it out)."""
-    monkeypatch.setitem(local._WORKER_ENV, "PYTHONHOME", "/nonexistent")
+    """A worker process that cannot start (here: its preload cannot be imported) is named within
+    seconds, not after ``start_timeout`` (waiting for workers alone would wait it out)."""
+    spawn = local.LocalProvisioner._spawn
+
+    def broken_workers(self, kind, opts, **io):
+        if kind == "worker":
+            opts = {**opts, "preload": ["jupyter_mn.no_such_module"]}
+        return spawn(self, kind, opts, **io)
+
+    monkeypatch.setattr(local.LocalProvisioner, "_spawn", broken_workers)
     started = time.monotonic()
-    with pytest.raises(SchedulingError, match=r"worker process exited with code \d+ while start"):
+    with pytest.raises(SchedulingError, match=r"node \d's worker process exited with code \d+"):
         Cluster(nodes=2, gpus=1, start_timeout=120).run("1")
     assert time.monotonic() - started < 60  # half the start timeout: it did not wait it out
+
+
+def test_a_scheduler_that_cannot_start_fails_the_gang_at_once(monkeypatch, no_leftovers):
+    """The scheduler's process is named when it dies at start (here: no Python runtime)."""
+    monkeypatch.setitem(local._PROCESS_ENV, "PYTHONHOME", "/nonexistent")
+    started = time.monotonic()
+    with pytest.raises(SchedulingError, match=r"scheduler's process exited with code \d+"):
+        Cluster(nodes=2, gpus=1, start_timeout=120).run("1")
+    assert time.monotonic() - started < 60

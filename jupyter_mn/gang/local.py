@@ -1,26 +1,29 @@
 """Local backend: one dask worker per virtual node on this machine (the embedded default).
 
-The scheduler runs in the kernel; each node's worker is a subprocess (``node/localnode.py``) in
-a session of its own, so neither a script's top-level code runs again in it (as a spawned nanny's
-child would re-import the main module) nor does a Jupyter interrupt (SIGINT to the kernel's
-process group) reach it. Everything listens on 127.0.0.1 with TLS (fresh certificates per gang,
-handed to the workers on stdin). Ranks are the workers' children: closing kills what is left.
+The scheduler and each node's worker are subprocesses (``node/localnode.py``), each in a session
+of its own, so neither a script's top-level code runs again in them (as a spawned nanny's child
+would re-import the main module) nor does a Jupyter interrupt (SIGINT to the kernel's process
+group) reach them. The scheduler is not in the kernel: hearing its workers and relaying their log
+batches would take the kernel's CPU and GIL (ipyparallel's controller is a process of its own
+too). All start at once; the workers learn the scheduler's address on stdin once it listens.
+Everything listens on 127.0.0.1 with TLS (fresh certificates per gang, handed over on stdin).
+Ranks are the workers' children: releasing kills what is left.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import logging
 import os
+import select
+import subprocess
 import sys
 import time
 from typing import Any
 
 import dask
-from distributed import Client, Scheduler, SpecCluster
-from distributed.deploy.subprocess import Subprocess
+import psutil
+from distributed import Client
 from distributed.security import Security
 
 from ..errors import SchedulingError
@@ -28,14 +31,19 @@ from ..node.daskconfig import DASK_CONFIG
 from ..node.process import rank_command
 from ..spec import ClusterSpec
 
-#: What a worker process gets besides the kernel's dask config: quiet logs, and glibc returning
-#: freed memory as dask's nanny would have set it (the ranks inherit both).
-_WORKER_CONFIG = {"logging": {"distributed": "critical"}}
-_WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}
-#: How often a start-up checks whether a worker process has already exited.
+#: What the processes get besides the kernel's dask config: quiet logs, and glibc returning freed
+#: memory as dask's nanny would have set it (the ranks inherit both).
+_PROCESS_CONFIG = {"logging": {"distributed": "critical", "jupyter_mn.pod": "critical"}}
+_PROCESS_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+#: How often a start-up checks whether a process has already exited.
 _EXIT_CHECK_S = 0.5
+#: How long released processes get to close (their workers' agents stop their ranks) before
+#: they and what is left of their children are killed.
+_CLOSE_S = 3.0
 _TLS_FIELDS = (
     "tls_ca_file",
+    "tls_scheduler_cert",
+    "tls_scheduler_key",
     "tls_worker_cert",
     "tls_worker_key",
     "tls_client_cert",
@@ -43,81 +51,51 @@ _TLS_FIELDS = (
 )
 
 
-class LocalNode(Subprocess):
-    """One node: ``dask spec`` running ``node.localnode.worker`` in a session of its own."""
-
-    def __init__(self, scheduler: str, name: str, security: Security) -> None:
-        super().__init__()
-        self.scheduler, self.name, self._security = scheduler, name, security
-
-    async def _start(self) -> None:
-        spec = {
-            "cls": "jupyter_mn.node.localnode.worker",
-            "opts": {
-                "name": self.name,
-                "host": "127.0.0.1",
-                "nthreads": 1,
-                "memory_limit": 0,
-                "preload": ["jupyter_mn.node.agent"],
-            },
-        }
-        config = dask.config.merge(dask.config.config, _WORKER_CONFIG)
-        env = {
-            **os.environ,
-            **_WORKER_ENV,
-            "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
-        }
-        self.process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler),
-            *("--spec", json.dumps(spec)),
-            stdin=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-        pems = {f: getattr(self._security, f) for f in _TLS_FIELDS}
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(pems).encode())
-        await self.process.stdin.drain()
-        self.process.stdin.close()
-
-
 class LocalProvisioner:
     backend = "local"
 
     def __init__(self) -> None:
-        self._cluster: Any = None
         self._client: Any = None
+        #: the scheduler's process, then the nodes' in node order
+        self._procs: list[subprocess.Popen[bytes]] = []
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         rank_command()  # the workers inherit this environment: a bad command, before they start
         security = Security.temporary()
+        pems = {f: getattr(security, f) for f in _TLS_FIELDS}
+        deadline = time.monotonic() + spec.start_timeout
         try:
             with dask.config.set(DASK_CONFIG):
-                self._cluster = SpecCluster(
-                    name=gang_id,
-                    scheduler={
-                        "cls": Scheduler,
-                        "options": {
-                            "protocol": "tls://",
+                scheduler = self._spawn(
+                    "scheduler",
+                    {
+                        "protocol": "tls",
+                        "host": "127.0.0.1",
+                        "dashboard": False,
+                        "dashboard_address": "127.0.0.1:0",  # its HTTP server (health)
+                        "connect_timeout": spec.start_timeout,
+                    },
+                    stdout=subprocess.PIPE,
+                )
+                for i in range(spec.nodes):
+                    self._spawn(
+                        "worker",
+                        {
+                            "name": str(i),
                             "host": "127.0.0.1",
-                            "security": security,
-                            "dashboard": False,
-                            "dashboard_address": "127.0.0.1:0",  # its HTTP server (health)
+                            "nthreads": 1,
+                            "memory_limit": 0,
+                            "preload": ["jupyter_mn.node.agent"],
                         },
-                    },
-                    workers={
-                        i: {"cls": LocalNode, "options": {"name": str(i), "security": security}}
-                        for i in range(spec.nodes)
-                    },
-                    security=security,
-                    # a lost worker is reported as NodeLost; the scheduler's own errors
-                    # about it would only add noise to the notebook
-                    silence_logs=logging.CRITICAL,
-                )
-                self._client = Client(
-                    self._cluster, security=security, set_as_default=False, direct_to_workers=True
-                )
-                self._wait_for_nodes(spec.nodes, spec.start_timeout)
+                    )
+            _hand(scheduler, json.dumps(pems) + "\n")
+            address = self._address(scheduler, deadline)
+            for node in self._procs[1:]:
+                _hand(node, json.dumps({"scheduler": address, **pems}))
+            self._client = Client(
+                address, security=security, set_as_default=False, direct_to_workers=True
+            )
+            self._wait_for_nodes(spec.nodes, deadline)
         except Exception as exc:
             self.release()
             raise SchedulingError(f"could not start {spec.nodes} local node(s): {exc}") from exc
@@ -125,22 +103,59 @@ class LocalProvisioner:
         order = sorted(workers, key=lambda a: int(workers[a]["name"]))
         return self._client, order
 
-    def _wait_for_nodes(self, n: int, timeout: float) -> None:
-        """Wait for ``n`` workers, but fail as soon as a worker process has exited: dask's
-        ``wait_for_workers`` alone would wait out ``timeout`` for a node that can never come."""
-        deadline = time.monotonic() + timeout
+    def _spawn(self, kind: str, opts: dict[str, Any], **io: Any) -> subprocess.Popen[bytes]:
+        """``dask spec`` building ``node.localnode.<kind>``, in a session of its own."""
+        spec = {"cls": f"jupyter_mn.node.localnode.{kind}", "opts": opts}
+        config = dask.config.merge(dask.config.config, _PROCESS_CONFIG)
+        env = {
+            **os.environ,
+            **_PROCESS_ENV,
+            "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_spec", "--spec", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+            **io,
+        )
+        self._procs.append(proc)
+        return proc
+
+    def _exited(self) -> None:
+        """Fail as soon as a process has exited: waiting on would only wait out the timeout."""
+        for i, proc in enumerate(self._procs):
+            if proc.poll() is not None:
+                what = "the scheduler's process" if i == 0 else f"node {i - 1}'s worker process"
+                raise SchedulingError(
+                    f"{what} exited with code {proc.returncode} while starting "
+                    "(its error is above, on the kernel's stderr)"
+                )
+
+    def _address(self, scheduler: subprocess.Popen[bytes], deadline: float) -> str:
+        """The address the scheduler says once it listens."""
+        assert scheduler.stdout is not None
+        while not select.select([scheduler.stdout], [], [], _EXIT_CHECK_S)[0]:
+            self._exited()
+            if time.monotonic() >= deadline:
+                raise TimeoutError("the scheduler did not start in time")
+        address = scheduler.stdout.readline().decode().strip()
+        if not address:  # its stdout closed: it is exiting
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                scheduler.wait(_EXIT_CHECK_S)
+            self._exited()
+            raise SchedulingError("the scheduler's process closed its output without an address")
+        return address
+
+    def _wait_for_nodes(self, n: int, deadline: float) -> None:
+        """Wait for ``n`` workers, but fail as soon as a process has exited: dask's
+        ``wait_for_workers`` alone would wait out the timeout for a node that can never come."""
         while True:
             try:
-                self._client.wait_for_workers(n, timeout=min(_EXIT_CHECK_S, timeout))
+                self._client.wait_for_workers(n, timeout=_EXIT_CHECK_S)
                 return
             except TimeoutError:
-                for name, node in self._cluster.workers.items():
-                    code = node.process.returncode if node.process is not None else None
-                    if code is not None:
-                        raise SchedulingError(
-                            f"node {name}'s worker process exited with code {code} while "
-                            "starting (its error is above, on the kernel's stderr)"
-                        ) from None
+                self._exited()
                 if time.monotonic() >= deadline:
                     raise
 
@@ -149,8 +164,39 @@ class LocalProvisioner:
         return {"cwd": os.getcwd(), "exit_when_orphaned": True}
 
     def release(self) -> None:
-        for thing in (self._client, self._cluster):
-            if thing is not None:
-                with contextlib.suppress(Exception):
-                    thing.close()
-        self._client = self._cluster = None
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+        procs, self._procs, self._client = self._procs, [], None
+        children = [c for p in procs for c in _children(p.pid)]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()  # dask spec closes its server: a worker's agent stops its ranks
+        deadline = time.monotonic() + _CLOSE_S
+        for proc in procs:
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                children += _children(proc.pid)
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+def _hand(proc: subprocess.Popen[bytes], text: str) -> None:
+    """Write ``text`` to ``proc``'s stdin and close it; a process already gone is named by the
+    start-up's next check."""
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError), proc.stdin:
+        proc.stdin.write(text.encode())
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []

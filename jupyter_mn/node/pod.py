@@ -33,7 +33,8 @@ _INTERNAL_CLIENTS = frozenset({"fire-and-forget"})
 
 
 class OrphanGuard(SchedulerPlugin):
-    """Close the scheduler once it has had no kernel client for ``orphan_timeout`` seconds."""
+    """Close the scheduler once it has had no kernel client for ``orphan_timeout`` seconds, or
+    once its last worker has gone (their agents stop them when the kernel falls silent)."""
 
     name = "jupyter-mn-orphan-guard"
 
@@ -65,13 +66,19 @@ class OrphanGuard(SchedulerPlugin):
             self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
 
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        if not scheduler.workers:
+            self._close("the nodes are gone")
+
     def _expire(self) -> None:
         self._timer = None
         if not self._kernels():
             log.warning("no kernel connected for %s s: shutting the gang down", self.orphan_timeout)
-            self._closing = asyncio.ensure_future(
-                self.scheduler.close(reason="jupyter-mn: the kernel is gone")
-            )
+            self._close("the kernel is gone")
+
+    def _close(self, why: str) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self.scheduler.close(reason=f"jupyter-mn: {why}"))
 
 
 def security_from(tls_dir: str) -> Security:

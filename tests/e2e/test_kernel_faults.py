@@ -129,13 +129,14 @@ def test_kernel_killed_leaves_no_process_port_or_shared_memory(no_leftovers):
 
 
 def test_silent_kernel_is_abandoned_by_its_agents(monkeypatch, no_leftovers):
-    """SIGSTOP keeps the kernel (and the scheduler in it) alive but silent, so dask notices
-    nothing: only the heartbeat can tell the agents to free the node."""
+    """SIGSTOP keeps the kernel alive but silent, so dask notices nothing (its client stays
+    connected to the scheduler): only the heartbeat can tell the agents to free the node, and
+    the scheduler closes when its last worker has gone."""
     monkeypatch.setenv("JUPYTER_MN_HEARTBEAT_TIMEOUT", "3")
     kernel = Kernel()
     try:
         assert kernel.run("%%cluster --nodes 2 --gpus 1\n1").result == "1"
-        tree = [p for p in ours(no_leftovers) if p.pid != kernel.pid]  # workers and ranks
+        tree = [p for p in ours(no_leftovers) if p.pid != kernel.pid]  # scheduler, workers, ranks
         assert len(tree) >= 4
         os.kill(kernel.pid, signal.SIGSTOP)
         stopped = time.monotonic()
