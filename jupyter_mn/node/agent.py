@@ -39,7 +39,7 @@ from .displaybatch import DisplayBatch
 from .gpu import RankProcess
 from .netif import socket_ifname
 from .ports import listen_port
-from .process import STOP_GRACE_S, RankHandle, describe_exit, rank_command
+from .process import STOP_GRACE_S, RankHandle, describe_exit, pack, rank_command
 from .script import ScriptRun
 from .telemetry import SAMPLE_S, NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib
@@ -322,12 +322,12 @@ class NodeAgent:
         for r in self._ranks:
             r.begin(run_id)
         self._telemetry.cell(running=True)
-        msg = {"op": "run", "payload": payload}
+        request = pack({"op": "run", "payload": payload})  # once for all: it may be large
 
         async def rank(r: RankHandle) -> dict[str, Any]:
             # one task per rank for the whole cell (send, reply, output read to its end): three
             # gathers cost a task per rank each on the cell's path
-            await r.send(msg)
+            await r.send_packed(request)
             reply = await self._watch(r, run_id)
             await r.synced()
             return reply

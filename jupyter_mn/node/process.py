@@ -93,6 +93,11 @@ def signal_session(pid: int, signum: int) -> None:
         os.killpg(pid, signum)
 
 
+def pack(msg: dict[str, Any]) -> bytes:
+    """A message to a rank as its control socket carries it (``Connection.recv`` unpickles)."""
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 class RankHandle:
     """One cell rank process as its agent sees it."""
 
@@ -191,11 +196,13 @@ class RankHandle:
 
     # ---- event loop side
     async def send(self, msg: dict[str, Any]) -> bool:
-        """Send in order; small messages straight from the loop (a socket buffer takes them at
-        once: a thread hop would cost ~2 ms a cell), large ones from a thread."""
+        return await self.send_packed(pack(msg))
+
+    async def send_packed(self, data: bytes) -> bool:
+        """Send a ``pack``ed message in order; small ones straight from the loop (a socket buffer
+        takes them at once: a thread hop would cost ~2 ms a cell), large ones from a thread."""
         async with self._send_lock:
             try:
-                data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
                 if len(data) <= _INLINE_SEND:
                     self.conn.send_bytes(data)
                 else:
