@@ -214,8 +214,9 @@ def main() -> None:
         except (EOFError, OSError):
             break
         if msg["op"] == "run":
-            send(run(msg["payload"], ns, cell, held))
-            sync_streams()
+            reply = run(msg["payload"], ns, cell, held)
+            sync_streams()  # as a real rank: the marks first, the agent reads them with the reply
+            send(reply)
         elif msg["op"] == "reinit":
             send({"op": "reinit", "ok": True})
         elif msg["op"] == "stop":

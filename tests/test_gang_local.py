@@ -59,10 +59,10 @@ def test_a_node_whose_worker_dies_at_start_fails_the_gang_at_once(monkeypatch, n
     seconds, not after ``start_timeout`` (waiting for workers alone would wait it out)."""
     spawn = local.LocalProvisioner._spawn
 
-    def broken_workers(self, kind, opts, **io):
+    def broken_workers(self, env, kind, opts, **io):
         if kind == "worker":
             opts = {**opts, "preload": ["jupyter_mn.no_such_module"]}
-        return spawn(self, kind, opts, **io)
+        return spawn(self, env, kind, opts, **io)
 
     monkeypatch.setattr(local.LocalProvisioner, "_spawn", broken_workers)
     started = time.monotonic()

@@ -66,28 +66,36 @@ class LocalProvisioner:
         deadline = time.monotonic() + spec.start_timeout
         try:
             with dask.config.set(DASK_CONFIG):
-                scheduler = self._spawn(
-                    "scheduler",
+                config = dask.config.merge(dask.config.config, _PROCESS_CONFIG)
+            env = {
+                **os.environ,
+                **_PROCESS_ENV,
+                "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
+            }
+            scheduler = self._spawn(
+                env,
+                "scheduler",
+                {
+                    "protocol": "tls",
+                    "host": "127.0.0.1",
+                    "dashboard": False,
+                    "dashboard_address": "127.0.0.1:0",  # its HTTP server (health)
+                    "connect_timeout": spec.start_timeout,
+                },
+                stdout=subprocess.PIPE,
+            )
+            for i in range(spec.nodes):
+                self._spawn(
+                    env,
+                    "worker",
                     {
-                        "protocol": "tls",
+                        "name": str(i),
                         "host": "127.0.0.1",
-                        "dashboard": False,
-                        "dashboard_address": "127.0.0.1:0",  # its HTTP server (health)
-                        "connect_timeout": spec.start_timeout,
+                        "nthreads": 1,
+                        "memory_limit": 0,
+                        "preload": ["jupyter_mn.node.agent"],
                     },
-                    stdout=subprocess.PIPE,
                 )
-                for i in range(spec.nodes):
-                    self._spawn(
-                        "worker",
-                        {
-                            "name": str(i),
-                            "host": "127.0.0.1",
-                            "nthreads": 1,
-                            "memory_limit": 0,
-                            "preload": ["jupyter_mn.node.agent"],
-                        },
-                    )
             _hand(scheduler, json.dumps(pems) + "\n")
             address = self._address(scheduler, deadline)
             for node in self._procs[1:]:
@@ -103,15 +111,11 @@ class LocalProvisioner:
         order = sorted(workers, key=lambda a: int(workers[a]["name"]))
         return self._client, order
 
-    def _spawn(self, kind: str, opts: dict[str, Any], **io: Any) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, env: dict[str, str], kind: str, opts: dict[str, Any], **io: Any
+    ) -> subprocess.Popen[bytes]:
         """``dask spec`` building ``node.localnode.<kind>``, in a session of its own."""
         spec = {"cls": f"jupyter_mn.node.localnode.{kind}", "opts": opts}
-        config = dask.config.merge(dask.config.config, _PROCESS_CONFIG)
-        env = {
-            **os.environ,
-            **_PROCESS_ENV,
-            "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
-        }
         proc = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_spec", "--spec", json.dumps(spec)],
             stdin=subprocess.PIPE,
