@@ -1,11 +1,13 @@
 """The cell stream on its own: a real TLS connection with dask's certificates between the kernel's
 end (``CellStream``, its reader thread and the sending thread sharing the connection) and the
-agent's (``CellServer`` on an asyncio loop), with a ``run`` standing in for ``NodeAgent.run``."""
+agent's (``CellServer``, reading its socket from an asyncio loop), with a ``run`` standing in for
+``NodeAgent.run``."""
 
 from __future__ import annotations
 
 import asyncio
 import queue
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +17,7 @@ from distributed.security import Security
 
 from jupyter_mn.gang.cellstream import MAX_REQUEST, CellStream, StreamLost
 from jupyter_mn.gang.inbox import Inbox, Reply
+from jupyter_mn.node import cellserver
 from jupyter_mn.node.cellserver import CellServer
 
 
@@ -104,6 +107,12 @@ def test_a_kernel_without_the_gangs_certificate_is_refused(agent):
     assert stream.open(0, "127.0.0.1", agent.port, None)
     assert stream.send(0, stream.request("x", 2))
     assert isinstance(inbox.get(timeout=10).error, StreamLost)
+
+
+def test_a_peer_that_never_finishes_the_tls_handshake_is_closed(agent, monkeypatch):
+    monkeypatch.setattr(cellserver, "HANDSHAKE_S", 0.2)
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as sock:
+        assert sock.recv(1) == b""  # the agent closed it (a timeout here would raise)
 
 
 def test_a_large_request_is_left_to_the_actor_call(agent, tls):

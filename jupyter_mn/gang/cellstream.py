@@ -2,11 +2,11 @@
 request goes to each node agent straight from the thread that runs the cell, and each node's
 reply reaches the inbox from a reader thread of its own, with no dask client loop on the way.
 
-TLS is done by an ``ssl.SSLObject`` on memory buffers under a lock, so the sending thread and the
-reader thread can share one connection (an ``SSLSocket`` must not be used by two threads at
-once; asyncio's TLS works the same way). A request over ``MAX_REQUEST`` bytes (a cell with large
-captured variables) goes as an actor call instead, and a send gives up after ``SEND_S``: a send
-on a cut link must not hold the cell's thread.
+TLS is done on memory buffers (``node/tlsbuffers.py``) under a lock, so the sending thread and
+the reader thread can share one connection (an ``SSLSocket`` must not be used by two threads at
+once). A request over ``MAX_REQUEST`` bytes (a cell with large captured variables) goes as an
+actor call instead, and a send gives up after ``SEND_S``: a send on a cut link must not hold the
+cell's thread.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import ssl
 import threading
 
 from ..node.frames import Frames, encode
+from ..node.tlsbuffers import TlsBuffers
 from .inbox import Inbox, Reply
 
 MAX_REQUEST = 64 * 1024
@@ -34,37 +35,23 @@ class _Channel:
     def __init__(self, sock: socket.socket, context: ssl.SSLContext | None) -> None:
         self.sock = sock
         self._lock = threading.Lock()
-        self._tls: ssl.SSLObject | None = None
+        self._tls: TlsBuffers | None = None
         if context is not None:
-            self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
-            self._tls = context.wrap_bio(self._in, self._out)
-            self._handshake()
+            self._tls = TlsBuffers(context, server_side=False)
+            self._handshake(self._tls)
 
-    def _handshake(self) -> None:
-        assert self._tls is not None
-        while True:
-            try:
-                self._tls.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                self._flush()
-                data = self.sock.recv(1 << 16)
-                if not data:
-                    raise ConnectionError("closed during the TLS handshake") from None
-                self._in.write(data)
-        self._flush()
-
-    def _flush(self) -> None:
-        if pending := self._out.read():
-            self.sock.sendall(pending)
+    def _handshake(self, tls: TlsBuffers) -> None:
+        tls.feed(b"")  # our hello
+        while not tls.handshaken:
+            self.sock.sendall(tls.outgoing())
+            data = self.sock.recv(1 << 16)
+            if not data or tls.feed(data) is None:
+                raise ConnectionError("closed during the TLS handshake") from None
+        self.sock.sendall(tls.outgoing())
 
     def send(self, data: bytes) -> None:
         with self._lock:
-            if self._tls is None:
-                self.sock.sendall(data)
-                return
-            self._tls.write(data)
-            self._flush()
+            self.sock.sendall(data if self._tls is None else self._tls.wrap(data))
 
     def recv(self) -> bytes | None:
         """What arrived (maybe nothing yet, mid-record); None once the connection is over."""
@@ -75,18 +62,10 @@ class _Channel:
         if not data or self._tls is None:
             return data or None
         with self._lock:
-            self._in.write(data)
-            chunks = []
-            while True:
-                try:
-                    chunk = self._tls.read(1 << 16)
-                except ssl.SSLWantReadError:
-                    break
-                if not chunk:  # the agent's close_notify: the TLS stream has ended
-                    return None
-                chunks.append(chunk)
-            self._flush()
-        return b"".join(chunks)
+            plain = self._tls.feed(data)  # None: the agent's close_notify
+            if due := self._tls.outgoing():
+                self.sock.sendall(due)
+        return plain
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
