@@ -38,6 +38,12 @@ def test_syntax_error_shows_the_cells_line_and_caret():
     assert "SyntaxError in the cell" in str(info.value)
 
 
+def test_a_top_level_await_is_refused_before_the_cell_ships():
+    """The ranks run cells without IPython's autoawait (rank/execute.py) because of this."""
+    with pytest.raises(SpecError, match="line 2: 'await' outside function"):
+        compile_cell("import asyncio\nawait asyncio.sleep(0)\n")
+
+
 def test_empty_cell_is_refused():
     with pytest.raises(SpecError, match="the cell is empty"):
         compile_cell("  \n\n")

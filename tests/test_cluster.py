@@ -58,6 +58,14 @@ def test_rank0_value_state_and_notebook_names(gang_2x2):
     assert [r.status for r in later.ranks] == ["ok"] * 4
 
 
+def test_a_semicolon_keeps_the_value_on_the_rank(gang_2x2):
+    """IPython's rule, which the ranks remember per cell text (execute.py): it holds for the
+    same text run again, too."""
+    for _ in range(2):
+        assert gang_2x2.run("7;").value is None
+        assert gang_2x2.run("7").value == 7
+
+
 def test_a_cell_goes_on_the_cell_stream_and_a_large_one_as_actor_calls(gang_2x2, monkeypatch):
     """docs/architecture.md, "The cell stream": with the actor path for cells broken, a warm
     cell still runs (its request went on the stream); one with 100 KB of captured names needs the
