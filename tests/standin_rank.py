@@ -4,7 +4,7 @@ A node agent starts it instead of ``python -m jupyter_mn.rank.runtime`` when its
 sets ``JUPYTER_MN_RANK_PYTHON`` to ``python tests/standin_rank.py`` (``standin_env()``), so a
 simulated gang of 64 nodes × 8 ranks fits on one machine: it imports neither torch nor IPython
 (about 15 MB each instead of a few hundred). What the agent and the kernel see is the real thing:
-its ``ready``, its replies, its lines on stdout/stderr and the sync marks after each cell
+its ``ready``, its replies, its lines on stdout/stderr flushed before each reply
 (``rank/sync.py``), SIGINT, stacks, re-forming (``reinit``) and ``stop``.
 
 A cell is plain Python run in one namespace per rank (its last expression is the value), with
@@ -34,7 +34,7 @@ from typing import Any
 
 from jupyter_mn.rank.env import CONTROL_FD, STACKS_FD
 from jupyter_mn.rank.parent import exit_with_parent
-from jupyter_mn.rank.sync import sync_streams
+from jupyter_mn.rank.sync import flush_output
 
 BACKEND = "stand-in"
 
@@ -215,13 +215,13 @@ def main() -> None:
             break
         if msg["op"] == "run":
             reply = run(msg["payload"], ns, cell, held)
-            sync_streams()  # as a real rank: the marks first, the agent reads them with the reply
+            flush_output()  # as a real rank: into the pipes before the reply
             send(reply)
         elif msg["op"] == "reinit":
             send({"op": "reinit", "ok": True})
         elif msg["op"] == "stop":
             break
-    sync_streams()
+    flush_output()
     os._exit(0)
 
 

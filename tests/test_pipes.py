@@ -1,8 +1,9 @@
-"""A rank's pipes read on the event loop: sync marks cut by a read, unfinished lines, EOF."""
+"""A rank's pipes read on the event loop: caught up at a reply, unfinished lines, EOF."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import Coroutine
@@ -10,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from jupyter_mn.node.pipes import MAX_LINE, PipeReader
-from jupyter_mn.rank.sync import SYNC_MARKER
 
 T = TypeVar("T")
 
@@ -62,35 +62,44 @@ async def _until(link: Recorder, done: Any) -> None:
         await asyncio.wait_for(link.changed.wait(), 10)
 
 
-def test_a_sync_mark_cut_in_two_by_a_read_ends_the_line_and_is_never_shown():
-    half = len(SYNC_MARKER) // 2
+def test_catch_up_reads_what_the_rank_wrote_before_its_reply_and_ends_the_unfinished_line():
+    """The agent calls ``catch_up`` when a rank's reply arrives: lines the loop has not read yet
+    come out then, and the unfinished line ends with the cell, as a line of its own."""
     code = (
         "import os, sys\n"
-        f"os.write(1, b'abc' + {SYNC_MARKER[:half].encode()!r})\n"
-        "sys.stdin.readline()\n"  # the reader has read the first half by then
-        f"os.write(1, {SYNC_MARKER[half:].encode()!r} + b'\\n')\n"
-        f"os.write(2, {(SYNC_MARKER + chr(10)).encode()!r})\n"
+        "os.write(1, b'a\\nb\\nunfinished')\nos.write(2, b'e1\\n')\n"
+        "os.write(int(sys.argv[1]), b'x')\n"  # as a rank sends its reply: after its writes
+        "sys.stdin.readline()\nos.write(1, b'next\\n')\n"
     )
+    replied, reply = os.pipe()
 
-    async def main() -> tuple[Recorder, PipeReader]:
+    async def main() -> Recorder:
         link = Recorder()
-        proc = _child(code)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(reply)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(reply,),
+        )
+        os.close(reply)
         reader = PipeReader(link, rank=0)
-        reader.expected = 1
         reader.start(proc)
-        await _until(link, lambda: ("out", "abc") in link.partials)
+        assert os.read(replied, 1) == b"x"  # blocks this loop: it reads nothing meanwhile
+        reader.catch_up()
+        assert link.lines == [("out", "a"), ("out", "b"), ("out", "unfinished"), ("err", "e1")]
         assert proc.stdin is not None
         proc.stdin.write(b"go\n")
         proc.stdin.close()
-        await reader.synced()
         await reader.drained()
         proc.wait()
-        return link, reader
+        return link
 
-    link, reader = on_loop_thread(main())
-    assert reader.markers == {"out": 1, "err": 1}
-    assert link.lines == [("out", "abc")]
-    assert all("\x1e" not in text for _, text in link.partials)
+    try:
+        link = on_loop_thread(main())
+    finally:
+        os.close(replied)
+    assert link.lines[4:] == [("out", "next")]  # the next cell's line starts afresh
 
 
 def test_an_unfinished_progress_bar_is_a_line_at_eof():
@@ -135,7 +144,6 @@ def test_a_rank_prints_a_line_in_one_write_and_a_redrawn_bar_as_it_is_drawn():
     """What the agent reads: each packet of a SOCK_SEQPACKET stdout is one write of the rank's.
     Unbuffered, ``print("line", 6)`` is four writes, and a read between them sees "line" as a
     line still being written."""
-    import os
     import socket
 
     code = (

@@ -329,7 +329,7 @@ class NodeAgent:
             # gathers cost a task per rank each on the cell's path
             await r.send_packed(request)
             reply = await self._watch(r, run_id)
-            await r.synced()
+            r.pipes.catch_up()  # the cell's output, to its end, before its reply
             return reply
 
         replies = await asyncio.gather(*(rank(r) for r in self._ranks))

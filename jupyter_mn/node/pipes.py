@@ -2,12 +2,14 @@
 
 Both kinds of rank handle own one (``process.py`` for cell ranks, ``script.py`` for script
 ranks): lines go to the agent's log path as they come (the loop reads a pipe when it is
-readable: a reader thread per pipe cost a cross-thread wake-up per sync mark, two a rank a
-cell); the last ones are kept for error reports
-(a fatal error report, e.g. a segfault, apart so the tail stays readable); the sync marks a cell
-rank writes after each reply tell when a cell's output has been read to its end. A line still
-being written (a progress bar redrawn with ``\\r``) is kept as a terminal shows it
-(``lines.py``) and handed to the agent as it changes.
+readable: a reader thread per pipe cost a cross-thread wake-up per read); the last ones are kept
+for error reports (a fatal error report, e.g. a segfault, apart so the tail stays readable).
+When a cell rank's reply arrives, ``catch_up`` reads both pipes to empty and ends their
+unfinished lines: what the rank wrote before it replied is in its pipes by then, so no line of a
+cell arrives after its result. (Ranks used to write a mark on both pipes after each cell for
+this: two writes a rank, and two more reads of the agent's, every cell.) A line still being
+written (a progress bar redrawn with ``\\r``) is kept as a terminal shows it (``lines.py``) and
+handed to the agent as it changes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from ..rank import stacks
-from ..rank.sync import SYNC_MARKER
 from .lines import LineBuffer
 from .link import NodeLink
 
@@ -31,7 +32,10 @@ TAIL_LINES = 20
 MAX_LINE = 10_000
 #: Characters of an unfinished line sent live (a progress bar is far shorter).
 MAX_PARTIAL = 1_000
-_SYNC_WAIT_S = 2.0
+_EOF_WAIT_S = 2.0
+#: Reads ``catch_up`` makes of one pipe at most (a pipe holds 64 KiB; what a thread of the rank
+#: keeps writing after the reply is read as it comes, as before).
+_CATCH_UP_READS = 16
 _CRASH_LINES = 200
 
 
@@ -45,8 +49,6 @@ class _Stream:
     )
     #: the line being written, as a terminal shows it
     line: LineBuffer = field(default_factory=lambda: LineBuffer(MAX_LINE))
-    #: the start of a sync mark that a read cut in two
-    held: str = ""
     #: the unfinished line as last handed to the agent
     shown: str = ""
 
@@ -61,10 +63,8 @@ class PipeReader:
         #: the last ``err_lines`` of stderr alone (a script's traceback is there)
         self.err_tail: deque[str] = deque(maxlen=err_lines)
         self.crash: list[str] = []
-        #: sync marks read per stream, and how many the agent waits for
-        self.markers = {"out": 0, "err": 0}
-        self.expected = 0
         self.open_streams = {"out", "err"}
+        self._streams: list[tuple[IO[bytes], _Stream]] = []
         self._change = asyncio.Event()
 
     def start(self, proc: subprocess.Popen[bytes]) -> None:
@@ -72,26 +72,30 @@ class PipeReader:
         loop = asyncio.get_running_loop()
         for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
             assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)  # ``catch_up`` reads until it is empty
+            s = _Stream(stream)
+            self._streams.append((pipe, s))
             # The loop's handle holds the pipe: it is not closed (by GC) while registered.
-            loop.add_reader(pipe.fileno(), self._readable, loop, pipe, _Stream(stream))
+            loop.add_reader(pipe.fileno(), self._read, loop, pipe, s)
 
-    # ---- event loop: a pipe is readable (one read does not block, even on a blocking fd)
-    def _readable(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes], s: _Stream) -> None:
+    # ---- event loop: a pipe is readable, or a reply came (``catch_up``)
+    def _read(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes], s: _Stream) -> bool:
+        """Read what ``pipe`` has; False once it is empty for now, or at its end."""
         fd = pipe.fileno()
         try:
             chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
         except OSError:
             chunk = b""
         if not chunk:
             loop.remove_reader(fd)
-            self._ended(s, s.held + s.decoder.decode(b"", final=True), last=True)
+            self._ended(s, s.decoder.decode(b"", final=True), last=True)
             self._closed_stream(s.name)
-            return
-        *ended, rest = (s.held + s.decoder.decode(chunk)).split("\n")
+            return False
+        *ended, rest = s.decoder.decode(chunk).split("\n")
         for text in ended:
             self._ended(s, text)
-        at = _mark_start(rest)  # a sync mark cut in two by the read: keep its start back
-        rest, s.held = rest[:at], rest[at:]
         if ended:
             s.shown = ""
         s.line.write(rest)
@@ -99,18 +103,27 @@ class PipeReader:
         if now != s.shown:
             s.shown = now
             self.agent.partial(self.rank, s.name, now)
+        return True
 
     def _ended(self, s: _Stream, text: str, last: bool = False) -> None:
-        """``text`` ends the stream's line (at a newline, or at EOF when ``last``); a sync mark
-        in it ends the line before it too."""
-        before, mark, after = text.partition(SYNC_MARKER)
-        s.line.write(before)
-        if not s.line.empty or not (mark or last):  # an empty line is a line, unless at a mark
+        """``text`` ends the stream's line (at a newline, or at EOF when ``last``)."""
+        s.line.write(text)
+        if not (last and s.line.empty):  # an empty line is a line, but not at EOF
             self._line(s.name, s.line.take())
-        if mark:
-            self._marked(s.name)
-            if after:
-                self._ended(s, after, last)
+
+    def catch_up(self) -> None:
+        """A cell rank's reply came: read both pipes to empty and end their unfinished lines
+        (the cell's output ends with it)."""
+        loop = asyncio.get_running_loop()
+        for pipe, s in self._streams:
+            if s.name not in self.open_streams:
+                continue
+            for _ in range(_CATCH_UP_READS):
+                if not self._read(loop, pipe, s):
+                    break
+            if s.name in self.open_streams and not s.line.empty:
+                s.shown = ""
+                self._line(s.name, s.line.take())
 
     def _line(self, stream: str, text: str) -> None:
         if text.startswith(stacks.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
@@ -121,42 +134,16 @@ class PipeReader:
             self.err_tail.append(text)
         self.agent.log(self.rank, stream, text)
 
-    def _marked(self, stream: str) -> None:
-        self.markers[stream] += 1
-        self._change.set()
-
     def _closed_stream(self, stream: str) -> None:
         self.open_streams.discard(stream)
         self._change.set()
 
-    async def synced(self) -> None:
-        """Wait until both pipes are read up to the ``expected``-th mark (or closed)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _SYNC_WAIT_S
-        while any(self.markers[s] < self.expected for s in self.open_streams):
-            self._change.clear()
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._change.wait(), remaining)
-
     async def drained(self) -> None:
         """Wait (briefly) until both pipes of a dead process are read to their end."""
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._closed(), _SYNC_WAIT_S)
+            await asyncio.wait_for(self._closed(), _EOF_WAIT_S)
 
     async def _closed(self) -> None:
         while self.open_streams:
             self._change.clear()
             await self._change.wait()
-
-
-def _mark_start(text: str) -> int:
-    """Where a sync mark may begin at the end of ``text`` (its length if nowhere)."""
-    at = text.find(SYNC_MARKER[0], max(0, len(text) - 2 * len(SYNC_MARKER)))
-    while at != -1:
-        if SYNC_MARKER.startswith(text[at : at + len(SYNC_MARKER)]):
-            return at
-        at = text.find(SYNC_MARKER[0], at + 1)
-    return len(text)

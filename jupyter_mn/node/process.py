@@ -149,9 +149,8 @@ class RankHandle:
         self._loop.add_reader(self.stacks_conn.fileno(), self._read_stacks)
 
     def begin(self, run_id: int) -> None:
-        """Run ``run_id`` is sent: the rank is busy, and its output ends at one more mark."""
+        """Run ``run_id`` is sent: the rank is busy until its reply."""
         self.running = run_id
-        self.pipes.expected += 1
 
     # ---- event loop: the control or stacks socket is readable
     def _read(self, conn: Connection) -> bytes:
@@ -268,10 +267,6 @@ class RankHandle:
         except asyncio.TimeoutError:
             return {**state, "stack": [], "note": "no answer (native code holding the GIL?)"}
         return {**state, "busy": msg["busy"], "stack": msg["stack"], "note": ""}
-
-    async def synced(self) -> None:
-        """Wait until both pipes are read up to this cell's end (or closed)."""
-        await self.pipes.synced()
 
     async def exit_code(self) -> int | None:
         loop = asyncio.get_running_loop()

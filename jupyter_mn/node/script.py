@@ -52,7 +52,6 @@ class ScriptRank:
         self.local_rank = local_rank
         self.rank = rank
         self.pipes = PipeReader(agent, rank, err_lines=ERR_TAIL_LINES)
-        self.pipes.expected = 1  # a script writes no sync mark: synced() waits for EOF
         self.stopped_by: str = ""
         self._outcome: dict[str, Any] | None = None
         self.error_file = env["TORCHELASTIC_ERROR_FILE"]
@@ -68,7 +67,7 @@ class ScriptRank:
         await loop.run_in_executor(None, self.proc.wait)
         self.duration = time.perf_counter() - self.started
         self.finished_at = time.time()
-        await self.pipes.synced()  # both pipes read to the end
+        await self.pipes.drained()  # both pipes read to the end
         return self
 
     def outcome(self) -> dict[str, Any]:

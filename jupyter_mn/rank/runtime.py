@@ -22,7 +22,7 @@ from . import execute, stacks
 from .group import ProcessGroup
 from .info import cluster_info
 from .parent import exit_with_parent
-from .sync import sync_streams
+from .sync import flush_output
 
 
 class _Control:
@@ -72,7 +72,7 @@ def main() -> None:
         shell = execute.RankShell.for_rank()
     except Exception as exc:
         control.send({"op": "failed", "error": f"{type(exc).__name__}: {exc}"})
-        sync_streams()
+        flush_output()
         os._exit(1)
 
     def on_error() -> None:
@@ -105,7 +105,7 @@ def main() -> None:
         op = msg["op"]
         if op == "run":
             reply = execute.run(shell, msg["payload"], info, group, signals)
-            sync_streams()  # the marks first: the agent reads them with the reply
+            flush_output()  # into the pipes: the agent reads them to empty at the reply
             control.send(reply)
             group.release()
         elif op == "destroy":
@@ -120,7 +120,7 @@ def main() -> None:
         elif op == "stop":
             break
     group.destroy()
-    sync_streams()
+    flush_output()
     os._exit(0)
 
 
