@@ -1,6 +1,6 @@
 """The cell stream on its own: a real TLS connection with dask's certificates between the kernel's
 end (``CellStream``, its reader thread and the sending thread sharing the connection) and the
-agent's (``CellServer``, reading its socket from an asyncio loop), with a ``run`` standing in for
+agent's (``CellServer``, an asyncio protocol), with a ``run`` standing in for
 ``NodeAgent.run``."""
 
 from __future__ import annotations
