@@ -2,7 +2,7 @@
 
 Neither end hands its socket to ``ssl``: the kernel's end shares one connection between the
 thread that sends a cell and the thread that reads replies (an ``SSLSocket`` must not be used
-by two threads at once), and the agent's end reads its socket straight from the event loop
+by two threads at once), and the agent's end is a plain protocol on the event loop
 (asyncio's TLS streams cost the agent a few loop turns and ~0.08 ms of CPU a cell). Both feed what
 arrives in here, and send what comes out.
 """
