@@ -1,5 +1,5 @@
 """The cell stream on its own: a real TLS connection with dask's certificates between the kernel's
-end (``CellStream``, its reader thread and the sending thread sharing the connection) and the
+end (``CellStream``, read by a thread waiting on the inbox while another sends) and the
 agent's (``CellServer``, an asyncio protocol), with a ``run`` standing in for
 ``NodeAgent.run``."""
 
@@ -81,9 +81,12 @@ def connected(agent: Agent, security: Security) -> tuple[CellStream, Inbox]:
 def test_requests_sent_while_replies_are_read_all_come_back_over_tls(agent, tls):
     stream, inbox = connected(agent, tls)
     try:
+        got: list[Reply] = []
+        reader = threading.Thread(target=lambda: got.extend(replies(inbox, 300)))
+        reader.start()  # reads the connection (TLS records) while this thread writes to it
         for run_id in range(300):
             assert stream.send(0, stream.request(run_id, run_id))
-        got = replies(inbox, 300)
+        reader.join(60)
         assert sorted(eval(r.value.decode()) for r in got) == [(2 * i, i) for i in range(300)]
         assert all(r.node == 0 and r.error is None for r in got)
         assert stream.send(0, stream.request("boom", 1))

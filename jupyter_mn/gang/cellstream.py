@@ -1,9 +1,10 @@
 """The kernel's end of the cell stream (docs/architecture.md, "The cell stream"): a cell's
 request goes to each node agent straight from the thread that runs the cell, and each node's
-reply reaches the inbox from a reader thread of its own, with no dask client loop on the way.
+reply is read by the thread waiting on the inbox (``Inbox.watch``), with no dask client loop
+and no reader thread on the way.
 
-TLS is done on memory buffers (``node/tlsbuffers.py``) under a lock, so the sending thread and
-the reader thread can share one connection (an ``SSLSocket`` must not be used by two threads at
+TLS is done on memory buffers (``node/tlsbuffers.py``) under a lock, so a sending thread and
+the reading one can share one connection (an ``SSLSocket`` must not be used by two threads at
 once). A request over ``MAX_REQUEST`` bytes (a cell with large captured variables) goes as an
 actor call instead, and a send gives up after ``SEND_S``: a send on a cut link must not hold the
 cell's thread.
@@ -30,7 +31,7 @@ class StreamLost(ConnectionError):
 
 
 class _Channel:
-    """One connection, TLS (as the worker's comms) or plain: one thread sends, another reads."""
+    """One connection, TLS (as the worker's comms) or plain: sent to and read from any thread."""
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext | None) -> None:
         self.sock = sock
@@ -54,10 +55,11 @@ class _Channel:
             self.sock.sendall(data if self._tls is None else self._tls.wrap(data))
 
     def recv(self) -> bytes | None:
-        """What arrived (maybe nothing yet, mid-record); None once the connection is over."""
+        """What arrived (maybe nothing yet, mid-record); None once the connection is over. Called
+        when the socket is readable."""
         try:
             data = self.sock.recv(1 << 16)
-        except TimeoutError:
+        except TimeoutError:  # readable, and yet nothing came within SEND_S
             return b""
         if not data or self._tls is None:
             return data or None
@@ -69,7 +71,7 @@ class _Channel:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
 
 
@@ -93,9 +95,8 @@ class CellStream:
         except (OSError, ssl.SSLError):
             return False
         self._channels[node] = channel
-        threading.Thread(
-            target=self._read, args=(node, channel), name=f"jupyter-mn-cells-{node}", daemon=True
-        ).start()
+        frames = Frames()
+        self._inbox.watch(sock, lambda: self._readable(node, channel, frames))
         return True
 
     def send(self, node: int, request: bytes) -> bool:
@@ -116,17 +117,18 @@ class CellStream:
     def request(payload: object, run_id: int) -> bytes:
         return encode((payload, run_id))
 
-    def _read(self, node: int, channel: _Channel) -> None:
-        frames = Frames()
+    def _readable(self, node: int, channel: _Channel, frames: Frames) -> None:
+        """On the thread waiting on the inbox: the node's replies so far into the inbox."""
         try:
-            while (data := channel.recv()) is not None:
+            if (data := channel.recv()) is not None:
                 for _run_id, value, error in frames.feed(data):
                     with self._lock:
                         self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
                     failed = RuntimeError(error) if error is not None else None  # agent.run raised
                     self._inbox.put_reply(Reply(node, value=value, error=failed))
+                return
         except (OSError, ssl.SSLError, ValueError):
-            pass  # closed under the reader (close(), or the send failed)
+            pass  # closed under us (close(), or the send failed)
         self._drop(node, channel, "its connection closed")
 
     def _drop(self, node: int, channel: _Channel, why: str) -> None:
@@ -136,6 +138,7 @@ class CellStream:
                 return
             del self._channels[node]
             waiting = self._waiting.pop(node, 0)
+        self._inbox.unwatch(channel.sock)
         channel.close()
         if waiting:
             self._inbox.put_reply(Reply(node, error=StreamLost(why)))

@@ -2,13 +2,23 @@
 
 Agent replies and interrupt requests are never dropped; events are bounded (when no cell runs
 nobody reads them, and the newest are kept).
+
+The waiting thread also reads the sockets ``watch``ed here (the cell streams,
+``cellstream.py``) itself, in a selector with a wake-up socket that a ``put`` from another
+thread writes to: a reply then wakes the thread that waits for it directly, not a reader thread
+that hands it over (docs/architecture.md, "The cell stream").
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import selectors
+import socket
 import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,43 +53,150 @@ class Message:
 _KEPT = (Reply, InterruptRequest, Message)
 
 
+class _Sockets:
+    """The watched sockets and the wake-up pair, in one selector."""
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        for end in (self.wake_r, self.wake_w):
+            end.setblocking(False)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+            self.wake_w.send(b"\0")
+
+    def close(self) -> None:
+        self.selector.close()
+        self.wake_r.close()
+        self.wake_w.close()
+
+
 class Inbox:
     """Everything that reaches the kernel's main thread: agent replies and (bounded) events."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._items: deque[Any] = deque()
         self._events = 0
         self._lock = threading.Lock()
+        self._added = threading.Condition(self._lock)
+        #: while a socket is watched: the selector a waiting thread sits in
+        self._sockets: _Sockets | None = None
+        self._watched = 0
+        #: a thread sits in the selector: a put must wake it
+        self._selecting = False
+        #: one thread at a time reads the watched sockets
+        self._reading = threading.Lock()
         self.dropped = 0
 
     def put_event(self, event: Any) -> None:
         with self._lock:
             if self._events >= _BACKLOG:  # nobody is reading (no cell runs): keep the newest
                 self.dropped += 1
-                with contextlib.suppress(queue.Empty):
-                    old = self._queue.get_nowait()
-                    if isinstance(old, _KEPT):
-                        self._queue.put(old)
-                    else:
-                        self._events -= 1
+                oldest = next(i for i, item in enumerate(self._items) if not _is_kept(item))
+                del self._items[oldest]
+                self._events -= 1
             self._events += 1
-            self._queue.put(event)
+            self._append(event)
 
     def put_reply(self, reply: Reply | InterruptRequest | Message) -> None:
         """Never dropped, unlike events."""
-        self._queue.put(reply)
+        with self._lock:
+            self._append(reply)
+
+    def _append(self, item: Any) -> None:
+        self._items.append(item)
+        self._added.notify()
+        if self._selecting:
+            self._selecting = False
+            assert self._sockets is not None
+            self._sockets.wake()
+
+    def watch(self, sock: socket.socket, on_readable: Callable[[], None]) -> None:
+        """Call ``on_readable()`` on the waiting thread whenever ``sock`` has data (or closed)."""
+        with self._lock:
+            if self._sockets is None:
+                self._sockets = _Sockets()
+            self._sockets.selector.register(sock, selectors.EVENT_READ, on_readable)
+            self._watched += 1
+
+    def unwatch(self, sock: socket.socket) -> None:
+        """Stop watching ``sock`` (before closing it); the last one closes the selector."""
+        with self._lock:
+            if self._sockets is None:
+                return
+            try:
+                self._sockets.selector.unregister(sock)
+            except (KeyError, ValueError):
+                return
+            self._watched -= 1
+            if not self._watched:
+                sockets, self._sockets = self._sockets, None
+                if self._selecting:  # the waiting thread goes back to the condition
+                    self._selecting = False
+                    sockets.wake()
+                else:
+                    sockets.close()
 
     def get(self, timeout: float) -> Any:
-        item = self._queue.get(timeout=timeout)
-        if not isinstance(item, _KEPT):
+        """The oldest item, waiting up to ``timeout`` s (reading the watched sockets meanwhile);
+        ``queue.Empty`` when none came."""
+        deadline = time.monotonic() + timeout
+        polled = False  # the sockets were read at least once (timeout 0 reads them too)
+        while True:
             with self._lock:
-                self._events -= 1
+                if self._items:
+                    return self._take()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 and (polled or self._sockets is None):
+                    raise queue.Empty
+                if self._sockets is None:
+                    self._added.wait(remaining)
+                    continue
+            if self._reading.acquire(timeout=max(remaining, 0)):
+                try:
+                    self._select(remaining)
+                finally:
+                    self._reading.release()
+            polled = True
+
+    def _select(self, timeout: float) -> None:
+        """Wait in the selector (a put wakes it) and read what is ready."""
+        with self._lock:
+            sockets = self._sockets
+            if sockets is None or self._items:
+                return
+            self._selecting = True
+        try:
+            ready = sockets.selector.select(max(timeout, 0))
+        finally:
+            with self._lock:
+                self._selecting = False
+                if sockets is not self._sockets:  # its last socket went meanwhile
+                    sockets.close()
+                    ready = []
+        for key, _ in ready:
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    sockets.wake_r.recv(4096)
+            else:
+                key.data()
+
+    def _take(self) -> Any:
+        item = self._items.popleft()
+        if not _is_kept(item):
+            self._events -= 1
         return item
 
     def empty(self) -> bool:
-        return self._queue.empty()
+        return not self._items
 
     @staticmethod
     def is_event(item: Any) -> bool:
         """An event (shown to views), not a reply, a request or a job's message."""
-        return not isinstance(item, _KEPT)
+        return not _is_kept(item)
+
+
+def _is_kept(item: Any) -> bool:
+    return isinstance(item, _KEPT)
