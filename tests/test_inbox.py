@@ -66,6 +66,15 @@ def test_a_watched_socket_is_read_by_the_getter_even_with_no_time_to_wait(pair):
         inbox.get(timeout=0)
 
 
+def test_a_socket_watched_while_a_thread_waits_is_read_by_it(pair):
+    inbox = Inbox()
+    waiter, got = waiting(inbox)  # no socket yet: it waits for puts
+    watched(inbox, pair[0])
+    pair[1].sendall(b"reply")
+    waiter.join(10)
+    assert got == [Reply(0, value=b"reply")]
+
+
 def test_the_last_socket_unwatched_under_a_waiter_leaves_it_waiting_for_puts(pair):
     inbox = Inbox()
     watched(inbox, pair[0])

@@ -120,6 +120,7 @@ class Inbox:
                 self._sockets = _Sockets()
             self._sockets.selector.register(sock, selectors.EVENT_READ, on_readable)
             self._watched += 1
+            self._added.notify_all()  # a thread waiting on the condition moves to the selector
 
     def unwatch(self, sock: socket.socket) -> None:
         """Stop watching ``sock`` (before closing it); the last one closes the selector."""
