@@ -264,6 +264,23 @@ class DaskCLI:
             )
         return {str(info[a]["name"]): keys for a, keys in held.items() if a in info}
 
+    def revive(self, hosts: list[Any]) -> list[str]:
+        """Start again, on its host, every worker of ``hosts`` that stopped or is stopping (dask
+        stops a worker whose scheduler connection broke: it says so in its log at once, before
+        the scheduler or the process notice); their names. The old log is kept as ``.log.1``."""
+        stopped = [
+            host
+            for host in hosts
+            if (proc := self.workers[host.hostname]).popen.poll() is not None
+            or "Stopping worker" in proc.text()
+        ]
+        for host in stopped:
+            old = self.workers.pop(host.hostname)
+            _stop(old.popen)
+            old.log.rename(old.log.with_name(old.log.name + ".1"))
+            self.start_worker(host.hostname, host.ip, on=host.command)
+        return [host.hostname for host in stopped]
+
     def stop_worker(self, name: str) -> None:
         _stop(self.workers.pop(name).popen)
 

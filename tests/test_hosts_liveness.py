@@ -5,6 +5,7 @@ or lossy link raises no alarm. On test hosts (``hosts.py``) with the dask backen
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -27,6 +28,18 @@ def dask_hosts(
 ) -> Iterator[tuple[str, DaskCLI]]:
     with DaskCLI.on_hosts(tmp_path_factory.mktemp("dask-liveness"), host_net) as cli:
         yield cli.address, cli
+
+
+@pytest.fixture(autouse=True)
+def hosts_alive(host_net: HostNet, dask_hosts: tuple[str, DaskCLI]) -> None:
+    """Each test starts with a live worker on every host. In about a third of this module's runs
+    dask stopped the far worker near the end of the lossy-link test: the worker's own end of its
+    scheduler connection failed ~15 s into the loss while the scheduler saw nothing until the
+    link healed (the cell and our liveness were fine; the cause is not known). The next test
+    would then find one host of two. A worker restarted here is named in a warning."""
+    restarted = dask_hosts[1].revive(host_net.hosts)
+    if restarted:
+        warnings.warn(f"dask worker(s) {restarted} had stopped; restarted", stacklevel=1)
 
 
 def waiting_for(host: Host, then: Callable[[], None]) -> Callable[[object], None]:
