@@ -19,6 +19,7 @@ from jupyter_mn.gang.cellstream import MAX_REQUEST, CellStream, StreamLost
 from jupyter_mn.gang.inbox import Inbox, Reply
 from jupyter_mn.node import cellserver
 from jupyter_mn.node.cellserver import CellServer
+from jupyter_mn.node.frames import Frames
 
 
 class Agent:
@@ -144,3 +145,23 @@ def test_closing_an_idle_stream_posts_nothing(agent, tls):
     agent.close()
     with pytest.raises(queue.Empty):  # no reply for a request nobody made
         inbox.get(timeout=0.5)
+
+
+def test_a_ctrl_c_while_a_reply_is_read_gives_the_stream_up_and_says_so(agent, tls, monkeypatch):
+    """The bytes read are gone once the interrupt lands: the stream, out of step, is given up,
+    so the request still waiting gets ``StreamLost`` instead of no answer."""
+    stream, inbox = connected(agent, tls)
+    assert stream.send(0, stream.request("wait", 1))
+    assert agent.waiting.wait(10)
+
+    def interrupted(self: Frames, data: bytes) -> list[Any]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Frames, "feed", interrupted)
+    agent.loop.call_soon_threadsafe(agent.release.set)  # the reply comes
+    with pytest.raises(KeyboardInterrupt):
+        inbox.get(timeout=10)
+    lost = inbox.get(timeout=0)
+    assert (lost.node, type(lost.error)) == (0, StreamLost)
+    assert "cut short (KeyboardInterrupt)" in str(lost.error)
+    assert not stream.send(0, stream.request("x", 2))  # the next cell goes another way

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from polling import wait_until
 
 from jupyter_mn.gang import inbox as inbox_module
 from jupyter_mn.gang.inbox import Inbox, Reply
@@ -43,12 +44,19 @@ def waiting(inbox: Inbox) -> tuple[threading.Thread, list[object]]:
     return thread, got
 
 
+def reading(inbox: Inbox) -> None:
+    """Until a thread sits reading the inbox's sockets (so a put must wake it there)."""
+    wait_until(lambda: inbox._reader, timeout=10, what="a thread reading the sockets")
+
+
 @pytest.mark.parametrize("sockets", [0, 1])
 def test_a_put_from_another_thread_wakes_the_waiting_one(pair, sockets):
     inbox = Inbox()
     if sockets:  # the waiting thread sits in the selector, not on the condition
         watched(inbox, pair[0])
     waiter, got = waiting(inbox)
+    if sockets:
+        reading(inbox)
     inbox.put_reply(Reply(3))
     waiter.join(10)
     assert got == [Reply(3)]
@@ -86,6 +94,19 @@ def test_the_last_socket_unwatched_under_a_waiter_leaves_it_waiting_for_puts(pai
     pair[1].sendall(b"late")  # no longer read
     with pytest.raises(queue.Empty):
         inbox.get(timeout=0.05)
+
+
+def test_the_last_socket_unwatched_after_a_put_is_closed_by_its_reader_not_under_it(pair):
+    inbox = Inbox()
+    watched(inbox, pair[0])
+    sockets = inbox._sockets
+    waiter, got = waiting(inbox)
+    reading(inbox)
+    inbox.put_event("event")  # wakes the reader...
+    inbox.unwatch(pair[0])  # ...which closes the selector once out of it, not while in it
+    waiter.join(10)
+    assert got == ["event"]
+    assert sockets is not None and sockets.closed
 
 
 def test_events_beyond_the_backlog_drop_the_oldest_event_never_a_reply(monkeypatch):

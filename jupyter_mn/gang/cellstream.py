@@ -118,7 +118,13 @@ class CellStream:
         return encode((payload, run_id))
 
     def _readable(self, node: int, channel: _Channel, frames: Frames) -> None:
-        """On the thread waiting on the inbox: the node's replies so far into the inbox."""
+        """On the thread waiting on the inbox: the node's replies so far into the inbox.
+
+        What was read and not yet handed over would be lost by an exception part way (a Ctrl-C
+        lands on this thread; a frame that does not decode), and the stream would be out of step
+        for good: the stream is given up instead, so a waiting request gets ``StreamLost``
+        rather than no answer, and the next cells go as actor calls."""
+        why = "its connection closed"
         try:
             if (data := channel.recv()) is not None:
                 for _run_id, value, error in frames.feed(data):
@@ -127,9 +133,15 @@ class CellStream:
                     failed = RuntimeError(error) if error is not None else None  # agent.run raised
                     self._inbox.put_reply(Reply(node, value=value, error=failed))
                 return
-        except (OSError, ssl.SSLError, ValueError):
+        except (OSError, ssl.SSLError):
             pass  # closed under us (close(), or the send failed)
-        self._drop(node, channel, "its connection closed")
+        except BaseException as exc:
+            why = f"reading its reply was cut short ({type(exc).__name__})"
+            self._drop(node, channel, why)
+            if not isinstance(exc, Exception):
+                raise  # a Ctrl-C: the run loop stops the cell
+            return
+        self._drop(node, channel, why)
 
     def _drop(self, node: int, channel: _Channel, why: str) -> None:
         """Forget ``node``'s stream; a request still waiting gets ``why`` as its reply."""

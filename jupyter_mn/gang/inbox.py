@@ -62,15 +62,27 @@ class _Sockets:
         for end in (self.wake_r, self.wake_w):
             end.setblocking(False)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.closed = False
 
     def wake(self) -> None:
-        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway)
             self.wake_w.send(b"\0")
 
+    def read(self, timeout: float) -> None:
+        """Wait for a watched socket or a wake-up, then run the callbacks of those ready."""
+        for key, _ in self.selector.select(max(timeout, 0)):
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    self.wake_r.recv(4096)
+            else:
+                key.data()
+
     def close(self) -> None:
-        self.selector.close()
-        self.wake_r.close()
-        self.wake_w.close()
+        if not self.closed:
+            self.closed = True
+            self.selector.close()
+            self.wake_r.close()
+            self.wake_w.close()
 
 
 class Inbox:
@@ -81,13 +93,14 @@ class Inbox:
         self._events = 0
         self._lock = threading.Lock()
         self._added = threading.Condition(self._lock)
-        #: while a socket is watched: the selector a waiting thread sits in
+        #: while a socket is watched: the selector a waiting thread reads them in
         self._sockets: _Sockets | None = None
         self._watched = 0
-        #: a thread sits in the selector: a put must wake it
-        self._selecting = False
-        #: one thread at a time reads the watched sockets
-        self._reading = threading.Lock()
+        #: a thread is reading the sockets (in the selector, or running callbacks): one at a
+        #: time, and the selector is closed by it, not under it
+        self._reader = False
+        #: the reader was sent a wake-up it has not read yet
+        self._woken = False
         self.dropped = 0
 
     def put_event(self, event: Any) -> None:
@@ -108,9 +121,11 @@ class Inbox:
     def _append(self, item: Any) -> None:
         self._items.append(item)
         self._added.notify()
-        if self._selecting:
-            self._selecting = False
-            assert self._sockets is not None
+        self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        if self._reader and not self._woken and self._sockets is not None:
+            self._woken = True
             self._sockets.wake()
 
     def watch(self, sock: socket.socket, on_readable: Callable[[], None]) -> None:
@@ -120,10 +135,12 @@ class Inbox:
                 self._sockets = _Sockets()
             self._sockets.selector.register(sock, selectors.EVENT_READ, on_readable)
             self._watched += 1
-            self._added.notify_all()  # a thread waiting on the condition moves to the selector
+            self._added.notify_all()  # a thread waiting on the condition becomes the reader
+            self._wake_reader()  # a reader selects again, with this socket
 
     def unwatch(self, sock: socket.socket) -> None:
-        """Stop watching ``sock`` (before closing it); the last one closes the selector."""
+        """Stop watching ``sock`` (before closing it); the last one closes the selector (its
+        reader does, when there is one)."""
         with self._lock:
             if self._sockets is None:
                 return
@@ -133,11 +150,9 @@ class Inbox:
                 return
             self._watched -= 1
             if not self._watched:
+                self._wake_reader()  # back to the condition
                 sockets, self._sockets = self._sockets, None
-                if self._selecting:  # the waiting thread goes back to the condition
-                    self._selecting = False
-                    sockets.wake()
-                else:
+                if not self._reader:
                     sockets.close()
 
     def get(self, timeout: float) -> Any:
@@ -146,43 +161,30 @@ class Inbox:
         deadline = time.monotonic() + timeout
         polled = False  # the sockets were read at least once (timeout 0 reads them too)
         while True:
-            with self._lock:
-                if self._items:
-                    return self._take()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 and (polled or self._sockets is None):
-                    raise queue.Empty
-                if self._sockets is None:
-                    self._added.wait(remaining)
-                    continue
-            if self._reading.acquire(timeout=max(remaining, 0)):
-                try:
-                    self._select(remaining)
-                finally:
-                    self._reading.release()
+            reading: _Sockets | None = None
+            try:  # a Ctrl-C anywhere in here leaves no reader flag set
+                with self._lock:
+                    if self._items:
+                        return self._take()
+                    remaining = deadline - time.monotonic()
+                    if self._sockets is None or self._reader:  # none, or another thread reads
+                        if remaining <= 0:
+                            raise queue.Empty
+                        self._added.wait(remaining)
+                        continue
+                    if remaining <= 0 and polled:
+                        raise queue.Empty
+                    reading = self._sockets
+                    self._reader, self._woken = True, False
+                reading.read(remaining)
+            finally:
+                if reading is not None:
+                    with self._lock:
+                        self._reader = False
+                        self._added.notify_all()  # a thread waiting meanwhile reads next
+                        if reading is not self._sockets:  # its last socket went meanwhile
+                            reading.close()
             polled = True
-
-    def _select(self, timeout: float) -> None:
-        """Wait in the selector (a put wakes it) and read what is ready."""
-        with self._lock:
-            sockets = self._sockets
-            if sockets is None or self._items:
-                return
-            self._selecting = True
-        try:
-            ready = sockets.selector.select(max(timeout, 0))
-        finally:
-            with self._lock:
-                self._selecting = False
-                if sockets is not self._sockets:  # its last socket went meanwhile
-                    sockets.close()
-                    ready = []
-        for key, _ in ready:
-            if key.data is None:
-                with contextlib.suppress(OSError):
-                    sockets.wake_r.recv(4096)
-            else:
-                key.data()
 
     def _take(self) -> Any:
         item = self._items.popleft()
