@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polling import wait_until
+
 BIN = Path(sys.executable).parent
 
 
@@ -278,8 +280,22 @@ class DaskCLI:
             old = self.workers.pop(host.hostname)
             _stop(old.popen)
             old.log.rename(old.log.with_name(old.log.name + ".1"))
+            # the scheduler refuses a worker whose name it still holds
+            name = host.hostname
+            wait_until(lambda n=name: n not in self.worker_names(), what=f"{name} released")
             self.start_worker(host.hostname, host.ip, on=host.command)
         return [host.hostname for host in stopped]
+
+    def worker_names(self) -> set[str]:
+        """The names of the workers the scheduler holds now."""
+        import dask
+        from distributed import Client, Security
+
+        with (
+            dask.config.set(tls_config(self.certs)),
+            Client(self.address, security=Security(), set_as_default=False) as client,
+        ):
+            return {str(w["name"]) for w in client.scheduler_info(n_workers=-1)["workers"].values()}
 
     def stop_worker(self, name: str) -> None:
         _stop(self.workers.pop(name).popen)
