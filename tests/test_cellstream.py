@@ -20,6 +20,7 @@ from jupyter_mn.gang.inbox import Inbox, Reply
 from jupyter_mn.node import cellserver
 from jupyter_mn.node.cellserver import CellServer
 from jupyter_mn.node.frames import Frames
+from jupyter_mn.node.tlsbuffers import TlsBuffers
 
 
 class Agent:
@@ -165,3 +166,15 @@ def test_a_ctrl_c_while_a_reply_is_read_gives_the_stream_up_and_says_so(agent, t
     assert (lost.node, type(lost.error)) == (0, StreamLost)
     assert "cut short (KeyboardInterrupt)" in str(lost.error)
     assert not stream.send(0, stream.request("x", 2))  # the next cell goes another way
+
+
+def test_a_reply_read_together_with_the_peers_close_notify_is_delivered(tls):
+    """An agent that answers and closes at once: both records may come in one read."""
+    client = TlsBuffers(tls.get_connection_args("client")["ssl_context"], server_side=False)
+    server = TlsBuffers(tls.get_listen_args("worker")["ssl_context"], server_side=True)
+    client.feed(b"")  # the client's hello
+    while not (client.handshaken and server.handshaken):
+        server.feed(client.outgoing())
+        client.feed(server.outgoing())
+    assert client.feed(server.wrap(b"last reply") + server.close()) == b"last reply"
+    assert client.feed(b"") is None  # closed: what follows is nothing

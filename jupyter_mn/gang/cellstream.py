@@ -90,9 +90,13 @@ class CellStream:
         actor calls)."""
         try:
             sock = socket.create_connection((host, port), timeout=SEND_S)
+        except OSError:
+            return False
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             channel = _Channel(sock, context)
         except (OSError, ssl.SSLError):
+            sock.close()  # a refused handshake
             return False
         self._channels[node] = channel
         frames = Frames()

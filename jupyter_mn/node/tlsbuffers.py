@@ -24,7 +24,8 @@ class TlsBuffers:
 
     def feed(self, data: bytes) -> bytes | None:
         """``data`` from the peer; returns the application data it completes (``b""`` mid-record
-        or mid-handshake), or None once the peer has closed TLS. Raises ``ssl.SSLError`` for what
+        or mid-handshake), or None once the peer has closed TLS (what came before its
+        close_notify in the same ``data`` is returned first). Raises ``ssl.SSLError`` for what
         is not TLS from a peer this context trusts."""
         self._in.write(data)
         if not self.handshaken:
@@ -40,9 +41,9 @@ class TlsBuffers:
             except ssl.SSLWantReadError:
                 return b"".join(chunks)
             except ssl.SSLZeroReturnError:
-                return None
+                return b"".join(chunks) or None
             if not chunk:
-                return None
+                return b"".join(chunks) or None
             chunks.append(chunk)
 
     def wrap(self, data: bytes) -> bytes:
