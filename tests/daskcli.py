@@ -237,8 +237,9 @@ class DaskCLI:
         for proc in self.workers.values():
             _wait_for(proc, re.compile(r"Registered to:"))
 
-    def worker_pids(self) -> dict[str, int]:
-        """Worker process (not nanny) pid by name, from a fresh client (like another user)."""
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[Any]:
+        """A fresh client of this cluster (like another user's)."""
         import dask
         from distributed import Client, Security
 
@@ -246,6 +247,11 @@ class DaskCLI:
             dask.config.set(tls_config(self.certs)),
             Client(self.address, security=Security(), set_as_default=False) as client,
         ):
+            yield client
+
+    def worker_pids(self) -> dict[str, int]:
+        """Worker process (not nanny) pid by name, from a fresh client (like another user)."""
+        with self._client() as client:
             info = client.scheduler_info(n_workers=-1)["workers"]
             pids = client.run(os.getpid)
         return {str(info[a]["name"]): pid for a, pid in pids.items()}
@@ -253,13 +259,7 @@ class DaskCLI:
     def actors(self) -> dict[str, list[str]]:
         """The actors (keys) each worker holds, by name, from a fresh client (a worker being
         removed meanwhile is left out: it holds nothing any more)."""
-        import dask
-        from distributed import Client, Security
-
-        with (
-            dask.config.set(tls_config(self.certs)),
-            Client(self.address, security=Security(), set_as_default=False) as client,
-        ):
+        with self._client() as client:
             info = client.scheduler_info(n_workers=-1)["workers"]
             held = client.run(
                 lambda dask_worker: [str(k) for k in dask_worker.state.actors], on_error="ignore"
@@ -288,13 +288,7 @@ class DaskCLI:
 
     def worker_names(self) -> set[str]:
         """The names of the workers the scheduler holds now."""
-        import dask
-        from distributed import Client, Security
-
-        with (
-            dask.config.set(tls_config(self.certs)),
-            Client(self.address, security=Security(), set_as_default=False) as client,
-        ):
+        with self._client() as client:
             return {str(w["name"]) for w in client.scheduler_info(n_workers=-1)["workers"].values()}
 
     def stop_worker(self, name: str) -> None:

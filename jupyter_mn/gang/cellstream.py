@@ -128,24 +128,22 @@ class CellStream:
         lands on this thread; a frame that does not decode), and the stream would be out of step
         for good: the stream is given up instead, so a waiting request gets ``StreamLost``
         rather than no answer, and the next cells go as actor calls."""
-        why = "its connection closed"
         try:
-            if (data := channel.recv()) is not None:
-                for _run_id, value, error in frames.feed(data):
-                    with self._lock:
-                        self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
-                    failed = RuntimeError(error) if error is not None else None  # agent.run raised
-                    self._inbox.put_reply(Reply(node, value=value, error=failed))
-                return
+            data = channel.recv()
+            for _run_id, value, error in frames.feed(data) if data is not None else ():
+                with self._lock:
+                    self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
+                failed = RuntimeError(error) if error is not None else None  # agent.run raised
+                self._inbox.put_reply(Reply(node, value=value, error=failed))
         except (OSError, ssl.SSLError):
-            pass  # closed under us (close(), or the send failed)
+            data = None  # closed under us (close(), or the send failed)
         except BaseException as exc:
-            why = f"reading its reply was cut short ({type(exc).__name__})"
-            self._drop(node, channel, why)
-            if not isinstance(exc, Exception):
-                raise  # a Ctrl-C: the run loop stops the cell
-            return
-        self._drop(node, channel, why)
+            self._drop(node, channel, f"reading its reply was cut short ({type(exc).__name__})")
+            if isinstance(exc, Exception):
+                return
+            raise  # a Ctrl-C: the run loop stops the cell
+        if data is None:
+            self._drop(node, channel, "its connection closed")
 
     def _drop(self, node: int, channel: _Channel, why: str) -> None:
         """Forget ``node``'s stream; a request still waiting gets ``why`` as its reply."""

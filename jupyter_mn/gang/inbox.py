@@ -95,7 +95,6 @@ class Inbox:
         self._added = threading.Condition(self._lock)
         #: while a socket is watched: the selector a waiting thread reads them in
         self._sockets: _Sockets | None = None
-        self._watched = 0
         #: a thread is reading the sockets (in the selector, or running callbacks): one at a
         #: time, and the selector is closed by it, not under it
         self._reader = False
@@ -134,7 +133,6 @@ class Inbox:
             if self._sockets is None:
                 self._sockets = _Sockets()
             self._sockets.selector.register(sock, selectors.EVENT_READ, on_readable)
-            self._watched += 1
             self._added.notify_all()  # a thread waiting on the condition becomes the reader
             self._wake_reader()  # a reader selects again, with this socket
 
@@ -148,8 +146,7 @@ class Inbox:
                 self._sockets.selector.unregister(sock)
             except (KeyError, ValueError):
                 return
-            self._watched -= 1
-            if not self._watched:
+            if len(self._sockets.selector.get_map()) == 1:  # the wake-up socket alone
                 self._wake_reader()  # back to the condition
                 sockets, self._sockets = self._sockets, None
                 if not self._reader:
