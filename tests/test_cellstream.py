@@ -24,8 +24,9 @@ from jupyter_mn.node.tlsbuffers import TlsBuffers
 
 
 class Agent:
-    """A CellServer on a loop thread of its own; ``run`` answers ``payload * 2`` as bytes, or
-    raises for "boom", or waits for ``release`` on "wait"."""
+    """A CellServer on a loop thread of its own; ``run`` starts a run that answers ``payload * 2``
+    as bytes, or fails to start for "boom", or fails later for "bust", or waits for ``release``
+    on "wait"."""
 
     def __init__(self, security: Security) -> None:
         self.loop = asyncio.new_event_loop()
@@ -38,9 +39,14 @@ class Agent:
         self.call(self.server.start("127.0.0.1", context))
         self.port = self.server.port
 
-    async def run(self, payload: Any, run_id: int) -> bytes:
+    def run(self, payload: Any, run_id: int) -> asyncio.Future[bytes]:
         if payload == "boom":
             raise ValueError("no such rank")
+        return asyncio.ensure_future(self._run(payload, run_id))
+
+    async def _run(self, payload: Any, run_id: int) -> bytes:
+        if payload == "bust":
+            raise RuntimeError("a rank's reply did not decode")
         if payload == "wait":
             self.waiting.set()
             await self.release.wait()
@@ -92,10 +98,11 @@ def test_requests_sent_while_replies_are_read_all_come_back_over_tls(agent, tls)
         assert sorted(eval(r.value.decode()) for r in got) == [(2 * i, i) for i in range(300)]
         assert all(r.node == 0 and r.error is None for r in got)
         assert stream.send(0, stream.request("boom", 1))
-        failed = inbox.get(timeout=10)
-        assert isinstance(failed.error, RuntimeError) and "ValueError: no such rank" in str(
-            failed.error
-        )
+        assert stream.send(0, stream.request("bust", 2))
+        failed = [inbox.get(timeout=10).error for _ in range(2)]
+        assert all(isinstance(error, RuntimeError) for error in failed)
+        said = sorted(str(error) for error in failed)
+        assert said == ["RuntimeError: a rank's reply did not decode", "ValueError: no such rank"]
     finally:
         stream.close()
 

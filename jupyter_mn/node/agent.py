@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -240,7 +241,7 @@ class NodeAgent:
         host. It has the worker's security (TLS with the gang's certificates, if the worker's)."""
         if self._cells is None:
             context = self._worker.security.get_listen_args("worker").get("ssl_context")
-            self._cells = CellServer(self.run)
+            self._cells = CellServer(self.start_run)
             await self._cells.start(self._worker.ip, context)
         return self._cells.port
 
@@ -316,34 +317,49 @@ class NodeAgent:
         return to_msg(self._telemetry.report())
 
     async def run(self, payload: Any, run_id: int = 0) -> bytes:
-        """Run a cell on every rank of this node; return their replies (a packed ``NodeReply``)
-        once output is flushed."""
+        """Run a cell on every rank of this node (the actor call; see ``start_run``)."""
+        return await self.start_run(payload, run_id)
+
+    def start_run(self, payload: Any, run_id: int = 0) -> asyncio.Future[bytes]:
+        """Send a cell to every rank of this node; the future is their replies (a packed
+        ``NodeReply``) once output is flushed.
+
+        No task and no loop turn between a request and its ranks, or between the last rank's
+        reply and the node's: the cell stream calls this from its read, the requests go out
+        before it returns, and the reply is built where the last rank's is read.
+        """
+        assert self._loop is not None and self._telemetry is not None
+        telemetry = self._telemetry
         self._run_id = run_id
-        for r in self._ranks:
-            r.begin(run_id)
-        self._telemetry.cell(running=True)
+        telemetry.cell(running=True)
         request = pack({"op": "run", "payload": payload})  # once for all: it may be large
+        done: asyncio.Future[bytes] = self._loop.create_future()
+        ranks = list(self._ranks)
+        replies: dict[int, dict[str, Any]] = {}
 
-        async def rank(r: RankHandle) -> dict[str, Any]:
-            # one task per rank for the whole cell (send, reply, output read to its end): three
-            # gathers cost a task per rank each on the cell's path
-            await r.send_packed(request)
-            reply = await self._watch(r, run_id)
-            r.pipes.catch_up()  # the cell's output, to its end, before its reply
-            return reply
+        def replied(r: RankHandle, reply: dict[str, Any]) -> None:
+            try:
+                if reply["status"] != "ok":
+                    error = reply.get("error") or {}
+                    secondary = error.get("secondary")
+                    self.rank_state(r.rank, reply["status"], run=run_id, primary=not secondary)
+                r.pipes.catch_up()  # the cell's output, to its end, before its reply
+                replies[r.local_rank] = reply
+                if len(replies) < len(ranks) or done.done():
+                    return
+                self.send_displays()  # what rank 0 showed last comes before the reply
+                if telemetry.cell(running=False):
+                    self._wake.set()  # its last look, now
+                in_order = [replies[each.local_rank] for each in ranks]
+                done.set_result(NodeReply.build(self.node, self.flush(), in_order).packed())
+            except Exception as exc:  # the node's reply says so, as an actor call's error would
+                if not done.done():
+                    done.set_exception(exc)
 
-        replies = await asyncio.gather(*(rank(r) for r in self._ranks))
-        self.send_displays()  # what rank 0 showed last comes before the reply
-        if self._telemetry.cell(running=False):
-            self._wake.set()  # its last look, now
-        return NodeReply.build(self.node, self.flush(), replies).packed()
-
-    async def _watch(self, r: RankHandle, run_id: int) -> dict[str, Any]:
-        reply = await r.reply("done")
-        if reply["status"] != "ok":
-            error = reply.get("error") or {}
-            self.rank_state(r.rank, reply["status"], run=run_id, primary=not error.get("secondary"))
-        return reply
+        for r in ranks:
+            r.expect(run_id, functools.partial(replied, r))
+            r.send_packed(request)  # one that fails is answered by the rank's death ("lost")
+        return done
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:
         """Stop run ``run_id``: SIGINT to busy ranks; idle ones leave their group (the cascade).

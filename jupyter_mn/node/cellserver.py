@@ -6,22 +6,25 @@ worker's handler); a cell's request and reply on a connection of their own cost 
 connection has dask's security: TLS with the gang's certificates when the worker uses TLS. It is a
 plain asyncio protocol (its ``data_received`` called straight from the worker's loop), with TLS
 on memory buffers (``tlsbuffers.py``): asyncio's TLS streams took each agent ~0.08 ms more CPU a
-cell, in several more loop turns. Each request (``(payload, run_id)``)
-runs as ``NodeAgent.run`` does for an actor call, concurrently with others; its reply is
-``(run_id, packed NodeReply, None)`` or ``(run_id, None, error)``.
+cell, in several more loop turns. Each request (``(payload, run_id)``) starts its run
+(``NodeAgent.start_run``, what an actor call to ``NodeAgent.run`` awaits) from the read that
+brought it, concurrently with others; its reply is ``(run_id, packed NodeReply, None)`` or
+``(run_id, None, error)``, written when the run's future is done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from .frames import Frames, Undecodable, encode
 from .tlsbuffers import TlsBuffers
 
-Run = Callable[[Any, int], Awaitable[bytes]]
+#: Starts a run now (its requests on their way to the ranks) and returns its reply's future.
+Run = Callable[[Any, int], "asyncio.Future[bytes]"]
 #: A connection whose TLS handshake is not done by then is closed (a peer that is not a kernel).
 HANDSHAKE_S = 10.0
 
@@ -94,7 +97,7 @@ class CellServer:
     def __init__(self, run: Run) -> None:
         self._run = run
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._runs: set[asyncio.Future[bytes]] = set()
         self.connections: set[_Connection] = set()
         self.port = 0
 
@@ -105,19 +108,21 @@ class CellServer:
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     def answer(self, connection: _Connection, payload: Any, run_id: int) -> None:
-        task = asyncio.ensure_future(self._answer(connection, payload, run_id))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, connection: _Connection, payload: Any, run_id: int) -> None:
+        """Start the run from the read that brought its request; reply when it is done."""
         try:
-            reply: tuple[int, bytes | None, str | None] = (
-                run_id,
-                await self._run(payload, run_id),
-                None,
-            )
+            run = self._run(payload, run_id)
         except Exception as exc:
-            reply = (run_id, None, f"{type(exc).__name__}: {exc}")
+            connection.write(encode((run_id, None, _said(exc))))
+            return
+        self._runs.add(run)
+        run.add_done_callback(functools.partial(self._reply, connection, run_id))
+
+    def _reply(self, connection: _Connection, run_id: int, run: asyncio.Future[bytes]) -> None:
+        self._runs.discard(run)
+        if run.cancelled():  # closed: the connection goes too
+            return
+        failed = run.exception()
+        reply = (run_id, None, _said(failed)) if failed else (run_id, run.result(), None)
         connection.write(encode(reply))
 
     async def close(self, grace: float = 0.0) -> None:
@@ -126,14 +131,17 @@ class CellServer:
         request still waiting gets ``StreamLost`` there)."""
         if self._server is not None:
             self._server.close()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=grace)
+        if self._runs:
+            await asyncio.wait(list(self._runs), timeout=grace)
         for connection in list(self.connections):
             connection.close()
             try:
                 await asyncio.wait_for(asyncio.shield(connection.closed), grace)
             except asyncio.TimeoutError:
                 connection.transport.abort()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for run in list(self._runs):
+            run.cancel()
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -19,7 +19,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -118,11 +119,14 @@ class RankHandle:
         self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
+        #: who takes this rank's next cell replies, oldest first (``expect``)
+        self._expecting: deque[Callable[[dict[str, Any]], None]] = deque()
         #: why the agent killed it (shown with its exit status)
         self.killed_because = ""
         self.stopping = False
         self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
+        self._sending: set[asyncio.Task[bool]] = set()  # sends waiting for the lock, or a thread
         parent, child = socket.socketpair()
         stacks_parent, stacks_child = socket.socketpair()
         env = {**env, CONTROL_FD: str(child.fileno()), STACKS_FD: str(stacks_child.fileno())}
@@ -148,9 +152,12 @@ class RankHandle:
         self._stack_frames = Frames()
         self._loop.add_reader(self.stacks_conn.fileno(), self._read_stacks)
 
-    def begin(self, run_id: int) -> None:
-        """Run ``run_id`` is sent: the rank is busy until its reply."""
+    def expect(self, run_id: int, on_reply: Callable[[dict[str, Any]], None]) -> None:
+        """Run ``run_id`` is being sent: the rank is busy until its reply, which goes to
+        ``on_reply`` straight from the loop's read of the control socket (a task waiting for it
+        would cost the reply a loop turn or two), or a "lost" outcome if the rank dies first."""
         self.running = run_id
+        self._expecting.append(on_reply)
 
     # ---- event loop: the control or stacks socket is readable
     def _read(self, conn: Connection) -> bytes:
@@ -174,6 +181,10 @@ class RankHandle:
                 if msg["op"] == "display":  # rank 0's display() while the cell runs
                     self.agent.display(self.rank, msg)
                     continue
+                if msg["op"] == "done" and self._expecting:
+                    self.running = None
+                    self._expecting.popleft()(msg)
+                    continue
                 self.messages.put_nowait(msg)
             return
         self.messages.put_nowait({"op": "exit"})
@@ -185,32 +196,53 @@ class RankHandle:
                 self.stack_replies.put_nowait(msg)
 
     def _gone(self) -> None:
-        """The process went away; when no cell was running, nobody else would notice."""
-        if not self.stopping and self.running is None:
+        """The process went away: the cells waiting for its reply get a "lost" outcome; when no
+        cell was running, nobody else would notice."""
+        if self._expecting:
+            self.running = None
+            self._lost_report = asyncio.ensure_future(self._answer_lost())
+        elif not self.stopping and self.running is None:
             self._lost_report = asyncio.ensure_future(self._report_lost())
 
     async def _report_lost(self) -> None:
         reason = self.exit_reason(await self.exit_code())
         self.agent.rank_state(self.rank, "lost-idle", self.explain(f"died between cells: {reason}"))
 
+    async def _answer_lost(self) -> None:
+        lost = await self._lost("done")
+        while self._expecting:
+            self._expecting.popleft()(lost)
+
     # ---- event loop side
     async def send(self, msg: dict[str, Any]) -> bool:
         return await self.send_packed(pack(msg))
 
-    async def send_packed(self, data: bytes) -> bool:
-        """Send a ``pack``ed message in order; small ones straight from the loop (a socket buffer
-        takes them at once: a thread hop would cost ~2 ms a cell), large ones from a thread."""
+    def send_packed(self, data: bytes) -> asyncio.Future[bool]:
+        """Send a ``pack``ed message in order; the future says whether it went. A small one,
+        with no large one still being sent, goes before this returns (a socket buffer takes it at
+        once, so a cell's request reaches every rank before the loop turns; a thread hop would
+        cost ~2 ms a cell); a large one from a thread."""
+        if len(data) <= _INLINE_SEND and not self._sending:
+            sent = self._loop.create_future()
+            sent.set_result(self._write(data))
+            return sent
+        task = asyncio.ensure_future(self._send_in_order(data))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+        return task
+
+    def _write(self, data: bytes) -> bool:
+        try:
+            self.conn.send_bytes(data)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    async def _send_in_order(self, data: bytes) -> bool:
         async with self._send_lock:
-            try:
-                if len(data) <= _INLINE_SEND:
-                    self.conn.send_bytes(data)
-                else:
-                    await asyncio.get_running_loop().run_in_executor(
-                        None, self.conn.send_bytes, data
-                    )
-                return True
-            except (OSError, ValueError):
-                return False
+            if len(data) <= _INLINE_SEND:
+                return self._write(data)
+            return await asyncio.get_running_loop().run_in_executor(None, self._write, data)
 
     async def ready(self) -> dict[str, Any]:
         msg = await self.messages.get()
@@ -223,9 +255,10 @@ class RankHandle:
     async def reply(self, op: str) -> dict[str, Any]:
         """The next reply of kind ``op``, or a "lost" outcome when the process died first."""
         msg = await self.messages.get()
-        self.running = None
-        if msg["op"] == op:
-            return msg
+        return msg if msg["op"] == op else await self._lost(op)
+
+    async def _lost(self, op: str) -> dict[str, Any]:
+        """The reply of kind ``op`` of a rank that died before it sent one."""
         code = await self.exit_code()
         await self.pipes.drained()  # its last lines are still on their way
         return {

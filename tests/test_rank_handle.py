@@ -1,0 +1,106 @@
+"""The agent's handle on one rank process (``node/process.py``): requests reach the rank in the
+order they were made, however large, and a cell's reply goes straight to whoever expects it, or a
+"lost" outcome when the rank dies first. A real child process speaks the control socket."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+from jupyter_mn.node.process import RankHandle, pack
+
+#: A rank that answers each request with the size of its blob, dies on "die", ends on "stop".
+ECHO = """
+import os
+from multiprocessing.connection import Connection
+conn = Connection(int(os.environ["JUPYTER_MN_CONTROL_FD"]))
+while True:
+    msg = conn.recv()
+    if msg["op"] == "die":
+        os._exit(3)
+    if msg["op"] == "stop":
+        break
+    conn.send({"op": "done", "status": "ok", "size": len(msg["blob"])})
+"""
+
+
+class _Agent:
+    """What a handle may ask of its agent (``node/link.py``), recorded."""
+
+    node = 0
+
+    def __init__(self) -> None:
+        self.states: list[tuple[int, str]] = []
+
+    def log(self, rank: int, stream: str, line: str) -> None:
+        pass
+
+    def partial(self, rank: int, stream: str, text: str) -> None:
+        pass
+
+    def display(self, rank: int, output: dict[str, Any]) -> None:
+        pass
+
+    def rank_state(self, rank: int, state: str, *args: Any, **kwargs: Any) -> None:
+        self.states.append((rank, state))
+
+
+def _handle() -> RankHandle:
+    return RankHandle(_Agent(), 0, 0, dict(os.environ), None, [sys.executable, "-c", ECHO])
+
+
+def _expect(handle: RankHandle, run_id: int) -> asyncio.Future[dict[str, Any]]:
+    got: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    handle.expect(run_id, got.set_result)
+    return got
+
+
+def test_a_small_request_never_overtakes_a_large_one_still_being_sent():
+    async def main() -> list[int]:
+        handle = _handle()
+        try:
+            sizes = [1 << 22, 10, 1 << 21, 20]  # the large ones go from a thread
+            replies = [_expect(handle, run_id) for run_id in range(len(sizes))]
+            for size in sizes:
+                handle.send_packed(pack({"op": "run", "blob": b"x" * size}))
+            return [reply["size"] for reply in await asyncio.wait_for(asyncio.gather(*replies), 30)]
+        finally:
+            await handle.stop()
+
+    assert asyncio.run(main()) == [1 << 22, 10, 1 << 21, 20]
+
+
+def test_a_small_request_is_on_its_way_when_send_returns():
+    """The cell stream relies on it: a cell's requests reach every rank before the loop turns."""
+
+    async def main() -> dict[str, Any]:
+        handle = _handle()
+        try:
+            reply = _expect(handle, 1)
+            sent = handle.send_packed(pack({"op": "run", "blob": b"abc"}))
+            assert sent.done() and sent.result() is True
+            return await asyncio.wait_for(reply, 30)
+        finally:
+            await handle.stop()
+
+    assert asyncio.run(main())["size"] == 3
+
+
+def test_a_rank_that_dies_before_its_reply_is_lost_to_every_cell_expecting_one():
+    async def main() -> tuple[list[dict[str, Any]], Any]:
+        handle = _handle()
+        try:
+            replies = [_expect(handle, run_id) for run_id in (1, 2)]
+            handle.send_packed(pack({"op": "die"}))
+            got = await asyncio.wait_for(asyncio.gather(*replies), 30)
+            return got, handle.running
+        finally:
+            await handle.stop()
+
+    replies, running = asyncio.run(main())
+    assert [(r["status"], r["exit_code"], r["error"]["ename"]) for r in replies] == [
+        ("lost", 3, "RankLost")
+    ] * 2
+    assert running is None
