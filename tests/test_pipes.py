@@ -6,13 +6,11 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
+
+from agentloop import on_loop_thread
 
 from jupyter_mn.node.pipes import MAX_LINE, PipeReader
-
-T = TypeVar("T")
 
 
 class Recorder:
@@ -38,13 +36,6 @@ class Recorder:
 
     def rank_state(self, rank: int, state: str, detail: str = "", **_: Any) -> None:
         pass
-
-
-def on_loop_thread(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a fresh loop in a thread of its own, as the agent's loop runs on its
-    worker's thread (and whatever an earlier test left on the main thread cannot interfere)."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def _child(code: str) -> subprocess.Popen[bytes]:

@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Any
 
+from agentloop import on_loop_thread
+
 from jupyter_mn.node.process import RankHandle, pack
 
 #: A rank that answers each request with the size of its blob, dies on "die", ends on "stop".
@@ -69,7 +71,7 @@ def test_a_small_request_never_overtakes_a_large_one_still_being_sent():
         finally:
             await handle.stop()
 
-    assert asyncio.run(main()) == [1 << 22, 10, 1 << 21, 20]
+    assert on_loop_thread(main()) == [1 << 22, 10, 1 << 21, 20]
 
 
 def test_a_small_request_is_on_its_way_when_send_returns():
@@ -85,7 +87,7 @@ def test_a_small_request_is_on_its_way_when_send_returns():
         finally:
             await handle.stop()
 
-    assert asyncio.run(main())["size"] == 3
+    assert on_loop_thread(main())["size"] == 3
 
 
 def test_a_rank_that_dies_before_its_reply_is_lost_to_every_cell_expecting_one():
@@ -99,8 +101,30 @@ def test_a_rank_that_dies_before_its_reply_is_lost_to_every_cell_expecting_one()
         finally:
             await handle.stop()
 
-    replies, running = asyncio.run(main())
+    replies, running = on_loop_thread(main())
     assert [(r["status"], r["exit_code"], r["error"]["ename"]) for r in replies] == [
         ("lost", 3, "RankLost")
     ] * 2
     assert running is None
+
+
+def test_a_cell_sent_to_a_rank_already_dead_or_stopped_is_lost_at_once():
+    """A rank dead between cells (its death seen, or its handle stopped) still answers the next
+    cell, as "lost": nothing would ever read its socket again."""
+
+    async def main() -> list[str]:
+        handle = _handle()
+        first = _expect(handle, 1)
+        handle.send_packed(pack({"op": "die"}))
+        statuses = [(await asyncio.wait_for(first, 30))["status"]]  # its death was read
+        late = _expect(handle, 2)
+        assert handle.send_packed(pack({"op": "run", "blob": b""})).result() is False
+        statuses.append((await asyncio.wait_for(late, 30))["status"])
+        await handle.stop()
+
+        stopped = _handle()
+        await stopped.stop()
+        statuses.append((await asyncio.wait_for(_expect(stopped, 1), 30))["status"])
+        return statuses
+
+    assert on_loop_thread(main()) == ["lost"] * 3

@@ -337,6 +337,13 @@ class NodeAgent:
         ranks = list(self._ranks)
         replies: dict[int, dict[str, Any]] = {}
 
+        def finish() -> None:
+            self.send_displays()  # what rank 0 showed last comes before the reply
+            if telemetry.cell(running=False):
+                self._wake.set()  # its last look, now
+            in_order = [replies[each.local_rank] for each in ranks]
+            done.set_result(NodeReply.build(self.node, self.flush(), in_order).packed())
+
         def replied(r: RankHandle, reply: dict[str, Any]) -> None:
             try:
                 if reply["status"] != "ok":
@@ -345,13 +352,8 @@ class NodeAgent:
                     self.rank_state(r.rank, reply["status"], run=run_id, primary=not secondary)
                 r.pipes.catch_up()  # the cell's output, to its end, before its reply
                 replies[r.local_rank] = reply
-                if len(replies) < len(ranks) or done.done():
-                    return
-                self.send_displays()  # what rank 0 showed last comes before the reply
-                if telemetry.cell(running=False):
-                    self._wake.set()  # its last look, now
-                in_order = [replies[each.local_rank] for each in ranks]
-                done.set_result(NodeReply.build(self.node, self.flush(), in_order).packed())
+                if len(replies) == len(ranks) and not done.done():
+                    finish()
             except Exception as exc:  # the node's reply says so, as an actor call's error would
                 if not done.done():
                     done.set_exception(exc)
@@ -359,6 +361,8 @@ class NodeAgent:
         for r in ranks:
             r.expect(run_id, functools.partial(replied, r))
             r.send_packed(request)  # one that fails is answered by the rank's death ("lost")
+        if not ranks:  # none left after a failed relaunch: an empty reply, as before
+            finish()
         return done
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:

@@ -121,6 +121,8 @@ class RankHandle:
         self.running: int | None = None
         #: who takes this rank's next cell replies, oldest first (``expect``)
         self._expecting: deque[Callable[[dict[str, Any]], None]] = deque()
+        self._dead = False  # its control socket ended: no reply will come
+        self._answering: asyncio.Future[None] | None = None  # "lost" to those expecting one
         #: why the agent killed it (shown with its exit status)
         self.killed_because = ""
         self.stopping = False
@@ -158,6 +160,8 @@ class RankHandle:
         would cost the reply a loop turn or two), or a "lost" outcome if the rank dies first."""
         self.running = run_id
         self._expecting.append(on_reply)
+        if self._dead:
+            self._answer_lost()
 
     # ---- event loop: the control or stacks socket is readable
     def _read(self, conn: Connection) -> bytes:
@@ -196,11 +200,11 @@ class RankHandle:
                 self.stack_replies.put_nowait(msg)
 
     def _gone(self) -> None:
-        """The process went away: the cells waiting for its reply get a "lost" outcome; when no
-        cell was running, nobody else would notice."""
+        """The process went away: the cells waiting for its reply get a "lost" outcome (and so
+        do those sent to it from now on); when no cell was running, nobody else would notice."""
+        self._dead = True
         if self._expecting:
-            self.running = None
-            self._lost_report = asyncio.ensure_future(self._answer_lost())
+            self._answer_lost()
         elif not self.stopping and self.running is None:
             self._lost_report = asyncio.ensure_future(self._report_lost())
 
@@ -208,9 +212,14 @@ class RankHandle:
         reason = self.exit_reason(await self.exit_code())
         self.agent.rank_state(self.rank, "lost-idle", self.explain(f"died between cells: {reason}"))
 
-    async def _answer_lost(self) -> None:
+    def _answer_lost(self) -> None:
+        self.running = None
+        if self._answering is None or self._answering.done():
+            self._answering = asyncio.ensure_future(self._answer_expecting())
+
+    async def _answer_expecting(self) -> None:
         lost = await self._lost("done")
-        while self._expecting:
+        while self._expecting:  # those that came while it was awaited too
             self._expecting.popleft()(lost)
 
     # ---- event loop side
@@ -335,6 +344,8 @@ class RankHandle:
             if not conn.closed:
                 self._loop.remove_reader(conn.fileno())  # never a closed fd on the loop
                 conn.close()
+        if not self._dead:  # its end was not read: the socket is closed now
+            self._gone()
 
     async def _session_gone(self) -> None:
         """Give what the rank started a moment to end on its own: multiprocessing's resource
