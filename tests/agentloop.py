@@ -1,4 +1,5 @@
-"""Run a coroutine as a node agent's code runs: on an event loop of a thread of its own."""
+"""A node agent's side, for tests of what runs on its loop (pipes, rank handles): the loop, on a
+thread of its own, and a recorder of what they hand the agent (``node/link.py``)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,29 @@ def on_loop_thread(coro: Coroutine[Any, Any, T]) -> T:
     worker's thread (and whatever an earlier test left on the main thread cannot interfere)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+class Recorder:
+    """The agent's side of the seam, recording the lines a pipe reader hands it (made on the
+    loop)."""
+
+    node = 0
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.partials: list[tuple[str, str]] = []
+        self.changed = asyncio.Event()
+
+    def log(self, rank: int, stream: str, line: str) -> None:
+        self.lines.append((stream, line))
+        self.changed.set()
+
+    def partial(self, rank: int, stream: str, text: str) -> None:
+        self.partials.append((stream, text))
+        self.changed.set()
+
+    def display(self, rank: int, output: dict[str, Any]) -> None:
+        raise AssertionError("no test here displays anything")
+
+    def rank_state(self, rank: int, state: str, detail: str = "", **_: Any) -> None:
+        pass

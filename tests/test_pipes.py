@@ -8,34 +8,9 @@ import subprocess
 import sys
 from typing import Any
 
-from agentloop import on_loop_thread
+from agentloop import Recorder, on_loop_thread
 
 from jupyter_mn.node.pipes import MAX_LINE, PipeReader
-
-
-class Recorder:
-    """The agent's side of the seam, recording what the reader hands it."""
-
-    node = 0
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-        self.partials: list[tuple[str, str]] = []
-        self.changed = asyncio.Event()
-
-    def log(self, rank: int, stream: str, line: str) -> None:
-        self.lines.append((stream, line))
-        self.changed.set()
-
-    def partial(self, rank: int, stream: str, text: str) -> None:
-        self.partials.append((stream, text))
-        self.changed.set()
-
-    def display(self, rank: int, output: dict[str, Any]) -> None:
-        raise AssertionError("pipes never carry displays")
-
-    def rank_state(self, rank: int, state: str, detail: str = "", **_: Any) -> None:
-        pass
 
 
 def _child(code: str) -> subprocess.Popen[bytes]:

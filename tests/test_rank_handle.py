@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from agentloop import on_loop_thread
+from agentloop import Recorder, on_loop_thread
 
 from jupyter_mn.node.process import RankHandle, pack
 
@@ -28,29 +28,8 @@ while True:
 """
 
 
-class _Agent:
-    """What a handle may ask of its agent (``node/link.py``), recorded."""
-
-    node = 0
-
-    def __init__(self) -> None:
-        self.states: list[tuple[int, str]] = []
-
-    def log(self, rank: int, stream: str, line: str) -> None:
-        pass
-
-    def partial(self, rank: int, stream: str, text: str) -> None:
-        pass
-
-    def display(self, rank: int, output: dict[str, Any]) -> None:
-        pass
-
-    def rank_state(self, rank: int, state: str, *args: Any, **kwargs: Any) -> None:
-        self.states.append((rank, state))
-
-
 def _handle() -> RankHandle:
-    return RankHandle(_Agent(), 0, 0, dict(os.environ), None, [sys.executable, "-c", ECHO])
+    return RankHandle(Recorder(), 0, 0, dict(os.environ), None, [sys.executable, "-c", ECHO])
 
 
 def _expect(handle: RankHandle, run_id: int) -> asyncio.Future[dict[str, Any]]:
