@@ -51,6 +51,11 @@ class RendezvousError(JupyterMNError):
     """Ranks started but did not form a process group."""
 
 
+class JoinTimeout(RendezvousError):
+    """A node's ranks did not join in time: often because another node's rank failed first,
+    so the gang reports another node's error before this one."""
+
+
 class TransportError(JupyterMNError):
     """The interconnect is not what was required (e.g. ``--require-rdma`` on a socket fallback)."""
 

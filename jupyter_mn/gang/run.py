@@ -189,7 +189,9 @@ def rank_outcomes(
         reply = replies.get(node)
         if reply is None or reply.error is not None:
             why = reply.error if reply is not None else "no answer"
-            err = RankError("NodeLost", f"its agent (a dask worker) stopped answering: {why}")
+            err = RankError(
+                "NodeLost", f"its agent (a dask worker) stopped answering: {why}", node_lost=True
+            )
             outcomes += [
                 RankOutcome(node * gpus + i, node, i, LOST, error=err) for i in range(gpus)
             ]
@@ -226,7 +228,7 @@ def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
     ranks: in the background, they take seconds), or give the gang up."""
     if gang.status != GangStatus.RUNNING or (result.ok and not interrupted):
         return  # closed meanwhile (``%cluster down``, max runtime), or nothing to re-form
-    agents_lost = {o.node for o in result.ranks if o.error and o.error.ename == "NodeLost"}
+    agents_lost = {o.node for o in result.ranks if o.error and o.error.node_lost}
     if agents_lost:
         nodes = ", ".join(f"node {n}" for n in sorted(agents_lost))
         gang.close(broken=f"the agent of {nodes} was lost", wait=False)

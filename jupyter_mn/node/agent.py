@@ -23,14 +23,16 @@ from typing import Any
 
 from distributed import get_worker
 
-from ..errors import RendezvousError
+from ..errors import JoinTimeout
 from ..events import (
     DisplayOutput,
     Displays,
     GangState,
+    GangStatus,
     LogLines,
     NodeReply,
     RankState,
+    RankStatus,
     to_msg,
 )
 from ..launch import Launch
@@ -225,7 +227,12 @@ class NodeAgent:
         self.call_soon(self._worker.log_event, self.topic, to_msg(event))
 
     def rank_state(
-        self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
+        self,
+        rank: int,
+        state: RankStatus,
+        detail: str = "",
+        run: int = 0,
+        primary: bool = False,
     ) -> None:
         # after the lines flushed before it, before those flushed after it
         self._publish(RankState(self.node, rank, state, detail, run, primary))
@@ -278,7 +285,7 @@ class NodeAgent:
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
         proc = RankHandle(self, local, rank, env, launch.cwd, self._command)
-        self.rank_state(rank, "started", f"pid {proc.proc.pid}")
+        self.rank_state(rank, RankStatus.STARTED, f"pid {proc.proc.pid}")
         return proc
 
     async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
@@ -295,14 +302,14 @@ class NodeAgent:
             infos = await asyncio.wait_for(joined, timeout)
         except asyncio.TimeoutError:
             await self._stop_ranks()
-            raise RendezvousError(
+            raise JoinTimeout(
                 f"node {self.node}: ranks did not join the process group within {timeout:.0f} s"
             ) from None
         except BaseException:
             await self._stop_ranks()
             raise
         for info in infos:
-            self.rank_state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
+            self.rank_state(info["rank"], RankStatus.READY, f"{info['device']} ({info['backend']})")
         return infos
 
     def _sampled(self) -> list[RankProcess]:
@@ -349,7 +356,9 @@ class NodeAgent:
                 if reply["status"] != "ok":
                     error = reply.get("error") or {}
                     secondary = error.get("secondary")
-                    self.rank_state(r.rank, reply["status"], run=run_id, primary=not secondary)
+                    self.rank_state(
+                        r.rank, RankStatus(reply["status"]), run=run_id, primary=not secondary
+                    )
                 r.pipes.catch_up()  # the cell's output, to its end, before its reply
                 replies[r.local_rank] = reply
                 if len(replies) == len(ranks) and not done.done():
@@ -471,7 +480,7 @@ class NodeAgent:
         """The kernel stopped beating: free the node rather than hold its GPUs forever."""
         silent = self._watchdog.heartbeat_timeout if self._watchdog else 0
         why = f"node {self.node}: no heartbeat for {silent:.0f} s"
-        self._publish(GangState("BROKEN", why))
+        self._publish(GangState(GangStatus.BROKEN, why))
         for r in self._ranks:  # busy with a cell nobody waits for: it would not read a stop
             if r.running is not None:
                 r.kill(f"the kernel is gone ({why})")
@@ -489,7 +498,7 @@ class NodeAgent:
         # be read before stop()'s last event (a later one brings the gang's topic back).
         await asyncio.gather(*(r.pipes.drained() for r in self._ranks))
         for r in self._ranks:
-            self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
+            self.rank_state(r.rank, RankStatus.EXITED, describe_exit(r.proc.returncode))
 
     async def run_script(self, launch: Launch) -> bytes:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""

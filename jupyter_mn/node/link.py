@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ..events import RankStatus
+
 
 class NodeLink(Protocol):
     """What rank handles may ask of their node agent (``agent.py`` implements it)."""
@@ -29,7 +31,12 @@ class NodeLink(Protocol):
         agent batches them."""
 
     def rank_state(
-        self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
+        self,
+        rank: int,
+        state: RankStatus,
+        detail: str = "",
+        run: int = 0,
+        primary: bool = False,
     ) -> None:
         """A rank started, became ready, failed (``primary``: as a cause, not a consequence),
         was lost or exited (from the loop)."""

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import RendezvousError
+from ..events import RankStatus
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
 from .frames import Frames, Undecodable
@@ -210,7 +211,9 @@ class RankHandle:
 
     async def _report_lost(self) -> None:
         reason = self.exit_reason(await self.exit_code())
-        self.agent.rank_state(self.rank, "lost-idle", self.explain(f"died between cells: {reason}"))
+        self.agent.rank_state(
+            self.rank, RankStatus.LOST_IDLE, self.explain(f"died between cells: {reason}")
+        )
 
     def _answer_lost(self) -> None:
         self.running = None

@@ -13,7 +13,15 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..events import CellDone, Displays, GangState, LogLines, Stacks, TransportReport
+from ..events import (
+    CellDone,
+    Displays,
+    GangState,
+    GangStatus,
+    LogLines,
+    Stacks,
+    TransportReport,
+)
 from ..spec import ClusterSpec
 from .displays import RankDisplays
 from .stacks import format_stacks
@@ -129,14 +137,14 @@ class TextView:
                 self._printed[key] = (now, text)
 
     def _gang(self, event: GangState) -> None:
-        if event.state == "SCHEDULING":
+        if event.state == GangStatus.SCHEDULING:
             self._note(f"starting a {event.detail} gang …")
-        elif event.state == "READY" and event.detail:
+        elif event.state == GangStatus.READY and event.detail:
             self._cold = True
             self._note(f"gang up: ranks run on {event.detail}")
             if "cuda" not in event.detail:
                 self._note("no CUDA GPU: each --gpus slot is a CPU rank (gloo backend)")
-        elif event.state == "BROKEN":
+        elif event.state == GangStatus.BROKEN:
             self._note(f"gang broken: {event.detail}", stream="err")
 
     def _transport(self, event: TransportReport) -> None:

@@ -22,7 +22,7 @@ import ipywidgets as W
 import traitlets
 from IPython.display import display
 
-from ..events import Displays, GangState
+from ..events import Displays, GangState, GangStatus
 from ..kernelid import current_kernel_id
 from ..spec import ClusterSpec
 from .displays import RankDisplays
@@ -37,7 +37,11 @@ FRAME_S = 0.1
 BYTES_PER_S = 400_000
 #: The GPU panel's share: it is redrawn at most once a second, less often when it is large.
 GPU_BYTES_PER_S = BYTES_PER_S // 4
-_STATE_COLORS = {"RUNNING": "#1a73e8", "READY": "#188038", "BROKEN": "#d93025"}
+_STATE_COLORS = {
+    GangStatus.RUNNING: "#1a73e8",
+    GangStatus.READY: "#188038",
+    GangStatus.BROKEN: "#d93025",
+}
 
 STYLE = """<style>
 .jp-mn-log { max-height: 22em; overflow-y: auto; display: flex; flex-direction: column-reverse;
@@ -184,12 +188,12 @@ class ClusterWidget:
     def follow(self, gang: Any) -> None:
         """After a failed cell whose gang re-forms in the background, keep listening until it is
         READY (or BROKEN), so the header does not stay on RENDEZVOUS."""
-        if self.state.state != "RENDEZVOUS":
+        if self.state.state != GangStatus.RENDEZVOUS:
             return
         once = threading.Lock()  # the dask thread and this one may both see it settle
 
         def settled(event: Any) -> None:
-            if isinstance(event, GangState) and event.state != "RENDEZVOUS":
+            if isinstance(event, GangState) and event.state != GangStatus.RENDEZVOUS:
                 if not once.acquire(blocking=False):
                     return
                 unsubscribe()
@@ -199,8 +203,8 @@ class ClusterWidget:
                     self._handle.update(self)  # the text/plain a saved notebook keeps
 
         unsubscribe = gang.hub.subscribe(settled)
-        if gang.status.value != "RENDEZVOUS":  # it settled before we listened
-            settled(GangState(gang.status.value, gang.detail))
+        if gang.status != GangStatus.RENDEZVOUS:  # it settled before we listened
+            settled(GangState(gang.status, gang.detail))
 
     # ---- drawing thread
     def _loop(self) -> None:
