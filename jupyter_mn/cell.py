@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import functools
 import hashlib
 import re
@@ -171,7 +172,8 @@ class Shipper:
         """Pickle each name the cell reads from ``namespace``; raise one error for all failures.
 
         Names the gang's own cells defined stay rank-local (they win over a notebook variable of
-        the same name), unless named in ``push``. Returns the captured names and notes to show.
+        the same name), unless named in ``push``. Returns the captured names, each with its
+        bytes (``for_ranks`` leaves out those the ranks hold), and notes to show.
         """
         push = set(push)
         missing = sorted(n for n in push if n not in namespace)
@@ -205,7 +207,8 @@ class Shipper:
             except Exception as exc:
                 problems.append(_describe_failure(name, value, exc))
                 continue
-            captured.append(self._reference(name, data))
+            digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+            captured.append(Captured(name, digest, data))
         if problems:
             raise CaptureError(
                 "%%cluster cannot send these notebook variables to the ranks:\n"
@@ -214,14 +217,18 @@ class Shipper:
             )
         return tuple(captured), tuple(notes)
 
-    def _reference(self, name: str, data: bytes) -> Captured:
-        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-        if len(data) < CACHE_MIN_BYTES:
-            return Captured(name, digest, data)
-        if self._held.get(name) == digest:
-            return Captured(name, digest, None)
-        self._held[name] = digest
-        return Captured(name, digest, data)
+    def for_ranks(self, captured: tuple[Captured, ...]) -> tuple[Captured, ...]:
+        """``captured`` as the ranks get it: a large value they already hold as only its digest
+        (``forget`` first when the ranks are new)."""
+        return tuple(self._reference(c) for c in captured)
+
+    def _reference(self, c: Captured) -> Captured:
+        if c.data is None or len(c.data) < CACHE_MIN_BYTES:
+            return c
+        if self._held.get(c.name) == c.digest:
+            return dataclasses.replace(c, data=None)
+        self._held[c.name] = c.digest
+        return c
 
 
 def _never_shipped(name: str, value: Any, push: set[str]) -> bool:

@@ -28,7 +28,7 @@ from .result import LOST, CellResult
 from .spec import ClusterSpec
 
 if TYPE_CHECKING:
-    from .gang.base import Preflight
+    from .gang.base import Gang, Preflight
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -43,7 +43,7 @@ class Cluster:
 
     def __init__(self, spec: ClusterSpec | None = None, **options: Any) -> None:
         self.spec = spec.replace(**options) if spec else ClusterSpec.build(options)
-        self.gang: Any = None
+        self.gang: Gang | None = None
         self.cells = 0
         self.released = ""
         self.last_used = time.time()
@@ -58,14 +58,15 @@ class Cluster:
         #: the cost cap (``--max-runtime``) of the warm gang
         self._expiry = _Deadline(self._expire)
         self._expired = ""
-        self._holders: tuple[str, int] | None = None
+        #: the rank processes (gang id, incarnation) the shipper's cache of names is about
+        self._cache_ranks: tuple[str, int] | None = None
         self._background: BackgroundCell | None = None
         #: what re-forming the gang told us, for the next result
         self._notes: list[str] = []
         _live.add(self)
 
     # ---- lifecycle
-    def up(self, on_event: OnEvent | None = None) -> Any:
+    def up(self, on_event: OnEvent | None = None) -> Gang:
         """Bring the gang up (all ranks or none); a no-op when it is already up."""
         from .gang import make_gang
         from .recorder import track
@@ -207,18 +208,15 @@ class Cluster:
         the kernel's ``user_ns``); nothing is captured without it. With ``retries`` a cell whose
         rank was lost runs again once the gang has recovered.
         """
-        from .gang.run import run_cell
-
         self._refuse_while_background()
         with self._job() as torn_down:
             self.cells += 1
-            cell_id = self.cells if cell_id is None else cell_id
             python = compile_cell(code)
             names, notes = self._capture(python, namespace, push)  # bad input: nothing started
             defines = bound_names(python)
             payload = CellPayload(
                 code,
-                cell_id,
+                self.cells if cell_id is None else cell_id,
                 names,
                 return_all=return_all,
                 pull=tuple(pull),
@@ -227,29 +225,42 @@ class Cluster:
                 notes=notes,
             )
             self._notes = []
-            attempts = 1 + (self.spec.retries if retries is None else retries)
-            for attempt in range(attempts):
-                gang = self.up(on_event)
-                holders = (gang.id, gang.incarnation)
-                if holders != self._holders:  # new rank processes hold no cached names
-                    self._shipper.forget()
-                    self._holders = holders
-                    fresh, _ = self._capture(python, namespace, push)
-                    payload = dataclasses.replace(payload, names=fresh)
-                result = run_cell(
-                    gang, payload, on_event, self.spec.timeout if timeout is None else timeout
-                )
-                if result.ok or not _retryable(result) or attempt + 1 == attempts:
-                    break
-                if self._expired:
-                    break
-                if on_event is not None:
-                    on_event(Note(_retry_text(attempt + 1, attempts - 1, result)))
+            result = self._attempts(
+                payload,
+                on_event,
+                self.spec.timeout if timeout is None else timeout,
+                self.spec.retries if retries is None else retries,
+            )
         if torn_down:
             result.notes.append(f"the gang was torn down: {torn_down[0]}")
         self._rank_defined |= defines
         result.notes[:0] = [*notes, *self._notes]
         return result
+
+    def _attempts(
+        self, payload: CellPayload, on_event: OnEvent | None, timeout: float | None, retries: int
+    ) -> CellResult:
+        """Run ``payload``; while a rank was lost and retries are left, again once the gang has
+        recovered (not after the cost cap stopped it)."""
+        from .gang.run import run_cell
+
+        for attempt in range(1 + retries):
+            gang = self.up(on_event)
+            result = run_cell(gang, self._for_ranks(payload, gang), on_event, timeout)
+            if result.ok or not _retryable(result) or attempt == retries or self._expired:
+                return result
+            if on_event is not None:
+                on_event(Note(_retry_text(attempt + 1, retries, result)))
+        raise AssertionError("unreachable: the last attempt returns")
+
+    def _for_ranks(self, payload: CellPayload, gang: Gang) -> CellPayload:
+        """``payload`` as ``gang``'s ranks get it: the large names they already hold as digests;
+        new rank processes hold none."""
+        ranks = (gang.id, gang.incarnation)
+        if ranks != self._cache_ranks:
+            self._shipper.forget()
+            self._cache_ranks = ranks
+        return dataclasses.replace(payload, names=self._shipper.for_ranks(payload.names))
 
     def launch(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn(*args, **kwargs)`` on every rank and return rank 0's return value (a failure

@@ -150,14 +150,12 @@ class ClusterMagics(Magics):
             result = target.run(cell, on_event=view, **options)
         finally:
             view.close()
-        follow = getattr(view, "follow", None)  # the widget's header tracks a background re-form
-        if follow is not None and target.gang is not None:
-            follow(target.gang)
+        if target.gang is not None:  # the widget's header tracks a background re-form
+            view.follow(target.gang)
         if result.ok:  # on failure the notes are part of the error
             for note in result.notes:
                 print(f"jupyter_mn: {note}")
-        shown = getattr(view, "displays", None)
-        if shown is None or not shown.shown:  # else they were shown while the cell ran
+        if view.displays is None or not view.displays.shown:  # else shown while the cell ran
             for bundle in result.displays:
                 publish_display_data(bundle["data"], bundle["metadata"])
         if result.ok and result.pulled:

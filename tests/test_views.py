@@ -12,12 +12,14 @@ from jupyter_mn.events import (
     GpuSample,
     GpuStat,
     LogLines,
+    NodesWaiting,
+    Note,
     RankTiming,
     TransportReport,
 )
 from jupyter_mn.node.nccl import NcclLog
 from jupyter_mn.spec import ClusterSpec
-from jupyter_mn.views import TextView, make_view, widgets_rendered
+from jupyter_mn.views import TextView, View, make_view, widgets_rendered
 from jupyter_mn.views.state import TAIL_LINES
 from jupyter_mn.views.straggler import hints
 from jupyter_mn.views.summary import summary
@@ -362,3 +364,23 @@ def test_a_large_gpu_panel_is_redrawn_less_often_within_its_share_of_the_budget(
         assert wait >= 1.0
         assert wait >= len(widget._gpu.value) / GPU_BYTES_PER_S
     assert wait > 2.0  # the 512-GPU panel
+
+
+def test_both_views_answer_the_view_protocol():
+    """The magic calls a view without probing it: each has every member of ``View``."""
+    members = [m for m in View.__dict__ if not m.startswith("_") or m == "__call__"]
+    members += list(View.__annotations__)
+    assert {"__call__", "follow", "close", "displays"} <= set(members)
+    for view in (TextView(), ClusterWidget(SPEC, title="protocol")):
+        assert all(callable(getattr(view, m)) for m in members if m != "displays")
+        assert hasattr(view, "displays")
+
+
+def test_text_view_prints_the_notes_and_waiting_nodes_it_is_sent():
+    out = io.StringIO()
+    view = TextView(out, out)
+    view(Note("preflight passed"))
+    view(NodesWaiting((1,), "Unschedulable", "0/3 nodes are available"))
+    text = out.getvalue()
+    assert "preflight passed" in text
+    assert "node 1: Unschedulable (0/3 nodes are available)" in text

@@ -19,6 +19,8 @@ from ..events import (
     GangState,
     GangStatus,
     LogLines,
+    NodesWaiting,
+    Note,
     Stacks,
     TransportReport,
 )
@@ -87,11 +89,14 @@ class TextView:
             out = self._out("err")
             out.write(format_stacks(event) + "\n")
             out.flush()
-        elif hasattr(event, "text"):  # Note, NodesWaiting
+        elif isinstance(event, (Note, NodesWaiting)):
             self._note(event.text)
 
     def close(self) -> None:
         """Nothing to release: text is written as events arrive."""
+
+    def follow(self, gang: Any) -> None:
+        """Nothing to follow: a re-form's outcome is printed by the next cell."""
 
     def _out(self, stream: str = "out") -> TextIO:
         if stream == "err":
