@@ -17,7 +17,6 @@ import re
 import symtable
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
@@ -25,6 +24,7 @@ import cloudpickle
 from IPython.core.inputtransformer2 import TransformerManager
 
 from .errors import CaptureError, SpecError
+from .payload import Captured
 
 #: Names every rank defines itself; never shipped from the notebook.
 RANK_NAMES = frozenset({"torch", "dist", "cluster_info"})
@@ -40,30 +40,6 @@ _SECRET_VALUE = re.compile(
 CACHE_MIN_BYTES = 1 << 20
 _MAGIC_CALLS = ("run_line_magic", "run_cell_magic")
 _transformer = TransformerManager()
-
-
-@dataclass(frozen=True)
-class Captured:
-    """One notebook variable on its way to the ranks: pickled bytes, or a digest the ranks hold."""
-
-    name: str
-    digest: str
-    data: bytes | None
-
-
-@dataclass(frozen=True)
-class CellPayload:
-    """What every rank receives for one cell."""
-
-    source: str
-    cell_id: int
-    names: tuple[Captured, ...] = ()
-    return_all: bool = False
-    pull: tuple[str, ...] = ()
-    seed: int | None = None
-    #: names the cell binds: rank-local state from now on
-    defines: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=(), compare=False)
 
 
 def compile_cell(source: str) -> str:

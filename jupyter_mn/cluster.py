@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .background import BackgroundCell
-from .cell import Captured, CellPayload, Shipper, bound_names, compile_cell
+from .cell import Shipper, bound_names, compile_cell
 from .errors import ClusterBusy
 from .events import Note, OnEvent, Stacks
 from .launcher import CALL_CELL, call_names
+from .payload import Captured, CellPayload
 from .result import LOST, CellResult
 from .spec import ClusterSpec
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import cloudpickle
 
-from ..cell import CellPayload
 from ..errors import NodeUnreachable, TransportError
 from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply, Stacks
+from ..payload import CellPayload
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
 from .base import Gang
 from .inbox import Reply

@@ -33,7 +33,7 @@ from .displays import LiveDisplayPublisher, figures_as_png
 from .info import cluster_info
 
 if TYPE_CHECKING:
-    from ..cell import CellPayload
+    from ..payload import CellPayload
     from .group import ProcessGroup
     from .info import ClusterInfo
 
