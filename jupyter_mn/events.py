@@ -17,9 +17,17 @@ from typing import Any
 _KINDS: dict[str, type] = {}
 
 
-class GangStatus(str, enum.Enum):
-    """The gang's lifecycle (its allowed moves: ``gang/state.py``); a ``str`` so that it travels
-    as its name on dask's msgpack event channel."""
+class _Text(str, enum.Enum):
+    """An enum whose members are their text: in messages, views and f-strings alike."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class GangStatus(_Text):
+    """The gang's lifecycle (its allowed moves: ``gang/state.py``)."""
 
     PENDING = "PENDING"
     SCHEDULING = "SCHEDULING"
@@ -38,7 +46,7 @@ class GangStatus(str, enum.Enum):
         return self == GangStatus.READY
 
 
-class RankStatus(str, enum.Enum):
+class RankStatus(_Text):
     """A rank's life (started, ready, exited, lost between cells) and its outcome of a run."""
 
     STARTED = "started"

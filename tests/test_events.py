@@ -45,6 +45,7 @@ def test_states_cross_the_event_channel_as_their_enum_members(event):
     again = from_msg(msgpack.unpackb(msgpack.packb(to_msg(event), strict_types=True)))
     assert again == event
     assert type(again.state) is type(event.state)
+    assert f"{again.state}" == str(again.state) == again.state.value  # views print the text
 
 
 def test_a_node_that_waited_in_vain_is_not_the_cause_of_a_failed_start():
