@@ -227,6 +227,9 @@ class CellDone:
     ranks: tuple[RankTiming, ...] = ()
     #: the root cause in one line when the cell failed ("rank 1 (node 0) raised …")
     error: str = ""
+    #: rank 0's value as text (its repr, shortened), for a view that cannot have the object: a
+    #: page reloaded while the cell ran
+    value: str = ""
 
 
 @_event

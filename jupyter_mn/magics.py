@@ -145,7 +145,7 @@ class ClusterMagics(Magics):
         }
         if args.bg:  # its output, pulled names and displays stay on the handle
             return target.submit(cell, **options)
-        view = make_view(spec, title=spec.name or f"cell {cell_id}")
+        view = make_view(spec, title=spec.name or f"cell {cell_id}", cell_id=cell_id)
         try:
             result = target.run(cell, on_event=view, **options)
         finally:

@@ -103,7 +103,13 @@ class JobRecord:
             model.nodes[event.node].transport = event.summary
         elif isinstance(event, CellDone):
             model.cells += 1
-            model.last_cell = {"id": event.cell_id, "ok": event.ok, "elapsed": event.elapsed}
+            model.last_cell = {
+                "id": event.cell_id,
+                "ok": event.ok,
+                "elapsed": event.elapsed,
+                "value": event.value,
+                "error": event.error,
+            }
             model.error = None if event.ok else (event.error or f"cell {event.cell_id} failed")
         else:
             return False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import reprlib
 import time
 from typing import Any
 
@@ -36,6 +37,8 @@ from .transport import violation
 KILL_AFTER_S = 3.0
 #: After the kill, how long node agents get to answer before the gang is declared broken.
 GIVE_UP_AFTER_S = 10.0
+#: The most of a value's text that the registry keeps for a reloaded page.
+VALUE_TEXT_MAX = 300
 
 
 class RemoteRepr:
@@ -133,7 +136,14 @@ class CellJob(Job[CellResult]):
         _drain_events(gang, self.on_event)  # the settled state (READY, BROKEN) reaches the view
         cause = result.root_cause
         error = f"{cause.label}: {cause.error.line()}" if cause and cause.error else ""
-        done = CellDone(self.payload.cell_id, result.ok, result.elapsed, result.timings(), error)
+        done = CellDone(
+            self.payload.cell_id,
+            result.ok,
+            result.elapsed,
+            result.timings(),
+            error,
+            value_text(result.value) if result.ok else "",
+        )
         gang.hub.announce(done, self.on_event)
         if gang.spec.require_rdma and (problem := violation(gang.hub.transport.values())):
             gang.close(broken=problem)
@@ -175,6 +185,16 @@ def _assemble(job: CellJob, elapsed: float) -> CellResult:
         result.displays = list(first.displays)
         result.pulled = {k: cloudpickle.loads(v) for k, v in (first.pulled or {}).items()}
     return result
+
+
+def value_text(value: Any) -> str:
+    """``value`` as the notebook's ``Out[]`` would print it, cut to ``VALUE_TEXT_MAX``."""
+    if value is None:
+        return ""
+    short = reprlib.Repr()  # a long list or dict is summarized, never printed whole
+    short.maxstring = short.maxother = VALUE_TEXT_MAX
+    text = short.repr(value)  # a repr that raises gives "<T instance at …>"
+    return text if len(text) <= VALUE_TEXT_MAX else text[: VALUE_TEXT_MAX - 1] + "…"
 
 
 def rank_outcomes(

@@ -42,13 +42,14 @@ def widgets_rendered() -> bool:
     return getattr(Widget, "_control_comm", None) is not None
 
 
-def make_view(spec: ClusterSpec, title: str = "cell") -> View:
-    """The view ``spec.view`` asks for (``auto``: widget if rendered, else text)."""
+def make_view(spec: ClusterSpec, title: str = "cell", cell_id: int | None = None) -> View:
+    """The view ``spec.view`` asks for (``auto``: widget if rendered, else text); ``cell_id``:
+    the notebook cell it shows, which a page reloaded meanwhile finds the job by."""
     choice = spec.view
     if choice == "auto":
         choice = "widget" if widgets_rendered() else "text"
     if choice == "widget":
         from .widget import ClusterWidget
 
-        return ClusterWidget(spec, title)
+        return ClusterWidget(spec, title, cell_id)
     return TextView(spec=spec, title=title)

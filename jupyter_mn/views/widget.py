@@ -37,6 +37,10 @@ FRAME_S = 0.1
 BYTES_PER_S = 400_000
 #: The GPU panel's share: it is redrawn at most once a second, less often when it is large.
 GPU_BYTES_PER_S = BYTES_PER_S // 4
+#: A cell's job, by its kernel and cell: the Lab extension renders the job from the server in
+#: its place while the widget cannot be shown (a page reloaded while the kernel runs the cell
+#: cannot ask the kernel for the widget's state until the cell ends).
+JOB_MIME = "application/vnd.jupyter-mn.job+json"
 _STATE_COLORS = {
     GangStatus.RUNNING: "#1a73e8",
     GangStatus.READY: "#188038",
@@ -101,6 +105,12 @@ export default {
 """
 
 
+def job_reference(kernel_id: str, cell_id: int) -> dict[str, Any]:
+    """The output that stands for the cell's job where the widget cannot be drawn (no text:
+    elsewhere it shows nothing)."""
+    return {JOB_MIME: {"kernel_id": kernel_id, "cell": cell_id}, "text/plain": ""}
+
+
 class CancelButton(anywidget.AnyWidget):
     """Interrupts the kernel (and so the cell's ranks); shown only while the cell runs."""
 
@@ -112,7 +122,8 @@ class CancelButton(anywidget.AnyWidget):
 class ClusterWidget:
     """One per ``%%cluster`` cell; call it with events, ``show()`` it, ``close()`` it."""
 
-    def __init__(self, spec: ClusterSpec, title: str = "cell") -> None:
+    def __init__(self, spec: ClusterSpec, title: str = "cell", cell_id: int | None = None) -> None:
+        self._cell_id = cell_id
         self.state = CellState(
             title, spec.shape, spec.backend, spec.nodes, spec.rdma, ranks=spec.ranks
         )
@@ -162,6 +173,9 @@ class ClusterWidget:
     def show(self) -> None:
         self._draw({"header", "gpu", "transport"} | {f"log{n}" for n in range(len(self._logs))})
         self._handle = display(self, display_id=True)
+        kernel_id = self._cancel.kernel_id
+        if self._cell_id is not None and kernel_id:
+            display(job_reference(kernel_id, self._cell_id), raw=True)
         self._thread = threading.Thread(target=self._loop, daemon=True, name="jupyter-mn-widget")
         self._thread.start()
 
