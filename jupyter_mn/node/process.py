@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..errors import RendezvousError
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
@@ -94,7 +95,7 @@ def signal_session(pid: int, signum: int) -> None:
         os.killpg(pid, signum)
 
 
-def pack(msg: dict[str, Any]) -> bytes:
+def pack(msg: Any) -> bytes:
     """A message to a rank as its control socket carries it (``Connection.recv`` unpickles)."""
     return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -117,6 +118,9 @@ class RankHandle:
         self.pipes = PipeReader(agent, rank)
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: what the rank's pdb said (``debug``), and how many kernel calls wait for it
+        self._debug_answers: asyncio.Queue[DebugAnswer] = asyncio.Queue()
+        self._debugging = 0
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
         #: who takes this rank's next cell replies, oldest first (``expect``)
@@ -182,17 +186,50 @@ class RankHandle:
                     note = f"[jupyter_mn: the agent could not read a message: {msg.error}]"
                     self.agent.log(self.rank, "err", note)
                     continue
+                if isinstance(msg, DebugPrompt | DebugEnded):
+                    self._debug_answer(msg)
+                    continue
                 if msg["op"] == "display":  # rank 0's display() while the cell runs
                     self.agent.display(self.rank, msg)
                     continue
                 if msg["op"] == "done" and self._expecting:
                     self.running = None
+                    self._debug_over()
                     self._expecting.popleft()(msg)
                     continue
                 self.messages.put_nowait(msg)
             return
         self.messages.put_nowait({"op": "exit"})
+        self._debug_answers.put_nowait(DebugEnded(self.rank, error=f"rank {self.rank} exited"))
         self._gone()
+
+    def _debug_over(self) -> None:
+        """The cell ended: a pdb of it is gone (a pause nobody answered, or stepped past the
+        cell's end), and a kernel call still waiting for it hears so."""
+        if self._debugging:  # it waits on this queue, which holds nothing else
+            self._debug_answers.put_nowait(DebugEnded(self.rank, error="the cell ended"))
+        else:
+            self._debug_answers = asyncio.Queue()
+
+    def _debug_answer(self, answer: DebugAnswer) -> None:
+        """From the rank's pdb; a prompt nobody asked for is a breakpoint the kernel must hear
+        of."""
+        self._debug_answers.put_nowait(answer)
+        if isinstance(answer, DebugPrompt) and not self._debugging:
+            self.agent.paused(self.rank, self.running or 0, answer.where)
+
+    async def debug(self, message: Any = None) -> DebugAnswer:
+        """Send ``message`` (``DebugStart``, a ``DebugLine``, or None) to the rank's pdb and
+        return what it says next: a prompt, or that it let go."""
+        self._debugging += 1
+        try:
+            if self._dead:
+                return DebugEnded(self.rank, error=f"rank {self.rank} exited")
+            if message is not None:
+                await self.send_packed(pack(message))
+            return await self._debug_answers.get()
+        finally:
+            self._debugging -= 1
 
     def _read_stacks(self) -> None:
         for msg in self._stack_frames.feed(self._read(self.stacks_conn)):
