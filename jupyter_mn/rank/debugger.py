@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from ..debugwire import DebugEnded, DebugLine, DebugPrompt
 
-#: Frames ``n`` and ``s`` step over: the rank's runtime and IPython around the cell.
-_NOT_THE_USERS = ["jupyter_mn.*", "IPython.*", "traitlets.*"]
+#: Frames ``n`` and ``s`` step over: the rank's runtime and IPython around the cell, and bdb.
+_NOT_THE_USERS = ["jupyter_mn.*", "IPython.*", "traitlets.*", "bdb"]
 
 
 class Control(Protocol):
@@ -136,6 +136,20 @@ class RankPdb(pdb.Pdb):
         return self.do_quit(arg)
 
 
+class _TorchPdb:
+    """What ``torch.distributed.breakpoint`` makes and calls ``set_trace()`` on: this rank's
+    pdb, stopped in the caller's frame (torch's note to type ``up`` first does not apply)."""
+
+    def __init__(self, debugger: RankDebugger) -> None:
+        self._debugger = debugger
+
+    def message(self, text: str) -> None:
+        pass
+
+    def set_trace(self) -> None:
+        self._debugger.set_trace(frame=sys._getframe(2))
+
+
 def describe(frame: FrameType, shell: Any) -> str:
     """``Cell In[4], line 7``, or ``path:line, in function`` outside the notebook's cells."""
     code = frame.f_code
@@ -163,8 +177,8 @@ class RankDebugger:
         pdb.set_trace = self.set_trace
         import torch.distributed as dist
 
-        if hasattr(dist, "_make_distributed_pdb"):
-            dist._make_distributed_pdb = self.debugger
+        if hasattr(dist, "_make_distributed_pdb"):  # its own timeout and barrier stay
+            dist._make_distributed_pdb = lambda: _TorchPdb(self)
 
     def begin_cell(self, prompts: bool) -> None:
         self.prompts, self._quit, self._skipped, self._opened = prompts, False, False, False
@@ -195,6 +209,7 @@ class RankDebugger:
         if header is not None:
             debugger.message(header)
         debugger.set_trace(frame)
+        debugger.set_next(frame)  # the caller's next line, not what runs before it returns
 
     def _skip(self, frame: FrameType) -> None:
         """Nothing can answer a prompt: go on, and say so once a cell."""

@@ -33,7 +33,7 @@ if dist.get_rank() == 1:
 dist.barrier()
 """
 
-PAUSING = """%%cluster --timeout 3
+PAUSING = """%%cluster --nodes 2 --gpus 2 --timeout 3
 y = dist.get_rank() * 10
 if dist.get_rank() in (1, 3):
     breakpoint()
@@ -121,6 +121,7 @@ SCRIPT = textwrap.dedent(
     print("failed on rank", failed.root_cause.rank)
     c.debug()
     print("value", c.run("y = 5\\nbreakpoint()\\ny + dist.get_rank()").value)
+    print("torch's", c.run("dist.breakpoint(rank=1)\\n7").value)
     c.close()
     """
 )
@@ -131,7 +132,7 @@ def test_the_python_api_debugs_from_a_piped_stdin(tmp_path, no_leftovers):
     script.write_text(SCRIPT)
     done = subprocess.run(
         [sys.executable, str(script)],
-        input="p local\nq\n" + "p y + 1\nc\n" * 2,
+        input="p local\nq\n" + "p y + 1\nc\n" * 2 + "p dist.get_rank() + 100\nc\n",
         capture_output=True,
         text=True,
         timeout=240,
@@ -141,4 +142,6 @@ def test_the_python_api_debugs_from_a_piped_stdin(tmp_path, no_leftovers):
     assert "failed on rank 1" in out
     assert "(Pdb rank 1) 42\n" in out  # the prompt input() wrote, then pdb's answer
     assert "(Pdb rank 0) 6\n" in out and "(Pdb rank 1) 6\n" in out
-    assert out.rstrip().endswith("value 5")
+    assert "value 5\n" in out
+    assert "(Pdb rank 1) 101\n" in out  # torch.distributed.breakpoint: no /dev/stdin needed
+    assert out.rstrip().endswith("torch's 7")
