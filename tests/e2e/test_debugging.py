@@ -145,3 +145,17 @@ def test_the_python_api_debugs_from_a_piped_stdin(tmp_path, no_leftovers):
     assert "value 5\n" in out
     assert "(Pdb rank 1) 101\n" in out  # torch.distributed.breakpoint: no /dev/stdin needed
     assert out.rstrip().endswith("torch's 7")
+
+
+def test_the_stop_button_at_an_open_prompt_interrupts_the_cell_and_the_gang_goes_on(kernel):
+    def stop(prompt: str) -> None:
+        kernel.km.interrupt_kernel()  # the notebook's stop button; the prompt is never answered
+
+    reply = kernel.run(PAUSING, answer=stop)
+    assert reply.prompts and reply.prompts[0] in ("(Pdb rank 1) ", "(Pdb rank 3) ")
+    assert reply.ename == "CellInterrupted", reply.error_text
+    assert "was interrupted: KeyboardInterrupt" in reply.evalue  # not killed: its pdb let go
+    assert "killed" not in reply.error_text and "restarted" not in reply.error_text
+    after = kernel.run("%%cluster\n6 * 7")
+    assert after.status == "ok", after.error_text
+    assert after.result == "42"
