@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import dataclasses
 import itertools
+import sys
 import threading
 import time
 import weakref
@@ -21,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from .background import BackgroundCell
 from .cell import Shipper, bound_names, compile_cell
-from .errors import ClusterBusy
+from .errors import ClusterBusy, DebugUnavailable
 from .events import Note, OnEvent, Stacks
 from .launcher import CALL_CELL, call_names
 from .payload import Captured, CellPayload
-from .result import LOST, CellResult
+from .result import LOST, OK, CellResult
 from .spec import ClusterSpec
 
 if TYPE_CHECKING:
     from .gang.base import Gang, Preflight
+    from .gang.debugger import Prompt, Write
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -64,6 +66,8 @@ class Cluster:
         self._background: BackgroundCell | None = None
         #: what re-forming the gang told us, for the next result
         self._notes: list[str] = []
+        #: the last cell: its number, outcome and the gang it ran on (``debug``)
+        self._last: tuple[int, CellResult, str] | None = None
         _live.add(self)
 
     # ---- lifecycle
@@ -209,6 +213,8 @@ class Cluster:
         the kernel's ``user_ns``); nothing is captured without it. With ``retries`` a cell whose
         rank was lost runs again once the gang has recovered.
         """
+        from .gang.debugger import can_prompt
+
         self._refuse_while_background()
         with self._job() as torn_down:
             self.cells += 1
@@ -224,6 +230,7 @@ class Cluster:
                 seed=self.spec.seed if seed is None else seed,
                 defines=tuple(sorted(defines)),
                 notes=notes,
+                prompts=can_prompt() and threading.current_thread() is threading.main_thread(),
             )
             self._notes = []
             result = self._attempts(
@@ -248,6 +255,7 @@ class Cluster:
         for attempt in range(1 + retries):
             gang = self.up(on_event)
             result = run_cell(gang, self._for_ranks(payload, gang), on_event, timeout)
+            self._last = (payload.cell_id, result, gang.id)
             if result.ok or not _retryable(result) or attempt == retries or self._expired:
                 return result
             if on_event is not None:
@@ -319,6 +327,47 @@ class Cluster:
             f"background cell {cell} is still running on this gang (one cell at a time): "
             "wait for it (handle.result()) or stop it (handle.cancel())"
         )
+
+    def debug(
+        self, rank: int | None = None, prompt: Prompt | None = None, write: Write | None = None
+    ) -> None:
+        """pdb on a rank's last exception, after a failed cell (``%cluster debug``): the
+        root-cause rank's, or ``rank``'s. Commands run on that rank; ``q`` ends it, and the
+        gang is READY with every namespace as it was. ``prompt`` asks for each line (``input``:
+        stdin, or the notebook's input box)."""
+        from .gang.debugger import post_mortem
+
+        self._refuse_while_background()
+        with self._job():
+            rank = self._failed_rank(rank)
+            ended = post_mortem(self.gang, rank, prompt or input, write or sys.stdout.write)
+        if ended.error:
+            raise DebugUnavailable(ended.error)
+
+    def _failed_rank(self, rank: int | None) -> int:
+        """The rank to debug, or why there is none (nothing launched, nothing changed)."""
+        if self._last is None:
+            raise DebugUnavailable("no cell has run on this cluster: there is nothing to debug")
+        cell, result, gang_id = self._last
+        if result.ok:
+            raise DebugUnavailable(f"the last cell (In[{cell}]) did not fail: nothing to debug")
+        if self.gang is None or self.gang.id != gang_id:
+            raise DebugUnavailable(f"the gang that ran In[{cell}] is gone, and its tracebacks")
+        failed = [o for o in result.ranks if o.status != OK]
+        cause = result.root_cause
+        if rank is None and cause is not None:
+            rank = cause.rank
+        outcome = next((o for o in result.ranks if o.rank == rank), None)
+        if outcome is None:
+            raise DebugUnavailable(f"there is no rank {rank} (ranks 0-{len(result.ranks) - 1})")
+        if outcome.status == OK:
+            which = ", ".join(str(o.rank) for o in failed)
+            raise DebugUnavailable(f"rank {rank} did not fail in In[{cell}] (failed: {which})")
+        if outcome.status == LOST:
+            raise DebugUnavailable(
+                f"rank {rank} was lost in In[{cell}] and restarted: its traceback is gone"
+            )
+        return outcome.rank
 
     def stacks(self) -> Stacks:
         """Where every rank's main thread is now (``%cluster stacks``); works during a cell."""

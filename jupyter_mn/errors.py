@@ -32,6 +32,11 @@ class ClusterBusy(JupyterMNError):
     """A cell is already running on this gang (one at a time, e.g. a ``--bg`` cell)."""
 
 
+class DebugUnavailable(JupyterMNError):
+    """``%cluster debug`` cannot open pdb: no failed cell, a rank that did not fail or is gone,
+    a frontend that cannot prompt."""
+
+
 class SchedulingError(JupyterMNError):
     """The backend could not provide all nodes of the gang (all or nothing)."""
 

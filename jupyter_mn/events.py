@@ -243,6 +243,19 @@ class Note:
 
 @_event
 @dataclass(frozen=True)
+class RankPaused:
+    """A rank of a running cell stopped at a ``breakpoint()``; its pdb waits for the kernel
+    (``NodeAgent.debug``), and the cell's ``--timeout`` waits with it."""
+
+    node: int
+    rank: int
+    run: int
+    #: where it stopped, in the notebook's terms (``Cell In[4], line 7``)
+    where: str = ""
+
+
+@_event
+@dataclass(frozen=True)
 class Stacks:
     """Where every rank's main thread was when a cell was interrupted or timed out.
 

@@ -63,6 +63,7 @@ class ClusterMagics(Magics):
             "auto": (verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
             "config": (verb_parser("config"), self._config),
             "stacks": (verb_parser("stacks"), self._stacks),
+            "debug": (verb_parser("debug", (("--rank",), {"type": int})), self._debug),
             "launch": (add_spec_flags(verb_parser("launch")), self._launch),
             **node_verbs(self),
         }
@@ -205,6 +206,22 @@ class ClusterMagics(Magics):
             print("jupyter_mn: no gang is up")
             return
         print(format_stacks(running.stacks()))
+
+    def _debug(self, args: Any) -> None:
+        """``%cluster debug [--rank R]``: pdb on a rank of the last, failed cell."""
+        from . import cluster
+        from .errors import DebugUnavailable
+        from .gang.debugger import can_prompt
+
+        running = cluster.current()
+        if running is None:
+            raise DebugUnavailable("no cluster has run a cell: there is nothing to debug")
+        if not can_prompt():
+            raise DebugUnavailable(
+                "this frontend cannot answer a prompt (no stdin: papermill, nbclient); "
+                "debug in a notebook, or with Cluster.debug() in a terminal"
+            )
+        running.debug(args.rank)
 
     def _launch(self, args: Any) -> Any:
         """``%cluster launch [flags --] train(cfg, lr=0.1)``: an existing function on every rank;

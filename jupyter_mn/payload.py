@@ -28,3 +28,5 @@ class CellPayload:
     #: names the cell binds: rank-local state from now on
     defines: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
+    #: the kernel can answer a rank's ``breakpoint()`` (else the ranks skip them, and say so)
+    prompts: bool = False

@@ -42,6 +42,7 @@ SHARED = (
     "jupyter_mn.launch",
     "jupyter_mn.payload",
     "jupyter_mn.version",
+    "jupyter_mn.debugwire",
 )
 #: Each side, and the packages it may import.
 SIDES = {

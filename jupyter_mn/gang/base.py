@@ -333,7 +333,7 @@ class Gang:
             while not job.done():
                 try:
                     now = time.monotonic()
-                    if deadline is not None and now >= deadline:
+                    if deadline is not None and now - job.paused_for >= deadline:
                         deadline = None
                         job.stop(f"--timeout {timeout:g} s reached", by_user=True)
                     if job.tick(now):

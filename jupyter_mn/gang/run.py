@@ -17,16 +17,18 @@ from __future__ import annotations
 import contextlib
 import queue
 import reprlib
+import sys
 import time
 from typing import Any
 
 import cloudpickle
 
 from ..errors import NodeUnreachable, TransportError
-from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply, Stacks
+from ..events import CellDone, NodeReply, OnEvent, RankError, RankPaused, RankReply, Stacks
 from ..payload import CellPayload
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
 from .base import Gang
+from .debugger import converse
 from .inbox import Reply
 from .job import Job
 from .recover import restarted_note
@@ -74,7 +76,21 @@ class CellJob(Job[CellResult]):
     def take(self, item: Any) -> bool:
         if isinstance(item, Reply) and isinstance(item.error, NodeUnreachable):
             self.unreachable = item.node if self.unreachable is None else self.unreachable
+        if isinstance(item, RankPaused) and item.run == self.run_id:
+            self._answer(item)
+            return False
         return super().take(item)
+
+    def _answer(self, paused: RankPaused) -> None:
+        """A rank stopped at a breakpoint: the user answers its pdb here, one rank at a time
+        (the next paused rank's event waits in the inbox); ``--timeout`` waits meanwhile."""
+        self.gang.hub.consume(paused, self.on_event)
+        began = time.monotonic()
+        try:
+            if self.since is None:  # a cell being stopped does not prompt
+                converse(self.gang, paused.rank, None, input, sys.stdout.write)
+        finally:
+            self.paused_for += time.monotonic() - began
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from distributed import get_worker
 
+from ..debugwire import DebugAnswer, DebugEnded
 from ..errors import JoinTimeout
 from ..events import (
     DisplayOutput,
@@ -31,6 +32,7 @@ from ..events import (
     GangStatus,
     LogLines,
     NodeReply,
+    RankPaused,
     RankState,
     RankStatus,
     to_msg,
@@ -237,6 +239,9 @@ class NodeAgent:
         # after the lines flushed before it, before those flushed after it
         self._publish(RankState(self.node, rank, state, detail, run, primary))
 
+    def paused(self, rank: int, run: int, where: str) -> None:
+        self._publish(RankPaused(self.node, rank, run, where))
+
     # ---- actor methods
     def endpoint(self) -> tuple[str, int]:
         """This node's address and a free port: where rank 0 will host the TCPStore."""
@@ -430,6 +435,13 @@ class NodeAgent:
         assert self._telemetry is not None
         self._telemetry.restarted(self._sampled())
         return [{"op": "reinit", "ok": True, "rank": i["rank"]} for i in infos]
+
+    async def debug(self, rank: int, message: Any = None) -> DebugAnswer:
+        """Relay ``message`` to rank ``rank``'s pdb (``rank/debugger.py``); its next answer."""
+        handle = next((r for r in self._ranks if r.rank == rank), None)
+        if handle is None:
+            return DebugEnded(rank, error=f"rank {rank} is not on node {self.node}")
+        return await handle.debug(message)
 
     async def stacks(self) -> list[dict[str, Any]]:
         """Where each rank's main thread is, in the cell's own line numbers."""
