@@ -256,6 +256,16 @@ class RankPaused:
 
 @_event
 @dataclass(frozen=True)
+class RankResumed:
+    """The user let a paused rank go on (``c``, ``q``) or the cell was stopped at its prompt."""
+
+    node: int
+    rank: int
+    run: int
+
+
+@_event
+@dataclass(frozen=True)
 class Stacks:
     """Where every rank's main thread was when a cell was interrupted or timed out.
 

@@ -9,11 +9,14 @@ from test_nccl import FIXTURES
 from jupyter_mn.events import (
     CellDone,
     GangState,
+    GangStatus,
     GpuSample,
     GpuStat,
     LogLines,
     NodesWaiting,
     Note,
+    RankPaused,
+    RankResumed,
     RankTiming,
     TransportReport,
 )
@@ -384,3 +387,15 @@ def test_text_view_prints_the_notes_and_waiting_nodes_it_is_sent():
     text = out.getvalue()
     assert "preflight passed" in text
     assert "node 1: Unschedulable (0/3 nodes are available)" in text
+
+
+def test_the_widget_header_says_which_rank_is_paused_and_where_until_it_goes_on():
+    widget = ClusterWidget(SPEC, title="debug")
+    widget.state.apply(GangState(GangStatus.RUNNING))
+    widget.state.apply(RankPaused(node=0, rank=1, run=3, where="Cell In[4], line 7"))
+    widget._draw(widget.state.take_dirty())
+    assert ">PAUSED at rank 1, Cell In[4], line 7</b>" in widget._header.value
+    assert "PAUSED at rank 1" in summary(widget.state)  # the text/plain too
+    widget.state.apply(RankResumed(node=0, rank=1, run=3))
+    widget._draw(widget.state.take_dirty())
+    assert ">RUNNING</b>" in widget._header.value and "PAUSED" not in widget._header.value

@@ -24,7 +24,16 @@ from typing import Any
 import cloudpickle
 
 from ..errors import NodeUnreachable, TransportError
-from ..events import CellDone, NodeReply, OnEvent, RankError, RankPaused, RankReply, Stacks
+from ..events import (
+    CellDone,
+    NodeReply,
+    OnEvent,
+    RankError,
+    RankPaused,
+    RankReply,
+    RankResumed,
+    Stacks,
+)
 from ..payload import CellPayload
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
 from .base import Gang
@@ -91,6 +100,8 @@ class CellJob(Job[CellResult]):
                 converse(self.gang, paused.rank, None, input, sys.stdout.write)
         finally:
             self.paused_for += time.monotonic() - began
+            resumed = RankResumed(paused.node, paused.rank, paused.run)
+            self.gang.hub.consume(resumed, self.on_event)
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:

@@ -41,6 +41,7 @@ GPU_BYTES_PER_S = BYTES_PER_S // 4
 #: its place while the widget cannot be shown (a page reloaded while the kernel runs the cell
 #: cannot ask the kernel for the widget's state until the cell ends).
 JOB_MIME = "application/vnd.jupyter-mn.job+json"
+_PAUSED_COLOR = "#e37400"
 _STATE_COLORS = {
     GangStatus.RUNNING: "#1a73e8",
     GangStatus.READY: "#188038",
@@ -272,13 +273,13 @@ class ClusterWidget:
 
     def _header_html(self) -> str:
         state = self.state
-        color = _STATE_COLORS.get(state.state, "#5f6368")
+        shown = state.shown_state
+        color = _PAUSED_COLOR if state.paused else _STATE_COLORS.get(state.state, "#5f6368")
         text = html.escape(header(state))
-        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(state.state)}</b>'
+        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(shown)}</b>'
         waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())
-        return (
-            f'<span class="jp-mn-header">{text.replace(html.escape(state.state), badge, 1)}</span>'
-            + (f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else "")
+        return f'<span class="jp-mn-header">{text.replace(html.escape(shown), badge, 1)}</span>' + (
+            f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else ""
         )
 
     def _log_html(self, node: int) -> str:
