@@ -11,7 +11,8 @@ from test_nccl import FIXTURES
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import TransportError
-from jupyter_mn.events import GpuSample, TransportReport
+from jupyter_mn.events import GpuSample, Note, TransportReport
+from jupyter_mn.gang.transport import ONE_NODE
 from jupyter_mn.launch import Launch
 from jupyter_mn.node.gpu import RankProcess
 from jupyter_mn.node.telemetry import NodeTelemetry
@@ -75,6 +76,15 @@ def test_require_rdma_without_rdma_fails_before_any_rank_starts(no_leftovers):
     assert cluster.gang is None or not cluster.gang.status.usable
     assert not rank_processes(ours(no_leftovers))
     cluster.close()
+
+
+def test_require_rdma_on_one_node_passes_with_a_note(no_leftovers):
+    seen: list = []
+    with Cluster(nodes=1, gpus=1, require_rdma=True) as cluster:
+        assert cluster.run("1", on_event=seen.append).value == 1
+    assert ONE_NODE in [e.text for e in seen if isinstance(e, Note)]
+    (report,) = {e for e in seen if isinstance(e, TransportReport)}
+    assert report.one_node and not report.fallback
 
 
 def test_rdma_asked_on_a_cpu_gang_warns_with_what_was_found(no_leftovers):
