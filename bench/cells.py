@@ -8,7 +8,10 @@ Measured through real kernels (execute request → idle reply, what a notebook u
   ``torchrun --nnodes 1 --nproc-per-node 4`` of a script that initializes gloo and runs a barrier.
 
 Rounds interleave the tools (A, B, C, A, B, C, …) so load changes hit all of them alike.
-Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N]``.
+* where a cold 2×2 start goes (``--phases N``): nodes, rank start-up, the first cell, next to
+  what one rank's imports cost alone.
+
+Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N] [--phases N]``.
 """
 
 from __future__ import annotations
@@ -164,6 +167,54 @@ def cold(rounds: int) -> dict[str, list[float]]:
     )
 
 
+def phases(rounds: int) -> dict[str, list[float]]:
+    """Where a cold 2×2 gang's time goes: its state changes as they reach the kernel, against
+    what one rank's imports cost alone (``python -c "import torch, jupyter_mn.rank.runtime"``)."""
+    from jupyter_mn import Cluster
+    from jupyter_mn.events import GangState, RankState
+
+    steps: dict[str, list[float]] = {}
+
+    def once() -> None:
+        started = time.perf_counter()
+        marks: dict[str, float] = {}
+
+        def seen(event: object) -> None:
+            if isinstance(event, GangState):
+                marks.setdefault(event.state, time.perf_counter())
+            elif isinstance(event, RankState) and event.state in ("started", "ready"):
+                marks.setdefault(f"first rank {event.state}", time.perf_counter())
+
+        with Cluster(nodes=2, gpus=2) as cluster:
+            cluster.up(seen)
+            up = time.perf_counter()
+            cluster.run("dist.barrier()").unwrap()
+            first = time.perf_counter()
+        order = [
+            ("nodes: scheduler + 2 workers + agents", "SCHEDULING", "RENDEZVOUS"),
+            ("agents → first rank process started", "RENDEZVOUS", "first rank started"),
+            (
+                "rank start → first rank ready (imports, group)",
+                "first rank started",
+                "first rank ready",
+            ),
+            ("first ready → all ready (gang READY)", "first rank ready", "READY"),
+        ]
+        for name, a, b in order:
+            steps.setdefault(name, []).append(marks[b] - marks[a])
+        steps.setdefault("first cell (barrier) on the warm gang", []).append(first - up)
+        steps.setdefault("total: up + first cell", []).append(first - started)
+        imports = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch, jupyter_mn.rank.runtime"], check=True)
+        steps.setdefault("one python -c 'import torch, …runtime'", []).append(
+            time.perf_counter() - imports
+        )
+
+    for _ in range(rounds):
+        once()
+    return steps
+
+
 def table(
     title: str,
     samples: dict[str, list[float]],
@@ -197,6 +248,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm", type=int, default=100, help="warm rounds per tool")
     parser.add_argument("--cold", type=int, default=5, help="cold-start rounds per tool")
+    parser.add_argument("--phases", type=int, default=0, help="rounds of the cold-start breakdown")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     if args.warm:
@@ -229,6 +281,8 @@ def main() -> None:
             ),
             flush=True,
         )
+    if args.phases:
+        print(table("Where a cold 2×2 start goes", phases(args.phases), 1, "s ", {}), flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 
