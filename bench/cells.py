@@ -168,50 +168,32 @@ def cold(rounds: int) -> dict[str, list[float]]:
 
 
 def phases(rounds: int) -> dict[str, list[float]]:
-    """Where a cold 2×2 gang's time goes: its state changes as they reach the kernel, against
-    what one rank's imports cost alone (``python -c "import torch, jupyter_mn.rank.runtime"``)."""
+    """Where a cold 2×2 gang's time goes: its nodes alone (scheduler, workers, agents: a gang
+    brought up without ranks), the whole gang up, its first cell; next to what one rank's imports
+    cost alone (``python -c "import torch, jupyter_mn.rank.runtime"``)."""
     from jupyter_mn import Cluster
-    from jupyter_mn.events import GangState, RankState
 
     steps: dict[str, list[float]] = {}
 
-    def once() -> None:
-        started = time.perf_counter()
-        marks: dict[str, float] = {}
-
-        def seen(event: object) -> None:
-            if isinstance(event, GangState):
-                marks.setdefault(event.state, time.perf_counter())
-            elif isinstance(event, RankState) and event.state in ("started", "ready"):
-                marks.setdefault(f"first rank {event.state}", time.perf_counter())
-
-        with Cluster(nodes=2, gpus=2) as cluster:
-            cluster.up(seen)
-            up = time.perf_counter()
-            cluster.run("dist.barrier()").unwrap()
-            first = time.perf_counter()
-        order = [
-            ("nodes: scheduler + 2 workers + agents", "SCHEDULING", "RENDEZVOUS"),
-            ("agents → first rank process started", "RENDEZVOUS", "first rank started"),
-            (
-                "rank start → first rank ready (imports, group)",
-                "first rank started",
-                "first rank ready",
-            ),
-            ("first ready → all ready (gang READY)", "first rank ready", "READY"),
-        ]
-        for name, a, b in order:
-            steps.setdefault(name, []).append(marks[b] - marks[a])
-        steps.setdefault("first cell (barrier) on the warm gang", []).append(first - up)
-        steps.setdefault("total: up + first cell", []).append(first - started)
-        imports = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import torch, jupyter_mn.rank.runtime"], check=True)
-        steps.setdefault("one python -c 'import torch, …runtime'", []).append(
-            time.perf_counter() - imports
-        )
+    def timed(name: str, started: float) -> float:
+        now = time.perf_counter()
+        steps.setdefault(name, []).append(now - started)
+        return now
 
     for _ in range(rounds):
-        once()
+        started = time.perf_counter()
+        with Cluster(nodes=2, gpus=2).nodes():
+            timed("nodes alone: scheduler + 2 workers + agents", started)
+        started = time.perf_counter()
+        with Cluster(nodes=2, gpus=2) as cluster:
+            cluster.up()
+            up = timed("gang up: nodes + 4 ranks in their process group", started)
+            cluster.run("dist.barrier()").unwrap()
+            timed("first cell (barrier) once up", up)
+            timed("total: up + first cell", started)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch, jupyter_mn.rank.runtime"], check=True)
+        timed("one python -c 'import torch, …rank.runtime'", started)
     return steps
 
 
