@@ -43,9 +43,8 @@ def refused(title: str, cluster: Cluster) -> None:
         print(f"{title}: NOT refused")
     except Exception as exc:
         now = time.perf_counter()
-        after_nodes = f", {now - marks['RENDEZVOUS']:.2f} s after the nodes were up" * (
-            "RENDEZVOUS" in marks
-        )
+        up = marks.get("RENDEZVOUS")
+        after_nodes = f", {now - up:.2f} s after the nodes were up" if up else ", no node started"
         print(f"{title}: {type(exc).__name__} after {now - started:.2f} s{after_nodes}: {exc}")
 
 

@@ -63,7 +63,8 @@ def test_nccl_gang_shows_live_utilization_and_the_intra_node_path(no_leftovers):
     assert busy.util > 0 and busy.mem_used > 0 and busy.name
     assert {r for s in samples for g in s.gpus for r in g.ranks} == set(range(gpus))
     report = [e for e in seen if isinstance(e, TransportReport)][-1]
-    assert report.backend == "nccl" and report.network and report.evidence
+    assert report.backend == "nccl" and report.one_node and report.evidence
+    assert report.summary.startswith("no network (one node)") and not report.fallback
     if gpus > 1:
         assert any(p.startswith(("P2P", "SHM", "NVLS")) for p in report.intra_node), report
 
