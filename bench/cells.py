@@ -9,7 +9,7 @@ Measured through real kernels (execute request → idle reply, what a notebook u
 
 Rounds interleave the tools (A, B, C, A, B, C, …) so load changes hit all of them alike.
 * where a cold 2×2 start goes (``--phases N``): nodes, rank start-up, the first cell, next to
-  what one rank's imports cost alone.
+  what one rank's imports cost alone; and a rank's restart (SIGKILL → the next cell's value).
 
 Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N] [--phases N]``.
 """
@@ -35,6 +35,9 @@ MN_TRIVIAL, IPP_TRIVIAL = "jupyter_mn %%cluster 2×2, x = 1", "ipyparallel %%px 
 MN_REDUCE, IPP_REDUCE = "jupyter_mn %%cluster 2×2, all_reduce", "ipyparallel %%px 4, all_reduce"
 MN_COLD, TORCHRUN = "jupyter_mn 2×2 gang up + first cell", "torchrun 4 procs, init + barrier"
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)"
+KILL_RANK_3 = (
+    "import os, signal\nif dist.get_rank() == 3:\n    os.kill(os.getpid(), signal.SIGKILL)"
+)
 TORCHRUN_SCRIPT = """
 import torch.distributed as dist
 dist.init_process_group("gloo")
@@ -191,6 +194,10 @@ def phases(rounds: int) -> dict[str, list[float]]:
             cluster.run("dist.barrier()").unwrap()
             timed("first cell (barrier) once up", up)
             timed("total: up + first cell", started)
+            killed = time.perf_counter()
+            assert not cluster.run(KILL_RANK_3).ok
+            cluster.run("dist.barrier()").unwrap()
+            timed("rank 3 SIGKILLed → the next cell's value", killed)
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import torch, jupyter_mn.rank.runtime"], check=True)
         timed("one python -c 'import torch, …rank.runtime'", started)
