@@ -100,7 +100,8 @@ def test_rdma_asked_on_a_cpu_gang_warns_with_what_was_found(no_leftovers):
 
 def test_node_telemetry_follows_nccl_files_as_ranks_write_them(tmp_path):
     published: list = []
-    launch = Launch("job", 1, 1, "127.0.0.1", 0, "local", ("127.0.0.1",), 60.0)
+    # two nodes, as the fixture's NCCL lines say (nNodes 2)
+    launch = Launch("job", 1, 2, "127.0.0.1", 0, "local", ("127.0.0.1", "127.0.0.2"), 60.0)
     telemetry = NodeTelemetry(0, launch, published.append)
     try:
         env = telemetry.rank_env(0, {})
