@@ -152,6 +152,10 @@ class GpuSample:
     note: str = ""
 
 
+#: What a one-node gang's transport says in place of a network.
+NO_NETWORK = "no network (one node)"
+
+
 @_event
 @dataclass(frozen=True)
 class TransportReport:
@@ -174,18 +178,22 @@ class TransportReport:
     evidence: tuple[str, ...] = ()
     #: RDMA ports found on the node (``--rdma``), e.g. "mlx5_0:1 RoCE v2 GID 3 (eth1)"
     hcas: tuple[str, ...] = ()
+    #: the gang has one node: its ranks use no network (nothing can fall back)
+    one_node: bool = False
 
     @property
     def summary(self) -> str:
         if self.backend == "gloo":
             return "gloo (CPU)"
-        if not (self.network or self.inter_node or self.intra_node):
-            return "NCCL (no transport lines yet)"
         parts = []
         if self.inter_node:
             parts.append("inter-node " + ", ".join(self.inter_node))
+        elif self.one_node:
+            parts.append(NO_NETWORK)
         elif self.network:
             parts.append(f"network {self.network}")
+        elif not self.intra_node:
+            return "NCCL (no transport lines yet)"
         if self.intra_node:
             parts.append("intra-node " + ", ".join(self.intra_node))
         return "; ".join(parts)

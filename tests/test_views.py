@@ -269,16 +269,19 @@ def test_a_new_gpu_draws_a_one_point_sparkline_and_no_gpu_nodes_share_a_line():
     assert "nodes 1-2</span>: no GPU (nvidia-ml-py is not installed)" in panel
 
 
+ONE = "no network (one node)"
 BADGES = {  # fixture: the badges (text, tone) its transport report shows
     "ib_gdrdma": [("RDMA IB", "good"), ("GPUDirect", "good"), ("P2P/IPC/read", "good")],
     "ib_no_gdr": [("RDMA IB", "good")],
     "roce": [("RDMA RoCE", "good"), ("GPUDirect", "good")],
     "efa_ofi": [("RDMA EFA", "good"), ("GPUDirect", "good"), ("P2P/CUMEM", "good")],
     "socket_fallback": [("TCP socket", "bad"), ("P2P/CUMEM", "good")],
-    "p2p_ipc": [("net Socket", "bad"), ("P2P/IPC/read", "good"), ("P2P/IPC", "good")],
-    "shm": [("SHM/direct/direct", "neutral")],
+    # one node (NCCL's nNodes 1): no network, whatever plugin NCCL loaded
+    "p2p_ipc": [(ONE, "off"), ("P2P/IPC/read", "good"), ("P2P/IPC", "good")],
+    "shm": [(ONE, "off"), ("SHM/direct/direct", "neutral")],
+    "one_rank": [(ONE, "off")],
     "nvls_on": [
-        ("net IB", "neutral"),
+        (ONE, "off"),
         ("P2P/CUMEM/read", "good"),
         ("NVLink SHARP", "good"),
     ],

@@ -47,6 +47,7 @@ from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit, pack, rank_command
 from .script import ScriptRun
 from .telemetry import SAMPLE_S, NodeTelemetry
+from .visible import VISIBLE, check_count, gpu_uuids, visible
 from .watchdog import CHECK_S, Watchdog, mib
 
 log = logging.getLogger("jupyter_mn.agent")
@@ -271,6 +272,7 @@ class NodeAgent:
         self._begin()
         self._launch = launch
         self._command = rank_command()  # a bad JUPYTER_MN_RANK_PYTHON: refused before any rank
+        self._check_gpus(launch)  # too few GPUs: said now, not once the ranks fail to find them
         self._telemetry = NodeTelemetry(self.node, launch, self._publish)
         infos = await self._spawn_all(generation=0)
         self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
@@ -317,10 +319,19 @@ class NodeAgent:
             self.rank_state(info["rank"], RankStatus.READY, f"{info['device']} ({info['backend']})")
         return infos
 
+    def _visible(self, launch: Launch) -> str | None:
+        """The ranks' ``CUDA_VISIBLE_DEVICES`` (None: unset)."""
+        return {**os.environ, **launch.env}.get(VISIBLE)
+
+    def _check_gpus(self, launch: Launch) -> None:
+        """Refuse ``launch`` when its ranks would see fewer GPUs than there are ranks (NVML's
+        count, tens of ms; CUDA stays uninitialized in the agent)."""
+        check_count(self.node, launch.gpus, len(visible(self._visible(launch), gpu_uuids())))
+
     def _sampled(self) -> list[RankProcess]:
         """The ranks as GPU sampling knows them (by pid)."""
-        visible = {**os.environ, **self._launch.env}.get("CUDA_VISIBLE_DEVICES", "")
-        return [RankProcess(r.rank, r.local_rank, r.proc.pid, visible) for r in self._ranks]
+        shown = self._visible(self._launch) or ""
+        return [RankProcess(r.rank, r.local_rank, r.proc.pid, shown) for r in self._ranks]
 
     def transport(self) -> dict[str, Any]:
         """This node's transport as NCCL's lines prove it so far (``--require-rdma`` checks it)."""
