@@ -138,7 +138,7 @@ def _logs(args: argparse.Namespace) -> int:
     import time
 
     from .errors import SpecError
-    from .joblogs import read_logs
+    from .joblogs import Marks, read_logs
     from .registry import Registry
 
     registry = Registry()
@@ -150,9 +150,10 @@ def _logs(args: argparse.Namespace) -> int:
     node = job.node_of(args.rank) if args.node is None and args.rank is not None else args.node
     filters = {"node": node, "rank": args.rank}
     lines, cursor = read_logs(registry.log_dir(job.id), tail=max(args.tail, 0), **filters)
+    marks = Marks()
     try:
         while True:
-            for line in lines:
+            for line in marks.fresh(lines):
                 print(line.labelled, flush=True)
             if not args.follow or (registry.job(job.id).finished and not lines):
                 return 0

@@ -264,6 +264,18 @@ class RankPaused:
 
 @_event
 @dataclass(frozen=True)
+class RunStarted:
+    """A cell, script or command started on the gang: the registry counts cells from it and
+    marks the logs (``what``: ``In[7]``, ``%cluster run train.py``)."""
+
+    run: int
+    what: str
+    #: the notebook cell's number, for a cell (0: not a cell)
+    cell: int = 0
+
+
+@_event
+@dataclass(frozen=True)
 class RankResumed:
     """The user let a paused rank go on (``c``, ``q``) or the cell was stopped at its prompt."""
 

@@ -4,7 +4,9 @@ One file per node (``logs/<job>/node-<N>.log``, rotated to ``node-<N>.log.1`` pa
 so a chatty job keeps at most twice that per node). Each line is
 ``seq<TAB>time<TAB>rank<TAB>stream<TAB>text``; ``seq`` grows per node across rotations, so a reader
 that follows (the sidebar's follow mode, ``jupyter mn logs -f``) asks for lines after a cursor and
-reads files backwards from their end, never whole.
+reads files backwards from their end, never whole. Where a cell, script or command starts, every
+node's file gets a mark (rank ``MARK_RANK``), which readers keep whatever rank they filter on
+and show once however many nodes they merge.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 MAX_BYTES = 8 * 2**20
 _BLOCK = 1 << 16
 _NODE_FILE = re.compile(r"^node-(\d+)\.log$")
+#: The rank of a line that marks where a job (a cell, a script, a command) starts.
+MARK_RANK = -1
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,13 @@ class LogLine:
     text: str
 
     @property
+    def is_mark(self) -> bool:
+        return self.rank == MARK_RANK
+
+    @property
     def labelled(self) -> str:
+        if self.is_mark:
+            return f"──── {self.text} ────"
         return f"[node {self.node} rank {self.rank}] {self.text}"
 
 
@@ -113,21 +123,37 @@ class JobLogWriter:
 
     def write(self, event: LogLines, now: float | None = None) -> None:
         try:
-            node = self._nodes.get(event.node)
-            if node is None:
-                node = self._nodes[event.node] = _NodeFile(
-                    self.directory / f"node-{event.node}.log", self.max_bytes
-                )
+            node = self._node(event.node)
             for rank, stream, lines in event.items:
                 node.write(rank, stream, lines, now or time.time())
         except OSError as exc:
-            if not self._warned:
-                log.warning(
-                    "jupyter_mn: cannot write logs to %s (%s); dropping lines until it works",
-                    self.directory,
-                    exc.strerror or exc,
-                )
-            self._warned = True
+            self._dropped(exc)
+
+    def mark(self, nodes: int, text: str, now: float | None = None) -> None:
+        """Mark where a job starts (``In[7] started 12:03:01``) in each of ``nodes`` files."""
+        when = now or time.time()
+        try:
+            for number in range(nodes):
+                self._node(number).write(MARK_RANK, "mark", (text,), when)
+        except OSError as exc:
+            self._dropped(exc)
+
+    def _node(self, number: int) -> _NodeFile:
+        node = self._nodes.get(number)
+        if node is None:
+            node = self._nodes[number] = _NodeFile(
+                self.directory / f"node-{number}.log", self.max_bytes
+            )
+        return node
+
+    def _dropped(self, exc: OSError) -> None:
+        if not self._warned:
+            log.warning(
+                "jupyter_mn: cannot write logs to %s (%s); dropping lines until it works",
+                self.directory,
+                exc.strerror or exc,
+            )
+        self._warned = True
 
     def close(self) -> None:
         for node in self._nodes.values():
@@ -159,7 +185,26 @@ def read_logs(
         cursor[number] = max(last, start)
         found += lines
     found.sort(key=lambda line: (line.time, line.node, line.seq))
+    found = Marks().fresh(found)
     return found[-tail:] if tail else [], cursor
+
+
+class Marks:
+    """Passes each mark once: every node's file has it, and a follower may read one node's
+    copy in one poll and another's in the next (its text holds the time it was written)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def fresh(self, lines: list[LogLine]) -> list[LogLine]:
+        kept = []
+        for line in lines:
+            if line.is_mark:
+                if line.text in self._seen:
+                    continue
+                self._seen.add(line.text)
+            kept.append(line)
+        return kept
 
 
 def nodes_with_logs(directory: Path) -> list[int]:
@@ -197,7 +242,7 @@ def _newest(
         last = max(last, line.seq)
         if line.seq <= start or len(found) >= tail:
             break
-        if rank is None or line.rank == rank:
+        if rank is None or line.rank in (rank, MARK_RANK):
             found.append(line)
     found.reverse()
     return found, last

@@ -26,6 +26,7 @@ from .events import (
     LogLines,
     NodesWaiting,
     RankState,
+    RunStarted,
     TransportReport,
 )
 from .joblogs import JobLogWriter
@@ -101,8 +102,10 @@ class JobRecord:
             model.nodes[event.node].gpu_util = sum(utils) / len(utils) if utils else None
         elif isinstance(event, TransportReport) and event.node >= 0:
             model.nodes[event.node].transport = event.summary
+        elif isinstance(event, RunStarted):  # counted when it starts: the panel shows it running
+            model.cells += 1 if event.cell else 0
+            self.logs.mark(len(model.nodes), f"{event.what} started {time.strftime('%H:%M:%S')}")
         elif isinstance(event, CellDone):
-            model.cells += 1
             model.last_cell = {
                 "id": event.cell_id,
                 "ok": event.ok,

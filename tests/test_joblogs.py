@@ -72,3 +72,20 @@ def test_text_with_tabs_and_markup_comes_back_verbatim(tmp_path: Path):
     text = "a\tb <img src=x onerror=alert(1)> é"
     _write(w, 0, 0, text)
     assert read_logs(tmp_path)[0][0].text == text
+
+
+def test_a_mark_shows_once_across_nodes_and_whatever_rank_is_asked_for(tmp_path: Path):
+    w = JobLogWriter(tmp_path)
+    _write(w, 0, 0, "before", t=1.0)
+    w.mark(2, "In[3] started 12:00:00", now=2.0)
+    _write(w, 1, 3, "after", t=3.0)
+    lines, _ = read_logs(tmp_path)
+    assert [x.labelled for x in lines] == [
+        "[node 0 rank 0] before",
+        "──── In[3] started 12:00:00 ────",
+        "[node 1 rank 3] after",
+    ]
+    assert [x.text for x in read_logs(tmp_path, node=1, rank=3)[0]] == [
+        "In[3] started 12:00:00",
+        "after",
+    ]

@@ -39,10 +39,11 @@ def _when(registry: Registry, cluster: Cluster, check, what: str) -> JobModel:
 
 
 def test_job_has_state_nodes_and_rank_labelled_logs(registry, cluster):
-    cluster.run("print('hello from', dist.get_rank())")
+    cluster.run("print('hello from', dist.get_rank())\n'hi'", cell_id=7)
     job = _when(registry, cluster, lambda j: j.cells == 1 and j.state == "READY", "cell recorded")
     assert (job.backend, job.shape, job.world_size, job.pid) == ("local", "2×1", 2, job.pid)
     assert job.last_cell["ok"] is True and job.error is None
+    assert (job.last_cell["id"], job.last_cell["value"]) == (7, "'hi'")  # for a reloaded page
     for node in job.nodes:
         assert node.ranks == ["ready"] and node.transport == "gloo (CPU)"
         assert node.host and all(psutil.pid_exists(p) for p in node.pids) and node.pids
@@ -52,6 +53,15 @@ def test_job_has_state_nodes_and_rank_labelled_logs(registry, cluster):
         "[node 0 rank 0] hello from 0",
         "[node 1 rank 1] hello from 1",
     }
+    marks = [x.text for x in lines if x.is_mark]  # one for both nodes, before the cell's lines
+    assert len(marks) == 1 and marks[0].startswith("In[7] started ") and lines[0].is_mark
+
+
+def test_a_cell_is_counted_when_it_starts(registry, cluster):
+    before = _job(registry, cluster).cells
+    cell = cluster.submit("import time\ntime.sleep(2)")
+    _when(registry, cluster, lambda j: j.cells == before + 1 and j.state == "RUNNING", "counted")
+    cell.result()
 
 
 def test_a_failed_cell_records_its_root_cause(registry, cluster):
@@ -131,10 +141,11 @@ def test_on_a_full_log_disk_states_are_still_saved_with_one_warning(cluster, tmp
             chatty = "for i in range(20):\n    print(i, 'x' * 20000)"
             for _ in range(3):
                 assert cluster.run(chatty).ok
-            job = wait_until(
-                lambda: (j := registry.job(record.model.id)).cells == 3 and j, 20, "3 cells saved"
+            wait_until(
+                lambda: (j := registry.job(record.model.id)).cells == 3 and j.state == "READY",
+                20,
+                "3 cells saved, the last one done",
             )
-            assert job.state == "READY"
             cluster.release("test")
             wait_until(lambda: registry.job(record.model.id).finished, 20, "CLOSED saved")
         finally:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PreflightError, Stopped
+from ..events import RunStarted
 from ..gang.job import INTERRUPTED_BY_USER, WorkerCall
 from .checks import judge
 from .report import DoctorReport
@@ -77,6 +78,9 @@ def examine(gang: Gang) -> DoctorReport:
 
 class _Probes(WorkerCall):
     """Every node's probe; stopping it stops waiting (each probe ends by its own timeout)."""
+
+    def what(self) -> RunStarted:
+        return RunStarted(self.run_id, "%cluster doctor")
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         self.reason, self.answers = reason, {}

@@ -328,6 +328,7 @@ class Gang:
         shows events as they arrive, on the calling (main) thread."""
         with self.running() as run_id:
             job.run_id = run_id
+            self.hub.announce(job.what(), job.on_event)
             job.start()
             deadline = time.monotonic() + timeout if timeout else None
             while not job.done():

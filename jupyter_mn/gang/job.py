@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..events import LogLines, NodeReply, OnEvent, RankState
+from ..events import LogLines, NodeReply, OnEvent, RankState, RunStarted
 from .inbox import Message, Reply
 
 if TYPE_CHECKING:
@@ -53,6 +53,10 @@ class Job(Generic[T]):
         self.reason = ""
         #: how long it waited for the user at a rank's breakpoint (``--timeout`` does not count it)
         self.paused_for = 0.0
+
+    def what(self) -> RunStarted:
+        """What runs, as the logs and the registry are told when it starts."""
+        return RunStarted(self.run_id, type(self).__name__)
 
     def start(self) -> None:
         """Start the work on the nodes; what they answer reaches the gang's inbox."""

@@ -32,6 +32,7 @@ from ..events import (
     RankPaused,
     RankReply,
     RankResumed,
+    RunStarted,
     Stacks,
 )
 from ..payload import CellPayload
@@ -75,6 +76,10 @@ class CellJob(Job[CellResult]):
         self.where: list[str] = []
         #: a node that stopped answering the heartbeat (its peers cannot finish: kill at once)
         self.unreachable: int | None = None
+
+    def what(self) -> RunStarted:
+        cell = self.payload.cell_id
+        return RunStarted(self.run_id, f"In[{cell}]", cell)
 
     def start(self) -> None:
         self.started = time.monotonic()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SpecError
-from ..events import OnEvent, RankState
+from ..events import OnEvent, RankState, RunStarted
 from ..launch import Script
 from ..node.worker import find_script, has_package
 from ..result import LOST, CellResult
@@ -108,6 +108,9 @@ class ScriptJob(Job[CellResult]):
         self.args = list(args)
         self.started = time.monotonic()
         self.stopped = False
+
+    def what(self) -> RunStarted:
+        return RunStarted(self.run_id, f"%cluster run {' '.join([self.script, *self.args])}")
 
     def start(self) -> None:
         gang = self.gang

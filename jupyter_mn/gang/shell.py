@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpecError
+from ..events import RunStarted
 from ..node.worker import run_command, split_lines, stop_command
 from .base import Gang
 from .inbox import Message
@@ -111,12 +112,16 @@ class _Exec(WorkerCall):
         flush: Callable[[], None],
     ) -> None:
         self.token = uuid.uuid4().hex
+        self.command = command
         cwd = gang.provisioner.launch_options().get("cwd")
         env = dict(gang.spec.env)
         args = (command, env, cwd, timeout, self.token, gang.exec_topic)
         super().__init__(gang, None, nodes, run_command, *args)
         self.lines = _Lines(dict(zip(self.workers, nodes, strict=True)), on_line, flush)
         self.tick_s = _TICK_S
+
+    def what(self) -> RunStarted:
+        return RunStarted(self.run_id, f"%cluster exec {self.command}")
 
     def start(self) -> None:
         token, inbox = self.token, self.gang.hub.inbox

@@ -3,11 +3,15 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { MainAreaWidget } from '@jupyterlab/apputils';
+import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 
 import { LogViewer } from './logviewer';
 import { IJobModel } from './model';
 import { ClustersPanel, clustersIcon } from './panel';
+import { requestAPI } from './request';
+
+/** Opens a job's log viewer by its id (the layout restorer reopens viewers through it). */
+const OPEN_LOGS = 'jupyter-mn:open-logs';
 
 /** The "Clusters" sidebar and its log viewers. */
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -17,26 +21,40 @@ const plugin: JupyterFrontEndPlugin<void> = {
   optional: [ILayoutRestorer],
   activate: (app: JupyterFrontEnd, restorer: ILayoutRestorer | null) => {
     const settings = app.serviceManager.serverSettings;
-    const viewers = new Map<string, MainAreaWidget<LogViewer>>();
+    const tracker = new WidgetTracker<MainAreaWidget<LogViewer>>({ namespace: 'jupyter-mn-logs' });
     const openLogs = (job: IJobModel) => {
-      let viewer = viewers.get(job.id);
-      if (!viewer || viewer.isDisposed) {
+      let viewer = tracker.find(v => v.content.jobId === job.id);
+      if (!viewer) {
         viewer = new MainAreaWidget({ content: new LogViewer(job, settings) });
         viewer.id = `jupyter-mn-logs-${job.id}`;
         viewer.title.label = `Logs: ${job.name}`;
         viewer.title.icon = clustersIcon;
         viewer.title.closable = true;
-        viewers.set(job.id, viewer);
+        void tracker.add(viewer);
         app.shell.add(viewer, 'main');
       }
       app.shell.activateById(viewer.id);
     };
+    app.commands.addCommand(OPEN_LOGS, {
+      label: 'Open a jupyter_mn job log',
+      execute: async args => {
+        const id = encodeURIComponent(String(args.id));
+        openLogs(await requestAPI<IJobModel>(`jobs/${id}`, {}, settings));
+      }
+    });
     const panel = new ClustersPanel(settings, {
       openLogs,
       openNotebook: path => void app.commands.execute('docmanager:open', { path })
     });
     app.shell.add(panel, 'left', { rank: 950 });
-    restorer?.add(panel, panel.id);
+    if (restorer) {
+      restorer.add(panel, panel.id);
+      void restorer.restore(tracker, {
+        command: OPEN_LOGS,
+        args: viewer => ({ id: viewer.content.jobId }),
+        name: viewer => viewer.content.jobId
+      });
+    }
   }
 };
 

@@ -6,6 +6,8 @@ import { el } from './format';
 import { FINISHED_STATES, IJobModel, ILogPage } from './model';
 import { requestAPI } from './request';
 
+/** The rank of a line that marks where a cell, script or command starts (`joblogs.MARK_RANK`). */
+const MARK_RANK = -1;
 /** Lines kept in the viewer; older ones are dropped (the full log stays on disk). */
 const MAX_LINES = 5000;
 
@@ -76,6 +78,7 @@ export class LogViewer extends Widget {
     select.addEventListener('change', () => {
       this._filter += 1; // a page asked for under the old filter is dropped when it arrives
       this._cursor = '';
+      this._marks.clear();
       this._text.replaceChildren();
       void this._poll.refresh();
     });
@@ -102,6 +105,14 @@ export class LogViewer extends Widget {
     const atBottom =
       this._text.scrollTop + this._text.clientHeight >= this._text.scrollHeight - 4;
     for (const line of page.lines) {
+      if (line.rank === MARK_RANK) {
+        // where a cell, script or command starts: in every node's file, shown once
+        if (!this._marks.has(line.text)) {
+          this._marks.add(line.text);
+          this._text.appendChild(el('div', 'jp-mn-LogMark', `──── ${line.text} ────`));
+        }
+        continue;
+      }
       const row = el('div', `jp-mn-LogLine jp-mn-LogLine-${line.stream}`);
       row.dataset.node = String(line.node);
       row.dataset.rank = String(line.rank);
@@ -121,7 +132,13 @@ export class LogViewer extends Widget {
     }
   }
 
+  /** the job, as the layout restorer names this viewer */
+  get jobId(): string {
+    return this._job.id;
+  }
+
   private _cursor = '';
+  private _marks = new Set<string>();
   /** bumped on every filter change: a slow page of the previous filter is not shown */
   private _filter = 0;
   private _node: HTMLSelectElement;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def kernel() -> Iterator[Kernel]:
 
 
 def test_list_shows_the_kernels_job(kernel):
-    wait_until(lambda: job_named("cli").cells == 1, 10, "the cell to be recorded")
+    wait_until(lambda: (j := job_named("cli")).cells == 1 and j.state == "READY", 10, "the cell")
     out = mn("list").stdout.splitlines()
     assert out[0].split()[:6] == ["JOB", "STATE", "SHAPE", "BACKEND", "AGE", "CELLS"]
     row = next(line.split() for line in out if line.startswith("cli-"))
@@ -56,7 +57,8 @@ def test_list_shows_the_kernels_job(kernel):
 
 
 def test_logs_by_node_and_rank_with_labels(kernel):
-    lines = mn("logs", "cli").stdout.splitlines()
+    mark, *lines = mn("logs", "cli").stdout.splitlines()
+    assert re.fullmatch(r"──── In\[\d+\] started \d\d:\d\d:\d\d ────", mark)  # once, both nodes
     assert sorted(lines) == [
         "[node 0 rank 0] hello from 0",
         "[node 1 rank 1] <b>tag</b>",
@@ -64,8 +66,9 @@ def test_logs_by_node_and_rank_with_labels(kernel):
     ]
     assert len(mn("logs", "cli", "--node", "1", "--tail", "1").stdout.splitlines()) == 1
     node1 = [line for line in lines if line.startswith("[node 1 ")]
-    assert mn("logs", "cli", "--node", "1").stdout.splitlines() == node1 and len(node1) == 2
-    assert mn("logs", "cli", "--rank", "0").stdout == "[node 0 rank 0] hello from 0\n"
+    assert mn("logs", "cli", "--node", "1").stdout.splitlines() == [mark, *node1]
+    assert len(node1) == 2
+    assert mn("logs", "cli", "--rank", "0").stdout == f"{mark}\n[node 0 rank 0] hello from 0\n"
 
 
 @pytest.mark.parametrize(
@@ -105,16 +108,15 @@ def test_release_frees_the_gang_and_ends_a_follower(kernel):
         [*JUPYTER_MN, "logs", "-f", "--tail", "1", job.id], stdout=subprocess.PIPE, text=True
     )
     try:
-        assert follower.stdout.readline().startswith("[node ")  # it is following now
+        assert follower.stdout.readline().strip()  # its last line: it is following now
         kernel.run("%%cluster\nprint('late line', dist.get_rank())")
         assert mn("release", job.id).stdout == f"{job.id}: released\n"
         out, _ = follower.communicate(timeout=20)  # -f ends by itself with the job
     finally:
         follower.kill()
-    assert sorted(out.splitlines()) == [
-        "[node 0 rank 0] late line 0",
-        "[node 1 rank 1] late line 1",
-    ]
+    mark, *late = out.splitlines()  # the mark once, though each node's file has it
+    assert re.fullmatch(r"──── In\[\d+\] started \d\d:\d\d:\d\d ────", mark)
+    assert sorted(late) == ["[node 0 rank 0] late line 0", "[node 1 rank 1] late line 1"]
     pids = [p for node in job.nodes for p in node.pids]
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
     assert pids and not alive

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import psutil
 from conftest import ARTIFACTS, job_item, open_panel, run_command, wait_kernel_idle
 from playwright.sync_api import expect
+from polling import wait_until
 
 from jupyter_mn.registry import Registry
 
@@ -46,6 +49,9 @@ def test_panel_follows_a_job_and_the_log_viewer_shows_rank_labelled_text(lab, pa
     text = viewer.locator(".jp-mn-LogViewer-text")
     expect(text).to_contain_text("[node 1 rank 1] done 1", timeout=20_000)
     expect(text).to_contain_text("[node 0 rank 0] step 0")
+    mark = text.locator(".jp-mn-LogMark")  # where the cell starts: once, for both nodes
+    expect(mark).to_have_count(1)
+    expect(mark).to_have_text(re.compile(r"^──── In\[\d+\] started \d\d:\d\d:\d\d ────$"))
     shown = text.locator(".jp-mn-LogLine", has_text="onerror")
     expect(shown).to_have_count(2)
     expect(shown.first).to_contain_text(XSS)  # the markup shows as text …
@@ -71,6 +77,13 @@ def test_panel_follows_a_job_and_the_log_viewer_shows_rank_labelled_text(lab, pa
     expect(text.locator(".jp-mn-LogLine")).to_have_count(3)
     expect(text.locator('.jp-mn-LogLine[data-rank="1"]')).to_have_count(0)
     page.unroute(logs)
+
+    # the log viewer comes back with the layout, once Lab has saved it (debounced)
+    wait_until(lambda: "jupyter-mn-logs:" in json.dumps(lab.api("/lab/api/workspaces")), 30, "save")
+    page.goto(page.url.replace("?reset&", "?"))
+    expect(page.locator(".jp-mn-LogViewer-text")).to_contain_text("done 1", timeout=60_000)
+    expect(page.locator(".lm-TabBar-tab", has_text="Logs: panel")).to_have_count(1)
+    item = job_item(open_panel(page), "panel")
 
     item.locator(".jp-mn-Job-notebook").click()  # the link brings the notebook back to front
     page.wait_for_function(
