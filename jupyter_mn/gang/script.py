@@ -10,7 +10,6 @@ traceback. The value is rank 0's exit status.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import time
@@ -112,9 +111,8 @@ class ScriptJob(Job[CellResult]):
     def start(self) -> None:
         gang = self.gang
         _, port = gang.agents[0].endpoint().result()  # a fresh store: rank 0 keeps its own
-        launch = gang.launch(port)
         self.started = time.monotonic()
-        sent = [dataclasses.replace(launch, script=self._script(n)) for n in range(gang.nodes)]
+        sent = [gang.launch(port, n, self._script(n)) for n in range(gang.nodes)]
         gang.call_each(lambda node, agent: agent.run_script(sent[node]))
 
     def _script(self, node: int) -> Script:

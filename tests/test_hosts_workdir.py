@@ -1,0 +1,122 @@
+"""The notebook's own files on nodes that do not see them (docs/architecture.md, "The
+notebook's directory on the nodes").
+
+Test hosts (``hosts.py``) with a dask worker each, started in a directory of their own; host 2's
+mount namespace hides the notebook's directory under a tmpfs, as a pod or a machine without the
+notebook's filesystem; host 1 sees it (a shared filesystem). Each worker has a file cache of
+its own, so what a node was sent can be counted there.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daskcli import DaskCLI, tls_env
+
+from jupyter_mn import Cluster
+from jupyter_mn.errors import SpecError
+from kernels import Kernel
+
+HOSTS = 2
+MODEL = "VERSION = {v}\n\nclass Net:\n    def version(self):\n        return VERSION{pad}\n"
+CELL = """import os, yaml
+from model import Net
+from data import loader
+config = yaml.safe_load(open("config.yaml"))
+(Net().version(), sum(loader()), config["lr"], os.getcwd(),
+ sorted(p for p in os.listdir(".") if p != "__pycache__"))
+"""
+
+
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two modules, a YAML file, a log .gitignore leaves out and a 200 MiB file (sparse)."""
+    folder = tmp_path_factory.mktemp("notebook")
+    (folder / "model.py").write_text(MODEL.format(v=1, pad=""))
+    (folder / "data.py").write_text("def loader():\n    return [1, 2, 3]\n")
+    (folder / "config.yaml").write_text("lr: 0.5\n")
+    (folder / ".gitignore").write_text("*.log\n")
+    (folder / "train.log").write_text("not for the nodes\n")
+    with open(folder / "weights.bin", "wb") as f:
+        f.truncate(200 << 20)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cli(host_net, notebook, tmp_path_factory) -> Iterator[DaskCLI]:
+    hidden = {host_net.hosts[1].hostname: [str(notebook)]}
+    with DaskCLI.on_hosts(tmp_path_factory.mktemp("dask-files"), host_net, hidden) as cli:
+        yield cli
+
+
+def _cached(cli: DaskCLI, hostname: str) -> int:
+    """Bytes in a node's file cache."""
+    folder = cli.folder / f"files-{hostname}"
+    return sum(p.stat().st_size for p in folder.glob("*")) if folder.exists() else 0
+
+
+def _sent(stdout: str) -> int:
+    """The bytes a cell's note says were sent (``… 1.2 KiB sent``)."""
+    found = re.search(r"which do not see it: ([\d.]+) (B|KiB|MiB) sent", stdout)
+    assert found, stdout
+    return round(float(found.group(1)) * {"B": 1, "KiB": 1024, "MiB": 1 << 20}[found.group(2)])
+
+
+def test_a_kernels_cell_imports_its_neighbours_on_a_node_that_does_not_see_them(
+    cli, host_net, notebook, no_leftovers
+):
+    seeing, blind = (h.hostname for h in host_net.hosts)
+    kernel = Kernel(env=tls_env(cli.certs), cwd=notebook)
+    try:
+        flags = f"--backend dask --scheduler {cli.address} --nodes 2 --gpus 1 --no-preflight"
+        first = kernel.run(f"%%cluster {flags} --all\n{CELL}")
+        assert first.status == "ok", first.error_text
+        rows = ast.literal_eval(first.result)
+        assert [r[:3] for r in rows] == [(1, 6, 0.5), (1, 6, 0.5)]
+        assert rows[0][3] == str(notebook)  # node 0 sees the directory: its ranks run there
+        assert rows[1][3] != str(notebook)  # node 1 runs in the gang's copy of it
+        assert rows[1][4] == [".gitignore", "config.yaml", "data.py", "model.py"]
+        assert f"files: {notebook} (4 files) → node(s) 1, which do not see it" in first.stdout
+        assert "weights.bin (200.0 MiB)" in first.stdout  # stays behind, and the cell says so
+        sent = _sent(first.stdout)
+        assert sent == _cached(cli, blind) == sum((notebook / p).stat().st_size for p in rows[1][4])
+        assert _cached(cli, seeing) == 0  # the node that sees the directory was sent nothing
+
+        (notebook / "model.py").write_text(MODEL.format(v=2, pad=" * 10"))
+        edited = kernel.run("%%cluster --all\nfrom model import Net\nNet().version()")
+        assert edited.result == "[20, 20]", edited.error_text
+        assert "reloaded model: changed since the last cell" in edited.stdout
+        assert "files: model.py → node(s) 1" in edited.stdout
+        assert _sent(edited.stdout) == (notebook / "model.py").stat().st_size
+
+        assert kernel.run("%cluster down").status == "ok"
+        assert not Path(rows[1][3]).exists()  # the copy went with its gang
+        cached = _cached(cli, blind)
+        second = kernel.run(f"%%cluster {flags} --all\n{CELL}")  # a new gang: all is cached
+        assert [r[0] for r in ast.literal_eval(second.result)] == [20, 20], second.error_text
+        assert _sent(second.stdout) == 0 and _cached(cli, blind) == cached
+    finally:
+        kernel.shutdown()
+
+
+def test_over_the_limit_or_bad_input_fails_before_anything_starts(cli, notebook, no_leftovers):
+    on = {"backend": "dask", "scheduler": cli.address}
+    cached = {name: _cached(cli, name) for name in cli.workers}
+    with Cluster(**on, workdir=str(notebook), workdir_limit="64B") as cluster:
+        with pytest.raises(SpecError, match=r"over --workdir-limit 64 B. The largest:") as over:
+            cluster.run("1")
+        assert re.search(r"\n +\d+ B +model\.py\n", str(over.value))
+        assert cluster.gang is None
+    with (
+        Cluster(**on, workdir=str(notebook / "gone")) as cluster,
+        pytest.raises(SpecError, match="gone: no such directory"),
+    ):
+        cluster.run("1")
+    with pytest.raises(SpecError, match="workdir_limit 'lots' is not a size"):
+        Cluster(**on, workdir_limit="lots")
+    assert all(not keys for keys in cli.actors().values())  # no agent was placed anywhere
+    assert {name: _cached(cli, name) for name in cli.workers} == cached  # none was sent a byte
