@@ -26,7 +26,7 @@ from .events import Note, OnEvent, Stacks
 from .launcher import CALL_CELL, call_names
 from .result import LOST, CellResult
 from .spec import ClusterSpec
-from .workdir import Selection, directory, select
+from .workdir import for_spec
 
 if TYPE_CHECKING:
     from .gang.base import Preflight
@@ -76,7 +76,7 @@ class Cluster:
                 self._notes += self.gang.settle()  # a re-forming after a failure
                 if self.gang.status.usable:
                     return self.gang
-            files = selection(self.spec)  # bad input: nothing started
+            files = for_spec(self.spec)  # bad input: nothing started
             self._drop_gang()
             gang = make_gang(self.spec)
             self.gang = gang
@@ -111,7 +111,7 @@ class Cluster:
                 yield self.gang
                 return
             spec = self.spec if preflight is None else self.spec.replace(preflight=preflight)
-            files = selection(spec)  # bad input: nothing started
+            files = for_spec(spec)  # bad input: nothing started
             gang = make_gang(spec)
             try:
                 gang.start(on_event, ranks=False, preflight=_preflight(spec), files=files)
@@ -233,7 +233,7 @@ class Cluster:
             attempts = 1 + (self.spec.retries if retries is None else retries)
             for attempt in range(attempts):
                 gang = self.up(on_event)
-                notes += self.sync_files(gang)
+                notes += gang.files.refresh(self.spec)  # what a node's copy was sent
                 holders = (gang.id, gang.incarnation)
                 if holders != self._holders:  # new rank processes hold no cached names
                     self._shipper.forget()
@@ -276,14 +276,6 @@ class Cluster:
         finally:
             view.close()
         return result.unwrap()
-
-    def sync_files(self, gang: Any) -> tuple[str, ...]:
-        """Bring ``gang``'s copies of the notebook's directory up to date (where a node does
-        not see it); what moved, for the cell's notes."""
-        if not gang.files.copies:
-            return ()
-        files = selection(self.spec)
-        return () if files is None else tuple(gang.files.sync(files))
 
     def _capture(
         self, python: str, namespace: Mapping[str, Any] | None, push: Iterable[str]
@@ -423,18 +415,6 @@ class _Deadline:
                     self._action()
                 finally:
                     self._cond.acquire()
-
-
-def selection(spec: ClusterSpec) -> Selection | None:
-    """The files of the notebook's directory that travel to nodes that do not see it (None:
-    nothing travels); a ``SpecError`` for bad input, before anything starts. Local nodes are
-    this machine: nothing is listed for them."""
-    if not spec.send_workdir:
-        return None
-    root = directory(spec.workdir)
-    if spec.backend == "local":
-        return Selection(root)
-    return select(root, spec.workdir_exclude, spec.workdir_limit)
 
 
 def _preflight(spec: ClusterSpec) -> Preflight | None:

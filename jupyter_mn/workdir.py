@@ -20,8 +20,8 @@ from pathspec import GitIgnoreSpec
 
 from .errors import JupyterMNError, SpecError
 from .manifest import FileEntry, content_digest, stamp
+from .spec import WORKDIR_LIMIT, ClusterSpec
 
-DEFAULT_LIMIT = 100 << 20
 #: Files over this size travel only when they are Python sources (data and checkpoints belong
 #: on storage the nodes share).
 SMALL_FILE = 10 << 20
@@ -83,7 +83,19 @@ def directory(workdir: str | None) -> str:
     return root
 
 
-def select(root: str, exclude: Sequence[str] = (), limit: int = DEFAULT_LIMIT) -> Selection:
+def for_spec(spec: ClusterSpec) -> Selection | None:
+    """What ``spec``'s gang sends to nodes that do not see the directory (None: nothing
+    travels); ``SpecError`` for bad input, before anything starts. Local nodes are this
+    machine: nothing is listed for them."""
+    if not spec.send_workdir:
+        return None
+    root = directory(spec.workdir)
+    if spec.backend == "local":
+        return Selection(root)
+    return select(root, spec.workdir_exclude, spec.workdir_limit)
+
+
+def select(root: str, exclude: Sequence[str] = (), limit: int = WORKDIR_LIMIT) -> Selection:
     """The files of ``root`` that travel; ``SpecError`` for a directory that is not there, a
     file that cannot be read, or more than ``limit`` bytes (naming the largest files)."""
     root = directory(root)

@@ -19,6 +19,7 @@ from daskcli import DaskCLI, tls_env
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import SpecError
+from jupyter_mn.gang.script import run_script
 from kernels import Kernel
 
 HOSTS = 2
@@ -101,6 +102,27 @@ def test_a_kernels_cell_imports_its_neighbours_on_a_node_that_does_not_see_them(
         assert _sent(second.stdout) == 0 and _cached(cli, blind) == cached
     finally:
         kernel.shutdown()
+
+
+def test_a_script_and_a_module_find_their_neighbours_on_a_node_that_does_not_see_them(
+    cli, notebook, monkeypatch, no_leftovers
+):
+    script = notebook / "train.py"
+    script.write_text(f"{CELL}\nassert Net().version() > 0 and os.path.exists('train.py')\n")
+    monkeypatch.chdir(notebook)
+    try:
+        with (
+            Cluster(backend="dask", scheduler=cli.address, nodes=2, gpus=1, preflight=False) as c,
+            c.nodes() as gang,
+        ):
+            result = run_script(gang, "train.py", [], on_event=None)
+            assert result.ok and result.value == 0, result.root_cause
+            assert gang.files.copies == [1]
+            assert not any("was sent to node" in note for note in result.notes)  # not alone
+            module = run_script(gang, "train", [], on_event=None, module=True)
+            assert module.ok and module.value == 0, module.root_cause
+    finally:
+        script.unlink()
 
 
 def test_over_the_limit_or_bad_input_fails_before_anything_starts(cli, notebook, no_leftovers):

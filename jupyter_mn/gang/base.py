@@ -282,6 +282,11 @@ class Gang:
             **{**self.provisioner.launch_options(), **self.files.launch_options(node)},
         )
 
+    def ranks_cwd(self) -> str | None:
+        """The ranks' working directory on the nodes that see the notebook's directory (None:
+        the worker's own); the others run in their copy of it."""
+        return {**self.provisioner.launch_options(), **self.files.shared_options()}.get("cwd")
+
     def ask_all(self, call: Callable[[int, Any], Any], timeout: float) -> list[Reply]:
         """Call an actor method on every agent at once, ``call(node, agent)`` (while the gang
         starts: no job runs); collect replies via the inbox, showing events meanwhile, until

@@ -8,12 +8,14 @@ content changed are named, and only contents a node does not hold are sent.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ..manifest import FileEntry, FileUpdate, changes
-from ..workdir import SMALL_FILE, Digests, Selection, size_text
+from ..workdir import SMALL_FILE, Digests, Selection, for_spec, size_text
 
 if TYPE_CHECKING:
+    from ..spec import ClusterSpec
     from .base import Gang
 
 #: Seconds a node may take to say whether it sees the directory, and to store an update.
@@ -35,9 +37,11 @@ class FileSync:
         self._digests = Digests()
 
     def decide(self, selection: Selection | None, local: bool) -> None:
-        """Ask every node whether it sees ``selection``'s directory (on the local backend they
-        are this machine: they do); None: the directory does not travel."""
-        if selection is None:
+        """Ask every node whether it sees ``selection``'s directory; None: the directory does
+        not travel. Local nodes are this machine: they see it, and without ``--workdir`` their
+        ranks run where the backend says (the kernel's working directory, also for a script
+        started after a ``%cd``)."""
+        if selection is None or (local and not self.gang.spec.workdir):
             return
         self.root = selection.root
         if local:
@@ -47,11 +51,32 @@ class FileSync:
         self.copies = [n for n, seen in enumerate(asked) if not seen.result(timeout=_ASK_S)]
 
     def launch_options(self, node: int) -> dict[str, Any]:
-        """Where node ``node``'s ranks run: its copy, the directory itself, or (the directory
-        does not travel) where the backend says."""
-        if node in self.copies:
-            return {"files": True}
+        """Where node ``node``'s ranks run: its copy, or as on the nodes that see it."""
+        return {"files": True} if node in self.copies else self.shared_options()
+
+    def shared_options(self) -> dict[str, Any]:
+        """Where the ranks of the nodes that see the directory run: there (nothing: where the
+        backend says)."""
         return {} if self.root is None else {"cwd": self.root}
+
+    def relative(self, path: str) -> str | None:
+        """``path`` as the copies hold it (relative to their folder), if they do."""
+        if self.root is None or not self.copies:
+            return None
+        inside = os.path.relpath(os.path.abspath(path), self.root)
+        return inside if inside in self.held else None
+
+    def holds_package(self, name: str) -> bool:
+        """Whether the copies hold the top-level module or package ``name``."""
+        return any(p == f"{name}.py" or p.startswith(f"{name}/") for p in self.held)
+
+    def refresh(self, spec: ClusterSpec) -> tuple[str, ...]:
+        """Bring the copies up to date with the directory now (before each cell or script);
+        the notes for it. Nothing is listed where no node has a copy."""
+        if not self.copies:
+            return ()
+        selection = for_spec(spec)
+        return () if selection is None else tuple(self.sync(selection))
 
     def sync(self, selection: Selection) -> list[str]:
         """Bring every copy up to ``selection``; the notes for the cell (what moved)."""
