@@ -90,12 +90,13 @@ class Cluster:
 
     @contextlib.contextmanager
     def nodes(
-        self, on_event: OnEvent | None = None, preflight: bool | None = None
+        self, on_event: OnEvent | None = None, preflight: bool | None = None, files: bool = True
     ) -> Iterator[Any]:
         """The gang's node agents for a one-off job (doctor, exec, a script): the warm gang's
         when it is up, else nodes claimed for the job alone (no ranks) and released after it.
 
-        ``preflight`` overrides the spec's for freshly claimed nodes.
+        ``preflight`` overrides the spec's for freshly claimed nodes; ``files=False``: a job
+        that needs none of the notebook's files (doctor, exec) claims nodes without them.
         """
         from .gang import make_gang
 
@@ -111,10 +112,10 @@ class Cluster:
                 yield self.gang
                 return
             spec = self.spec if preflight is None else self.spec.replace(preflight=preflight)
-            files = for_spec(spec)  # bad input: nothing started
+            selected = for_spec(spec) if files else None  # bad input: nothing started
             gang = make_gang(spec)
             try:
-                gang.start(on_event, ranks=False, preflight=_preflight(spec), files=files)
+                gang.start(on_event, ranks=False, preflight=_preflight(spec), files=selected)
                 yield gang
             finally:
                 gang.close()
