@@ -9,8 +9,10 @@ content changed are named, and only contents a node does not hold are sent.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import FilesNotSent
 from ..manifest import FileEntry, FileUpdate, changes
 from ..workdir import SMALL_FILE, Digests, Selection, for_spec, size_text
 
@@ -87,20 +89,14 @@ class FileSync:
         if not placed and not removed:
             return []
         digests = sorted({e.digest for e in placed})
-        agents = self.gang.agents
-        lacking = {n: agents[n].missing_files(digests) for n in self.copies}
-        lacking = {n: set(f.result(timeout=_ASK_S)) for n, f in lacking.items()}
+        lacking = self._ask(lambda agent, n: agent.missing_files(digests))
         blobs = {
             e.digest: self._digests.blob(selection.root, e)
             for e in placed
             if any(e.digest in lack for lack in lacking.values())
         }
         sent = {n: {d: blobs[d] for d in lack} for n, lack in lacking.items()}
-        updates = {
-            n: agents[n].update_files(FileUpdate(placed, removed, sent[n])) for n in self.copies
-        }
-        for future in updates.values():
-            future.result(timeout=_ASK_S)
+        self._ask(lambda agent, n: agent.update_files(FileUpdate(placed, removed, sent[n])))
         for n, contents in sent.items():
             self.moved[n] = self.moved.get(n, 0) + sum(len(b) for b in contents.values())
         first = not self.held
@@ -113,6 +109,24 @@ class FileSync:
                 f"(put them on storage the nodes share): {large}"
             )
         return notes
+
+    def _ask(self, call: Callable[[Any, int], Any]) -> dict[int, Any]:
+        """``call(agent, node)`` on every copy node at once; their answers. A node that fails
+        has a copy in an unknown state: the gang is torn down (``FilesNotSent``)."""
+        agents, asked, answers = self.gang.agents, {}, {}
+        node = self.copies[0]
+        try:
+            for node in self.copies:
+                asked[node] = call(agents[node], node)
+            for node, future in asked.items():
+                answers[node] = future.result(timeout=_ASK_S)
+            return answers
+        except Exception as exc:
+            why = f"node {node}: its copy of {self.root} was not updated"
+            self.gang.close(broken=why, wait=False)
+            raise FilesNotSent(
+                f"{why} ({type(exc).__name__}: {exc}); the gang was torn down"
+            ) from None
 
     def _note(
         self,
