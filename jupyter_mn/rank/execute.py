@@ -253,7 +253,6 @@ def run(
     except Exception as failure:  # reloading an edited module, unpickling a name, seeding
         exc = failure
         shell.last_traceback = [f"{type(failure).__name__}: {failure}"]
-    shell.reloader.remember()
     duration = time.perf_counter() - started
     timed = exc is None and duration >= timing.MIN_CELL_S
     collective = timing.last_collective(started_ns) if timed else None

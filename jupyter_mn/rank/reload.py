@@ -31,10 +31,13 @@ class Reloader:
 
     def __init__(self, root: str) -> None:
         self.root = os.path.join(os.path.realpath(root), "")
+        #: the root as given too: a module's ``__file__`` is a path below it, unresolved
+        self._prefixes = (self.root, os.path.join(os.path.abspath(root), ""))
         self._installed = _installed()
         #: module name → (its file, the file's mtime when it was loaded)
         self._loaded: dict[str, tuple[str, int]] = {}
-        self._count = 0
+        #: the names in ``sys.modules`` looked at already (each once: a look resolves a path)
+        self._seen: set[str] = set()
         #: what superreload keeps to update old objects on later reloads too
         self._old_objects: dict[Any, Any] = {}
 
@@ -42,21 +45,23 @@ class Reloader:
         file = getattr(module, "__file__", None)
         if not isinstance(file, str) or not file.endswith(".py"):
             return None
+        if not file.startswith(self._prefixes):
+            return None
         file = os.path.realpath(file)
         if not file.startswith(self.root) or file.startswith(self._installed):
             return None
         return file
 
     def remember(self) -> None:
-        """Note the modules imported from ``root`` since the last look (after each cell; a look
-        costs a pass over ``sys.modules`` only when it grew)."""
-        if len(sys.modules) == self._count:
+        """Note the modules imported from ``root`` since the last look (after each cell; only
+        names not looked at before are)."""
+        if len(sys.modules) == len(self._seen):
             return
-        self._count = len(sys.modules)
         for name, module in list(sys.modules.items()):
-            if name in self._loaded or module is None:
+            if name in self._seen:
                 continue
-            file = self._ours(module)
+            self._seen.add(name)
+            file = None if module is None else self._ours(module)
             if file is not None:
                 self._loaded[name] = (file, _mtime(file))
 
@@ -69,6 +74,7 @@ class Reloader:
             now = _mtime(file)
             if module is None or now < 0:  # removed from sys.modules, or its file deleted
                 del self._loaded[name]
+                self._seen.discard(name)  # looked at again if imported again
                 continue
             if now != loaded:
                 self._loaded[name] = (file, now)  # a failed reload is not retried until edited
