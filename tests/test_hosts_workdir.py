@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 from daskcli import DaskCLI, tls_env
+from kube.cluster import FakeCluster
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import SpecError
 from jupyter_mn.gang.script import run_script
+from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.spec import ClusterSpec
 from kernels import Kernel
 
 HOSTS = 2
@@ -123,6 +126,35 @@ def test_a_script_and_a_module_find_their_neighbours_on_a_node_that_does_not_see
             assert module.ok and module.value == 0, module.root_cause
     finally:
         script.unlink()
+
+
+def test_pods_that_do_not_see_the_notebook_get_its_directory(
+    host_net, notebook, tmp_path_factory, monkeypatch, no_leftovers
+):
+    folder = tmp_path_factory.mktemp("kube-files")
+    machines = {f"machine-{i}": 1 for i in range(2)}
+    with FakeCluster(
+        folder, nodes=machines, processes=True, net=host_net, hidden=[str(notebook)]
+    ) as fake:
+        monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        options = KubeOptions(image="registry.example/jupyter-mn-agent:1")
+        spec = ClusterSpec(
+            nodes=2,
+            gpus=1,
+            backend="kubernetes",
+            kubernetes=options,
+            workdir=str(notebook),
+            preflight=False,
+        )
+        with Cluster(spec) as cluster:
+            result = cluster.run(CELL, return_all=True)
+            rows = result.unwrap()
+            assert cluster.gang.files.copies == [0, 1]
+            moved = cluster.gang.files.moved
+    assert [r[1:3] for r in rows] == [(6, 0.5), (6, 0.5)]
+    assert all(r[3] != str(notebook) for r in rows)  # each pod runs in its copy
+    assert moved[0] == moved[1] == sum((notebook / p).stat().st_size for p in rows[0][4])
 
 
 def test_over_the_limit_or_bad_input_fails_before_anything_starts(cli, notebook, no_leftovers):
