@@ -39,6 +39,7 @@ ALWAYS_EXCLUDED = (
     ".mypy_cache/",
     ".pytest_cache/",
     ".ruff_cache/",
+    ".hypothesis/",
     ".tox/",
 )
 #: How many of the largest files an over-the-limit error names.
