@@ -5,7 +5,7 @@ notebook's directory (50 files, 5 MB). Per round, side by side: a cold gang with
 (nothing travels), one whose node 1 has an empty file cache (the first time), one whose cache
 holds every file (the second time), and on that warm gang a cell after one file was edited and
 a cell with nothing changed. Medians of the cold starts (to the first cell's value), the time
-spent asking the nodes and sending (``FileSync.decide`` and ``sync``), the bytes sent.
+spent asking the nodes, listing and sending (``FileSync.decide`` and ``refresh``), the bytes sent.
 
     sudo .venv/bin/python bench/workdir.py [--rounds 3]
 """
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     rounds = parser.parse_args().rounds
     FileSync.decide = timed("decide", FileSync.decide)  # type: ignore[method-assign]
-    FileSync.sync = timed("sync", FileSync.sync)  # type: ignore[method-assign]
+    FileSync.refresh = timed("refresh", FileSync.refresh)  # type: ignore[method-assign]
     folder = Path(tempfile.mkdtemp(prefix="jmn-bench-workdir-"))
     nb = notebook(Path(tempfile.mkdtemp(prefix="notebook-", dir=folder)))
     rows: dict[str, list[tuple[float, dict[str, float], int]]] = {}

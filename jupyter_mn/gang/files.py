@@ -78,12 +78,10 @@ class FileSync:
         if not self.copies:
             return ()
         selection = for_spec(spec)
-        return () if selection is None else tuple(self.sync(selection))
+        return () if selection is None else tuple(self._sync(selection))
 
-    def sync(self, selection: Selection) -> list[str]:
+    def _sync(self, selection: Selection) -> list[str]:
         """Bring every copy up to ``selection``; the notes for the cell (what moved)."""
-        if not self.copies:
-            return []
         wanted = self._digests.entries(selection)
         placed, removed = changes(self.held, wanted)
         if not placed and not removed:
