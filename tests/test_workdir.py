@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_mn import Cluster
 from jupyter_mn.errors import JupyterMNError, SpecError
 from jupyter_mn.manifest import FileEntry, FileUpdate, changes, content_digest, stamp
 from jupyter_mn.node.files import NodeFiles, sees
@@ -179,3 +180,16 @@ def test_a_rank_reloads_the_modules_of_its_directory_whose_file_changed(tmp_path
         assert Reloader(str(tmp_path / "elsewhere")).reload() == []
     finally:
         sys.modules.pop(name, None)
+
+
+def test_local_ranks_run_in_the_workdir_and_reload_what_was_edited(tmp_path, no_leftovers):
+    (tmp_path / "model.py").write_text("def version():\n    return 1\n")
+    with Cluster(nodes=1, gpus=2, workdir=str(tmp_path)) as cluster:
+        first = cluster.run("import os, model\n(os.getcwd(), model.version())", return_all=True)
+        assert first.unwrap() == [(str(tmp_path), 1)] * 2
+        assert cluster.gang.files.copies == []  # local nodes see it: nothing is sent
+        (tmp_path / "model.py").write_text("def version():\n    return 2 * 10\n")
+        edited = cluster.run("model.version()", return_all=True)
+        assert edited.unwrap() == [20, 20]
+        assert "reloaded model: changed since the last cell" in edited.notes
+        assert "reloaded" not in " ".join(cluster.run("model.version()").notes)

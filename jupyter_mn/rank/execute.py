@@ -109,6 +109,7 @@ class RankShell(InteractiveShell):
         shell.user_ns.update({"torch": torch, "dist": dist, "cluster_info": cluster_info})
         shell.last_traceback = []
         shell.reloader = Reloader(os.getcwd())  # the notebook's directory, or its copy
+        shell.reloader.remember()  # what is loaded now (torch…): a cell's look sees only news
         figures_as_png(shell)
         shell._warm_up()
         return shell
@@ -253,6 +254,7 @@ def run(
     except Exception as failure:  # reloading an edited module, unpickling a name, seeding
         exc = failure
         shell.last_traceback = [f"{type(failure).__name__}: {failure}"]
+    shell.reloader.remember()  # before the reply: an edit made after it is seen as one
     duration = time.perf_counter() - started
     timed = exc is None and duration >= timing.MIN_CELL_S
     collective = timing.last_collective(started_ns) if timed else None

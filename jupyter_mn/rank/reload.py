@@ -53,8 +53,8 @@ class Reloader:
         return file
 
     def remember(self) -> None:
-        """Note the modules imported from ``root`` since the last look (after each cell; only
-        names not looked at before are)."""
+        """Note the modules imported from ``root`` since the last look (at the start, then after
+        each cell, before its reply; only names not looked at before are, each once)."""
         if len(sys.modules) == len(self._seen):
             return
         for name, module in list(sys.modules.items()):

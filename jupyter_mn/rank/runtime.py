@@ -108,7 +108,6 @@ def main() -> None:
             flush_output()  # into the pipes: the agent reads them to empty at the reply
             control.send(reply)
             group.release()
-            shell.reloader.remember()  # the modules the cell imported: off the cell's path
         elif op == "destroy":
             if msg["generation"] == group.generation:  # a late request must not hit a new group
                 group.destroy()
