@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from jupyter_mn import Cluster
 from jupyter_mn.errors import JupyterMNError, SpecError
 from jupyter_mn.manifest import FileEntry, FileUpdate, changes, content_digest, stamp
+from jupyter_mn.node import files as node_files
 from jupyter_mn.node.files import NodeFiles, sees
 from jupyter_mn.rank.reload import Reloader
 from jupyter_mn.workdir import SMALL_FILE, Digests, select
@@ -141,6 +143,25 @@ def test_a_node_keeps_contents_between_gangs_and_its_copy_goes_with_the_gang(tmp
     with pytest.raises(ValueError, match="does not match its digest"):
         second.apply(FileUpdate((), (), {model.digest: b"other"}))
     second.remove()
+
+
+def test_the_cache_keeps_to_its_limit_dropping_what_was_used_longest_ago(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_MN_FILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(node_files, "CACHE_LIMIT", 250)
+    data = [bytes([i]) * 100 for i in range(4)]
+    a, b, c, d = (content_digest(x) for x in data)
+    node = NodeFiles("gang")
+    node.apply(FileUpdate((), (), {a: data[0], b: data[1]}))
+    hour = time.time() - 3600
+    os.utime(node.cache / a, (hour - 3600, hour - 3600))
+    os.utime(node.cache / b, (hour, hour))
+    assert node.missing([b]) == []  # b is used again: now the most recent
+    node.apply(FileUpdate((), (), {c: data[2]}))  # 300 bytes: the one used longest ago goes
+    assert node.missing([a, b, c]) == [a]
+    monkeypatch.setattr(node_files, "CACHE_LIMIT", 50)
+    node.apply(FileUpdate((), (), {d: data[3]}))  # over, but each was used in the last minutes
+    assert node.missing([b, c, d]) == []
+    node.remove()
 
 
 def test_a_node_sees_the_directory_only_with_the_same_files_sizes_and_times(tmp_path):

@@ -13,12 +13,17 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from ..manifest import FileUpdate, content_digest, safe_path, stamp_here
 
 CACHE_ENV = "JUPYTER_MN_FILE_CACHE"
+#: The most bytes the cache keeps: the contents used longest ago go first ...
+CACHE_LIMIT = 2 << 30
+#: ... but none used within this many seconds (another gang may be about to place it).
+KEPT_S = 600.0
 
 
 def sees(root: str, paths: Iterable[str], expected: str) -> bool:
@@ -65,8 +70,15 @@ class NodeFiles:
         return self._cache
 
     def missing(self, digests: Iterable[str]) -> list[str]:
-        """The contents among ``digests`` this node does not hold yet."""
-        return [d for d in digests if not (self.cache / d).is_file()]
+        """The contents among ``digests`` this node does not hold yet (those it holds count as
+        used now: they are the last to leave the cache)."""
+        lacking = []
+        for digest in digests:
+            try:
+                os.utime(self.cache / digest)
+            except FileNotFoundError:
+                lacking.append(digest)
+        return lacking
 
     def apply(self, update: FileUpdate) -> None:
         """Make the copy match: new contents into the cache, files placed from it, removed
@@ -86,6 +98,23 @@ class NodeFiles:
         for path in update.removed:
             with contextlib.suppress(FileNotFoundError):
                 (folder / safe_path(path)).unlink()
+        if update.blobs:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Keep the cache within ``CACHE_LIMIT``: the contents used longest ago go first."""
+        held = []
+        for path in self.cache.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # another gang's trim took it
+                st = path.stat()
+                held.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in held)
+        recent = time.time() - KEPT_S
+        for used, size, path in sorted(held):
+            if total <= CACHE_LIMIT or used > recent:
+                return
+            path.unlink(missing_ok=True)
+            total -= size
 
     def _keep(self, digest: str, data: bytes) -> None:
         target = self.cache / digest
