@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from daskcli import DaskCLI, tls_env
 from kube.cluster import FakeCluster
 
 from jupyter_mn import Cluster
-from jupyter_mn.errors import SpecError
+from jupyter_mn.errors import FilesNotSent, SpecError
 from jupyter_mn.gang.script import run_script
+from jupyter_mn.gang.state import GangStatus
 from jupyter_mn.kubespec import KubeOptions
 from jupyter_mn.spec import ClusterSpec
 from kernels import Kernel
@@ -126,6 +128,28 @@ def test_a_script_and_a_module_find_their_neighbours_on_a_node_that_does_not_see
             assert module.ok and module.value == 0, module.root_cause
     finally:
         script.unlink()
+
+
+def test_a_copy_that_cannot_be_updated_tears_the_gang_down_and_the_next_cell_starts_afresh(
+    cli, host_net, notebook, no_leftovers
+):
+    cache = cli.folder / f"files-{host_net.hosts[1].hostname}"
+    added = notebook / "extra.py"
+    options = {"backend": "dask", "scheduler": cli.address, "nodes": 2, "gpus": 1}
+    with Cluster(**options, preflight=False, workdir=str(notebook)) as cluster:
+        assert cluster.run("import model").ok
+        gang = cluster.gang
+        shutil.rmtree(cache)
+        cache.write_text("")  # node 1's cache is no directory any more: it cannot take files
+        added.write_text("X = 1\n")
+        try:
+            with pytest.raises(FilesNotSent, match=r"^node 1: its copy of .+ was not updated"):
+                cluster.run("1")
+            assert gang.status in (GangStatus.BROKEN, GangStatus.CLOSED)
+        finally:
+            cache.unlink()
+            added.unlink()
+        assert cluster.run("import model").ok and cluster.gang is not gang  # a fresh gang
 
 
 def test_pods_that_do_not_see_the_notebook_get_its_directory(
