@@ -203,7 +203,9 @@ def test_a_rank_reloads_the_modules_of_its_directory_whose_file_changed(tmp_path
         sys.modules.pop(name, None)
 
 
-def test_local_ranks_run_in_the_workdir_and_reload_what_was_edited(tmp_path, no_leftovers):
+def test_local_ranks_run_in_the_workdir_and_reload_what_was_edited(
+    tmp_path, monkeypatch, no_leftovers
+):
     (tmp_path / "model.py").write_text("def version():\n    return 1\n")
     with Cluster(nodes=1, gpus=2, workdir=str(tmp_path)) as cluster:
         first = cluster.run("import os, model\n(os.getcwd(), model.version())", return_all=True)
@@ -214,3 +216,9 @@ def test_local_ranks_run_in_the_workdir_and_reload_what_was_edited(tmp_path, no_
         assert edited.unwrap() == [20, 20]
         assert "reloaded model: changed since the last cell" in edited.notes
         assert "reloaded" not in " ".join(cluster.run("model.version()").notes)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "model", raising=False)
+        from model import version  # the kernel's own import: sent by name, found on the ranks
+
+        assert cluster.launch(version) == 20
+        del sys.modules["model"]
