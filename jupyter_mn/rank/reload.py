@@ -19,10 +19,12 @@ from IPython.extensions.autoreload import superreload
 
 
 def _installed() -> tuple[str, ...]:
-    """Where installed code lives (never the notebook's own, even below the directory)."""
+    """Where installed code lives (never the notebook's own, even below the directory), and
+    jupyter_mn itself (a checkout below the directory: the rank's own code is never reloaded,
+    nor looked at every cell)."""
     paths = sysconfig.get_paths()
     found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    found |= {sys.prefix, sys.base_prefix}
+    found |= {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(__file__))}
     return tuple(os.path.join(os.path.realpath(p), "") for p in found)
 
 
@@ -42,7 +44,8 @@ class Reloader:
         self._old_objects: dict[Any, Any] = {}
 
     def _ours(self, module: ModuleType) -> str | None:
-        file = getattr(module, "__file__", None)
+        # from its namespace: a module's __getattr__ (lazy imports, as torch's) is never run
+        file = getattr(module, "__dict__", {}).get("__file__")
         if not isinstance(file, str) or not file.endswith(".py"):
             return None
         if not file.startswith(self._prefixes):
