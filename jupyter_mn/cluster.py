@@ -28,6 +28,7 @@ from .launcher import CALL_CELL, call_names
 from .payload import Captured, CellPayload
 from .result import LOST, OK, CellResult
 from .spec import ClusterSpec
+from .workdir import for_spec
 
 if TYPE_CHECKING:
     from .gang.base import Gang, Preflight
@@ -81,11 +82,12 @@ class Cluster:
                 self._notes += self.gang.settle()  # a re-forming after a failure
                 if self.gang.status.usable:
                     return self.gang
+            files = for_spec(self.spec)  # bad input: nothing started
             self._drop_gang()
             gang = make_gang(self.spec)
             self.gang = gang
             track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release requests
-            gang.start(on_event, preflight=_preflight(self.spec))
+            gang.start(on_event, preflight=_preflight(self.spec), files=files)
             self.released = ""
             self._expiry.arm(self.spec.max_runtime or None)
             if not self._busy:
@@ -94,12 +96,13 @@ class Cluster:
 
     @contextlib.contextmanager
     def nodes(
-        self, on_event: OnEvent | None = None, preflight: bool | None = None
+        self, on_event: OnEvent | None = None, preflight: bool | None = None, files: bool = True
     ) -> Iterator[Any]:
         """The gang's node agents for a one-off job (doctor, exec, a script): the warm gang's
         when it is up, else nodes claimed for the job alone (no ranks) and released after it.
 
-        ``preflight`` overrides the spec's for freshly claimed nodes.
+        ``preflight`` overrides the spec's for freshly claimed nodes; ``files=False``: a job
+        that needs none of the notebook's files (doctor, exec) claims nodes without them.
         """
         from .gang import make_gang
 
@@ -115,9 +118,10 @@ class Cluster:
                 yield self.gang
                 return
             spec = self.spec if preflight is None else self.spec.replace(preflight=preflight)
+            selected = for_spec(spec) if files else None  # bad input: nothing started
             gang = make_gang(spec)
             try:
-                gang.start(on_event, ranks=False, preflight=_preflight(spec))
+                gang.start(on_event, ranks=False, preflight=_preflight(spec), files=selected)
                 yield gang
             finally:
                 gang.close()
@@ -254,7 +258,9 @@ class Cluster:
 
         for attempt in range(1 + retries):
             gang = self.up(on_event)
+            sent = gang.files.refresh(self.spec)  # what a node's copy of the directory was sent
             result = run_cell(gang, self._for_ranks(payload, gang), on_event, timeout)
+            result.notes[:0] = sent
             self._last = (payload.cell_id, result, gang.id)
             if result.ok or not _retryable(result) or attempt == retries or self._expired:
                 return result

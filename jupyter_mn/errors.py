@@ -101,6 +101,11 @@ class NodeLost(RankLost):
     """A node's agent (its dask worker) went away, and its ranks with it: the gang is broken."""
 
 
+class FilesNotSent(JupyterMNError):
+    """A node's copy of the notebook's directory could not be brought up to date (its agent was
+    lost, its disk is full): the gang is torn down, and the next cell starts a fresh one."""
+
+
 class NodeUnreachable(JupyterMNError):
     """A node's agent has not answered the kernel's heartbeat within ``liveness_timeout``: its
     link is cut or its host is frozen (no FIN, no RST: nothing else would tell for minutes)."""

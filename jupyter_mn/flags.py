@@ -67,7 +67,7 @@ def add_spec_flags(parser: Parser) -> Parser:
     )
     add("--view", choices=["auto", "widget", "text"], help="how to show the cell")
     add("--ranks", help="show only these ranks' lines (0,3); all still go to the logs")
-    return slurmspec.add_flags(kubespec.add_flags(_add_preflight_flags(parser)))
+    return slurmspec.add_flags(kubespec.add_flags(_add_workdir_flags(_add_preflight_flags(parser))))
 
 
 def _add_preflight_flags(parser: Parser) -> Parser:
@@ -104,6 +104,28 @@ def _add_preflight_flags(parser: Parser) -> Parser:
     )
     add("--min-shm-gb", type=float, help="preflight: least /dev/shm size (GiB)")
     add("--min-disk-gb", type=float, help="preflight: least free disk (GiB)")
+    return parser
+
+
+def _add_workdir_flags(parser: Parser) -> Parser:
+    """What of the notebook's directory travels to nodes that do not see it."""
+    add = parser.add_argument
+    add("--workdir", metavar="DIR", help="send this directory, not the kernel's working one")
+    add(
+        "--no-workdir",
+        dest="send_workdir",
+        action="store_const",
+        const=False,
+        help="send no files; ranks run in the workers' own directory",
+    )
+    add(
+        "--workdir-exclude",
+        action="append",
+        default=None,
+        metavar="PATTERNS",
+        help="gitignore-style patterns (a,b) of files not to send (repeatable)",
+    )
+    add("--workdir-limit", metavar="SIZE", help="the most bytes sent (default 100MiB)")
     return parser
 
 

@@ -47,6 +47,9 @@ class Launch:
     debug: bool = False
     #: the ranks' working directory (None: the worker's)
     cwd: str | None = None
+    #: the notebook's directory travels to this node: the ranks' working directory is the
+    #: gang's copy of it (``node/files.py``), not ``cwd``
+    files: bool = False
     #: the worker is this gang's alone: an orphaned agent ends it too
     exit_when_orphaned: bool = False
     script: Script | None = None

@@ -86,7 +86,7 @@ class NodeVerbs:
             raise SpecError("%cluster exec needs --node N (repeatable) or --all-nodes")
         nodes = list(range(target.spec.nodes)) if args.all_nodes else args.node
         check_nodes(nodes, target.spec.nodes)
-        with target.nodes(TextView(), preflight=False) as gang:
+        with target.nodes(TextView(), preflight=False, files=False) as gang:
             outputs = run_on_nodes(
                 gang,
                 args.command or "",

@@ -35,6 +35,8 @@ ENV_PREFIX = "JUPYTER_MN_"
 #: Patterns are used with ``fullmatch``: ``$`` would let a trailing newline through.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_WORLD_SIZE = 65536
+#: The most bytes of the notebook's directory sent to a node (``--workdir-limit``).
+WORKDIR_LIMIT = 100 << 20
 _SCHEDULER = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}")
 
 
@@ -70,6 +72,15 @@ class ClusterSpec:
     same_host: bool = _gang(False)
     kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
     slurm: SlurmOptions = _gang(SlurmOptions())  # noqa: RUF009 (frozen, and _gang is a field)
+    #: the directory whose files travel to nodes that do not see it, and where the ranks run
+    #: (None: the kernel's working directory when the gang starts)
+    workdir: str | None = _gang(None)
+    #: False: nothing travels, and the ranks run where the backend puts them (``--no-workdir``)
+    send_workdir: bool = _gang(True)
+    #: gitignore-style patterns of files that never travel (``--workdir-exclude``)
+    workdir_exclude: tuple[str, ...] = ()
+    #: the most bytes that travel (``"200MB"`` is accepted)
+    workdir_limit: int = WORKDIR_LIMIT
     name: str | None = None
     #: how the cell shows its gang: a widget where a frontend renders widgets, else text
     view: str = "auto"
@@ -107,7 +118,7 @@ class ClusterSpec:
             raise SpecError(
                 f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
             )
-        for name in ("rdma", "require_rdma", "debug", "same_host", "insecure"):
+        for name in ("rdma", "require_rdma", "debug", "same_host", "insecure", "send_workdir"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.require_rdma and not self.rdma:
@@ -136,6 +147,7 @@ class ClusterSpec:
             )
         if self.memory_limit is not None:
             _check_int("memory_limit", self.memory_limit, minimum=1)
+        _check_workdir(self)
         for name in (
             "timeout",
             "idle_timeout",
@@ -237,7 +249,7 @@ def parse_env_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str]
 
 def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
     kind = str(f.type)
-    if f.name == "memory_limit":
+    if f.name in _SIZES:
         return raw  # "4GB": parsed with the other layers' values
     if kind.startswith("bool"):
         if raw.lower() not in _TRUE + _FALSE:
@@ -245,6 +257,8 @@ def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
         return raw.lower() in _TRUE
     if f.name == "check_paths":
         return tuple(p for p in raw.split(os.pathsep) if p)
+    if f.name == "workdir_exclude":
+        return _patterns(raw)
     try:
         if kind.startswith("int"):
             return int(raw)
@@ -258,8 +272,13 @@ def _parse_env(var: str, raw: str, f: dataclasses.Field) -> Any:
 
 
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(values.get("memory_limit"), str):
-        values = {**values, "memory_limit": _bytes("memory_limit", values["memory_limit"])}
+    for name in _SIZES:
+        if isinstance(values.get(name), str):
+            values = {**values, name: _bytes(name, values[name])}
+    exclude = values.get("workdir_exclude")
+    if isinstance(exclude, (str, list)):
+        items = [exclude] if isinstance(exclude, str) else exclude
+        values = {**values, "workdir_exclude": tuple(p for i in items for p in _patterns(i))}
     if isinstance(values.get("check_paths"), (list, str)):
         paths = values["check_paths"]
         values = {**values, "check_paths": (paths,) if isinstance(paths, str) else tuple(paths)}
@@ -276,6 +295,24 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(env, list):
         values = {**values, "env": tuple(tuple(p) for p in env)}
     return values
+
+
+#: Fields given as a size (``"4GB"``, ``"512MiB"``), or bytes.
+_SIZES = ("memory_limit", "workdir_limit")
+
+
+def _patterns(text: str) -> tuple[str, ...]:
+    """``"data/, *.ckpt"`` → ``("data/", "*.ckpt")``."""
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _check_workdir(spec: ClusterSpec) -> None:
+    _check_int("workdir_limit", spec.workdir_limit, minimum=0)
+    if spec.workdir is not None and (not isinstance(spec.workdir, str) or not spec.workdir.strip()):
+        raise SpecError(f"--workdir needs a directory, got {spec.workdir!r}")
+    for pattern in spec.workdir_exclude:
+        if not isinstance(pattern, str) or "\0" in pattern:
+            raise SpecError(f"--workdir-exclude needs patterns, got {pattern!r}")
 
 
 def _ranks(text: str) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import ipaddress
 import os
 import re
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,9 +216,13 @@ class DaskCLI:
 
     @classmethod
     @contextlib.contextmanager
-    def on_hosts(cls, folder: Path, net: Any) -> Iterator[DaskCLI]:
+    def on_hosts(
+        cls, folder: Path, net: Any, hidden: Mapping[str, Sequence[str]] | None = None
+    ) -> Iterator[DaskCLI]:
         """A scheduler on the test hosts' bridge (``tests/hosts.py``) and a worker on every
-        host; this process has their TLS config meanwhile. Stopped on the way out."""
+        host (``hidden``: directories a host does not see, by hostname), each with a file
+        cache of its own; this process has their TLS config meanwhile. Stopped on the way
+        out."""
         import dask
         import distributed  # noqa: F401  its defaults join dask's config now: were they to
         # join inside config.set, leaving it would remove all of "distributed" with them
@@ -226,7 +231,14 @@ class DaskCLI:
         try:
             cli.start_scheduler(host=net.gateway)
             for host in net.hosts:
-                cli.start_worker(host.hostname, host.ip, wait=False, on=host.command)
+                unseen = (hidden or {}).get(host.hostname, ())
+                cli.start_worker(
+                    host.hostname,
+                    host.ip,
+                    env={"JUPYTER_MN_FILE_CACHE": str(folder / f"files-{host.hostname}")},
+                    wait=False,
+                    on=functools.partial(host.command, hidden=unseen),
+                )
             cli.wait_workers()
             with dask.config.set(tls_config(cli.certs)):
                 yield cli

@@ -22,12 +22,13 @@ import functools
 import ipaddress
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,9 +71,13 @@ class Host:
     #: the bridge's end of its link (in the root namespace): its egress is the host's ingress
     veth: str = ""
 
-    def command(self, argv: list[str]) -> list[str]:
+    def command(self, argv: list[str], hidden: Sequence[str] = ()) -> list[str]:
         """``argv`` run on this host: in its namespace, with its hostname (every exec replaces
-        the one before, so the process started is ``argv``'s own)."""
+        the one before, so the process started is ``argv``'s own). ``hidden`` directories are
+        empty there (a tmpfs over each, in a mount namespace of the host's own): the host does
+        not see them, as a machine whose filesystem is not the kernel's."""
+        mounts = "".join(f"mount -t tmpfs jmn-hidden {shlex.quote(d)} && " for d in hidden)
+        private = ["--mount", "--propagation", "private"] if hidden else []
         return [
             "ip",
             "netns",
@@ -80,9 +85,10 @@ class Host:
             self.netns,
             "unshare",
             "--uts",
+            *private,
             "sh",
             "-c",
-            'hostname "$0" && exec "$@"',
+            f'hostname "$0" && {mounts}exec "$@"',
             self.hostname,
             *argv,
         ]

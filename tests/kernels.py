@@ -39,10 +39,16 @@ class Reply:
 class Kernel:
     """Start a kernel, run cells, collect their outputs; always shut down."""
 
-    def __init__(self, name: str = "jupyter_mn", env: dict[str, str] | None = None) -> None:
-        """``env``: variables added to this process's environment for the kernel."""
+    def __init__(
+        self,
+        name: str = "jupyter_mn",
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``env``: variables added to this process's environment for the kernel; ``cwd``:
+        its working directory (the notebook's)."""
         self.km = KernelManager(kernel_name=name)
-        self.km.start_kernel(env={**os.environ, **(env or {})})
+        self.km.start_kernel(env={**os.environ, **(env or {})}, cwd=cwd)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

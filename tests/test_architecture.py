@@ -41,6 +41,7 @@ SHARED = (
     "jupyter_mn.errors",
     "jupyter_mn.launch",
     "jupyter_mn.payload",
+    "jupyter_mn.manifest",
     "jupyter_mn.version",
     "jupyter_mn.debugwire",
 )

@@ -27,7 +27,8 @@ FLAGS = [
     "--volume", "--cpu", "--memory", "--shm-size", "--schedule-timeout", "--lifetime",
     "--dask-port", "--all", "--pull", "--push", "--rdma-networks", "--gpu-resource",
     "--partition", "--account", "--qos", "--time", "--constraint", "--exclusive",
-    "--sbatch-arg", "--gpu-gres", "--orphan-timeout",
+    "--sbatch-arg", "--gpu-gres", "--orphan-timeout", "--workdir", "--no-workdir",
+    "--workdir-exclude", "--workdir-limit",
 ]  # fmt: skip
 VALUES = [
     "2", "0", "-1", "1e400", "nan", "inf", "-inf", "NaN", "1.5", "99999999999999999999",

@@ -1,6 +1,7 @@
 import pytest
 
 from jupyter_mn.errors import SpecError
+from jupyter_mn.flags import cell_parser, spec_from_flags
 from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
 
 
@@ -38,6 +39,10 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"env": (("A", "x\0"),)}, "cannot hold a NUL"),
         ({"kubernetes": {"namespace": "ns\n"}}, "--namespace 'ns.n' is not a valid"),
         ({"kubernetes": {"schedule_timeout": float("nan")}}, "--schedule-timeout must be"),
+        ({"workdir_limit": "lots"}, "workdir_limit 'lots' is not a size"),
+        ({"workdir_limit": -1}, "workdir_limit must be ≥ 0"),
+        ({"workdir": " "}, "--workdir needs a directory"),
+        ({"send_workdir": "no"}, "send_workdir must be true or false"),
     ],
 )
 def test_bad_values_raise_a_short_spec_error(kwargs, message):
@@ -126,3 +131,23 @@ def test_ranks_to_show_come_from_flags_and_the_environment(monkeypatch):
     monkeypatch.setenv("JUPYTER_MN_RANKS", "1")
     assert ClusterSpec.build({"nodes": 2}).ranks == (1,)
     assert ClusterSpec.build({"nodes": 2}).gang_key() == ClusterSpec(nodes=2).gang_key()
+
+
+def test_what_of_the_notebooks_directory_travels_comes_from_flags_and_the_environment(
+    monkeypatch,
+):
+    flags = "--workdir src --workdir-exclude data/,*.ckpt --workdir-exclude logs/"
+    args = cell_parser().parse_args([*flags.split(), "--workdir-limit", "20MiB"])
+    spec = spec_from_flags(args, ClusterSpec())
+    assert (spec.workdir, spec.workdir_exclude) == ("src", ("data/", "*.ckpt", "logs/"))
+    assert spec.workdir_limit == 20 << 20 and spec.send_workdir
+    assert spec.gang_key() != ClusterSpec().gang_key()  # the ranks run elsewhere: a new gang
+    assert spec.replace(workdir=None, workdir_limit=1).gang_key() == ClusterSpec().gang_key()
+    off = spec_from_flags(cell_parser().parse_args(["--no-workdir"]), ClusterSpec())
+    assert not off.send_workdir
+    monkeypatch.setenv("JUPYTER_MN_WORKDIR_EXCLUDE", "a,b/")
+    monkeypatch.setenv("JUPYTER_MN_WORKDIR_LIMIT", "1GB")
+    monkeypatch.setenv("JUPYTER_MN_SEND_WORKDIR", "0")
+    spec = ClusterSpec.build({})
+    assert (spec.workdir_exclude, spec.workdir_limit) == (("a", "b/"), 10**9)
+    assert not spec.send_workdir

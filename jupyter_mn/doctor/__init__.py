@@ -111,7 +111,7 @@ def preflight(gang: Gang, note: Callable[[str], None]) -> None:
 
 def doctor(cluster: Cluster, on_event: OnEvent | None = None) -> DoctorReport:
     """Run the checks on ``cluster``'s nodes (the warm gang's, or nodes claimed for it)."""
-    with cluster.nodes(on_event, preflight=False) as gang:
+    with cluster.nodes(on_event, preflight=False, files=False) as gang:
         return examine(gang)
 
 

@@ -26,7 +26,9 @@ from ..events import GangState, Note, OnEvent, RankState, RankStatus, from_msg
 from ..launch import Launch, Script
 from ..names import gang_id
 from ..spec import ClusterSpec
+from ..workdir import Selection
 from .cellstream import CellStream
+from .files import FileSync
 from .heartbeat import Heartbeat
 from .hub import EventHub, topics
 from .inbox import InterruptRequest, Reply
@@ -94,6 +96,8 @@ class Gang:
         self._heartbeat = Heartbeat(lambda: self._agents, spec.liveness_timeout, self._unreachable)
         self._recovery: Recovery | None = None
         self._closer: threading.Thread | None = None
+        #: the notebook's working directory on the nodes (seen, or a copy kept up to date)
+        self.files = FileSync(self)
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -161,12 +165,14 @@ class Gang:
         on_event: OnEvent | None = None,
         ranks: bool = True,
         preflight: Preflight | None = None,
+        files: Selection | None = None,
     ) -> None:
         """Provision all nodes and ranks, or raise and leave nothing behind.
 
         ``on_event`` sees the events that arrive meanwhile, on the calling (main) thread. With
         ``ranks=False`` only the node agents come up (for doctor, exec and scripts). The nodes
-        are checked by ``preflight`` (the doctor, passed in by ``Cluster``) before ranks start.
+        are checked by ``preflight`` (the doctor, passed in by ``Cluster``) before ranks start,
+        and asked whether they see the directory that travels (``files``, ``gang/files.py``).
         """
         self._on_event = on_event
         try:
@@ -182,6 +188,7 @@ class Gang:
             self._place_agents(addresses)
             if preflight is not None:
                 preflight(self, lambda text: self.notify(Note(text)))
+            self.files.decide(files, local=self.provisioner.backend == "local")
             if ranks:
                 self._transition(GangStatus.RENDEZVOUS)
                 self.ranks = self._start_ranks()
@@ -245,16 +252,19 @@ class Gang:
         # A port picked now, not before the preflight: the fewer seconds between choosing it and
         # rank 0 listening on it, the less chance another socket takes it meanwhile.
         self.master = tuple(self._agents[0].endpoint().result())
-        launch = self.launch(self.master[1])
-        replies = self.ask_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
+        port = self.master[1]
+        replies = self.ask_all(
+            lambda node, agent: agent.start(self.launch(port, node)), self.spec.start_timeout + 30
+        )
         failures = [r.error for r in replies if r.error is not None]
         if failures:
             raise rendezvous_cause(failures)
         return [info for r in sorted(replies, key=lambda r: r.node) for info in r.value]
 
-    def launch(self, master_port: int, script: Script | None = None) -> Launch:
-        """What every node agent starts: this gang's shape and settings, rank 0's store on
-        ``master_port`` (a script gets a fresh one: the warm gang's rank 0 keeps its own)."""
+    def launch(self, master_port: int, node: int, script: Script | None = None) -> Launch:
+        """What node ``node``'s agent starts: this gang's shape and settings, rank 0's store on
+        ``master_port`` (a script gets a fresh one: the warm gang's rank 0 keeps its own), and
+        where its ranks run."""
         return Launch(
             job=self.id,
             gpus=self.spec.gpus,
@@ -272,14 +282,19 @@ class Gang:
             require_rdma=self.spec.require_rdma,
             debug=self.spec.debug,
             script=script,
-            **self.provisioner.launch_options(),
+            **{**self.provisioner.launch_options(), **self.files.launch_options(node)},
         )
 
-    def ask_all(self, call: Callable[[Any], Any], timeout: float) -> list[Reply]:
-        """Call an actor method on every agent at once (while the gang starts: no job runs);
-        collect replies via the inbox, showing events meanwhile, until all answered or one
-        failed."""
-        self.call_each(lambda node, agent: call(agent))
+    def ranks_cwd(self) -> str | None:
+        """The ranks' working directory on the nodes that see the notebook's directory (None:
+        the worker's own); the others run in their copy of it."""
+        return {**self.provisioner.launch_options(), **self.files.shared_options()}.get("cwd")
+
+    def ask_all(self, call: Callable[[int, Any], Any], timeout: float) -> list[Reply]:
+        """Call an actor method on every agent at once, ``call(node, agent)`` (while the gang
+        starts: no job runs); collect replies via the inbox, showing events meanwhile, until
+        all answered or one failed."""
+        self.call_each(call)
         replies: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout
         while len(replies) < len(self._agents):

@@ -10,7 +10,6 @@ traceback. The value is rank 0's exit status.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import time
@@ -35,16 +34,20 @@ def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
     (with its bytes, the second item); raise before anything starts if it cannot be.
 
     Tried in order: the path as the kernel resolves it (a shared filesystem), then the path
-    as given, relative to the ranks' working directory on each node. A node without it gets
-    the kernel's copy (a pod, say, does not see the notebook's files).
+    as given, relative to the ranks' working directory on each node, then the node's copy of
+    the notebook's directory (``gang/files.py``). A node without it gets the kernel's copy of
+    the script alone.
     """
     here = os.path.isfile(script)
     tried = [os.path.abspath(script)] if here else []
     if script not in tried:
         tried.append(script)
-    cwd = gang.provisioner.launch_options().get("cwd")
+    cwd = gang.ranks_cwd()
     found = gang.client.run(find_script, tried, cwd, workers=gang.addresses, on_error="return")
     paths = [p if isinstance(p := found.get(a), str) else None for a in gang.addresses]
+    copied = gang.files.relative(script) if here else None
+    for node in gang.files.copies:
+        paths[node] = paths[node] or copied  # relative: the ranks run in the copy
     missing = _lacking(paths)
     if not missing:
         return paths, None
@@ -70,11 +73,17 @@ def check_module(gang: Gang, module: str) -> None:
         raise SpecError(f"-m {module}: give the module's name (-m {module[:-3]}), not a file")
     if not all(part.isidentifier() for part in module.split(".")):
         raise SpecError(f"-m {module}: not a module name (e.g. -m package.train)")
-    cwd = gang.provisioner.launch_options().get("cwd")
-    found = gang.client.run(has_package, module, cwd, workers=gang.addresses, on_error="return")
-    missing = [str(n) for n, a in enumerate(gang.addresses) if found.get(a) is not True]
+    found = gang.client.run(
+        has_package, module, gang.ranks_cwd(), workers=gang.addresses, on_error="return"
+    )
+    top = module.partition(".")[0]
+    copied = gang.files.holds_package(top)
+    missing = [
+        str(n)
+        for n, a in enumerate(gang.addresses)
+        if found.get(a) is not True and not (copied and n in gang.files.copies)
+    ]
     if missing:
-        top = module.partition(".")[0]
         raise SpecError(
             f"-m {module}: no package {top!r} on node(s) {', '.join(missing)}; install it there "
             "or run from a directory that holds it"
@@ -100,6 +109,7 @@ class ScriptJob(Job[CellResult]):
         super().__init__(gang, on_event)
         self.script = script
         self.module = module
+        self.notes = gang.files.refresh(gang.spec)  # the node's copies, as a cell's are
         if module:
             check_module(gang, script)
             self.paths, self.source = [], None
@@ -115,9 +125,8 @@ class ScriptJob(Job[CellResult]):
     def start(self) -> None:
         gang = self.gang
         _, port = gang.agents[0].endpoint().result()  # a fresh store: rank 0 keeps its own
-        launch = gang.launch(port)
         self.started = time.monotonic()
-        sent = [dataclasses.replace(launch, script=self._script(n)) for n in range(gang.nodes)]
+        sent = [gang.launch(port, n, self._script(n)) for n in range(gang.nodes)]
         gang.call_each(lambda node, agent: agent.run_script(sent[node]))
 
     def _script(self, node: int) -> Script:
@@ -152,6 +161,7 @@ class ScriptJob(Job[CellResult]):
         outcomes, raw = rank_outcomes(self.gang, self.replies)
         result = CellResult(ranks=outcomes, elapsed=time.monotonic() - self.started)
         result.value = raw[0].exit_code if 0 in raw else None
+        result.notes += self.notes
         if self.source is not None:
             result.notes.append(
                 f"{os.path.basename(self.script)} was sent to node(s) {_lacking(self.paths)}, "

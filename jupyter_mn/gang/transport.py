@@ -41,7 +41,7 @@ def violation(reports: Iterable[TransportReport]) -> str | None:
 
 def require_rdma(gang: Gang) -> None:
     """Ask every node what NCCL chose; raise ``TransportError`` on a socket fallback."""
-    replies = gang.ask_all(lambda agent: agent.transport(), _ASK_TIMEOUT_S)
+    replies = gang.ask_all(lambda node, agent: agent.transport(), _ASK_TIMEOUT_S)
     failed = next((r.error for r in replies if r.error is not None), None)
     if failed is not None:
         raise TransportError(f"--require-rdma: could not ask the nodes: {failed}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -38,9 +39,11 @@ from ..events import (
     to_msg,
 )
 from ..launch import Launch
+from ..manifest import FileUpdate
 from ..rank.env import rank_env
 from .cellserver import CellServer
 from .displaybatch import DisplayBatch
+from .files import NodeFiles, sees
 from .gpu import RankProcess
 from .netif import socket_ifname
 from .ports import listen_port
@@ -110,6 +113,8 @@ class NodeAgent:
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
         self.script: ScriptRun | None = None
+        #: this gang's copy of the notebook's directory, where the node does not see it
+        self.files = NodeFiles(job)
 
     # ---- called from the loop (``call_soon`` from telemetry's thread too)
     def call_soon(self, fn: Any, *args: Any) -> None:
@@ -270,7 +275,7 @@ class NodeAgent:
     async def start(self, launch: Launch) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._begin()
-        self._launch = launch
+        self._launch = self._placed(launch)
         self._command = rank_command()  # a bad JUPYTER_MN_RANK_PYTHON: refused before any rank
         self._check_gpus(launch)  # too few GPUs: said now, not once the ranks fail to find them
         self._telemetry = NodeTelemetry(self.node, launch, self._publish)
@@ -278,6 +283,23 @@ class NodeAgent:
         self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
         self._watchdog = Watchdog(launch.heartbeat_timeout, launch.memory_limit)
         return infos
+
+    def _placed(self, launch: Launch) -> Launch:
+        """``launch`` with its working directory on this node: the gang's copy of the
+        notebook's directory where it travels here."""
+        return dataclasses.replace(launch, cwd=self.files.folder) if launch.files else launch
+
+    async def sees_files(self, root: str, paths: list[str], stamp: str) -> bool:
+        """Whether this node sees the kernel's directory itself (``node/files.py``)."""
+        return await asyncio.to_thread(sees, root, paths, stamp)
+
+    async def missing_files(self, digests: list[str]) -> list[str]:
+        """The file contents this node lacks, of those the kernel is about to place."""
+        return await asyncio.to_thread(self.files.missing, digests)
+
+    async def update_files(self, update: FileUpdate) -> None:
+        """Bring this gang's copy of the notebook's directory up to date."""
+        await asyncio.to_thread(self.files.apply, update)
 
     def _spawn(self, local: int, generation: int) -> RankHandle:
         launch = self._launch
@@ -526,7 +548,7 @@ class NodeAgent:
     async def run_script(self, launch: Launch) -> bytes:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
-        self.script = ScriptRun(self, launch)
+        self.script = ScriptRun(self, self._placed(launch))
         outcomes = await self.script.wait()
         return NodeReply.build(self.node, self.flush(), outcomes).packed()
 
@@ -549,4 +571,5 @@ class NodeAgent:
         if self._partial_timer is not None:  # the ranks' lines ended with them
             self._partial_timer.cancel()
         self.send_displays()
+        self.files.remove()
         return self.flush(always=True)  # last: once the kernel has it, the topic can be dropped

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import pickle
 import random
 import signal
@@ -31,6 +32,7 @@ from . import stacks, timing
 from .causes import is_secondary
 from .displays import LiveDisplayPublisher, figures_as_png
 from .info import cluster_info
+from .reload import Reloader, reloaded_note
 
 if TYPE_CHECKING:
     from ..payload import CellPayload
@@ -91,6 +93,8 @@ class RankShell(InteractiveShell):
     #: ``sys.last_traceback``); dropped when the next cell starts, since its frames may hold
     #: GPU memory
     failure: BaseException | None = None
+    #: the notebook's modules this rank imported, reloaded when their file changes
+    reloader: Reloader
     #: Called first when the cell raises: the rank stops taking interrupts and leaves its
     #: process group before it spends time formatting the traceback, so peers blocked on it are
     #: released at once.
@@ -109,6 +113,8 @@ class RankShell(InteractiveShell):
 
         shell.user_ns.update({"torch": torch, "dist": dist, "cluster_info": cluster_info})
         shell.last_traceback = []
+        shell.reloader = Reloader(os.getcwd())  # the notebook's directory, or its copy
+        shell.reloader.remember()  # what is loaded now (torch…): a cell's look sees only news
         figures_as_png(shell)
         shell._warm_up()
         return shell
@@ -238,7 +244,9 @@ def run(
     error: dict[str, Any] | None = None
     status = "ok"
     result = None
+    reloaded: list[str] = []
     try:
+        reloaded = shell.reloader.reload()
         _bind_names(shell, payload)
         if payload.seed is not None:
             _seed(payload.seed, info.rank)
@@ -252,9 +260,10 @@ def run(
         exc = result.error_before_exec or result.error_in_exec
     except KeyboardInterrupt as interrupt:
         exc = interrupt
-    except Exception as failure:  # unpickling a captured name, seeding
+    except Exception as failure:  # reloading an edited module, unpickling a name, seeding
         exc = failure
         shell.last_traceback = [f"{type(failure).__name__}: {failure}"]
+    shell.reloader.remember()  # before the reply: an edit made after it is seen as one
     duration = time.perf_counter() - started
     timed = exc is None and duration >= timing.MIN_CELL_S
     collective = timing.last_collective(started_ns) if timed else None
@@ -279,6 +288,8 @@ def run(
     elif info.rank == 0 or payload.return_all:
         reply.update(_outputs(shell, result.result if result else None, payload, info))
     reply.update(status=status, error=error, finished_at=time.time())
+    if reloaded and info.rank == 0:
+        reply["notes"] = [reloaded_note(reloaded), *reply.get("notes", ())]
     return reply
 
 

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import copy
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,11 @@ class FakeCluster:
         bad_images: Iterable[str] = (),
         crds: dict[str, str] | None = None,
         net: HostNet | None = None,
+        hidden: Sequence[str] = (),
     ) -> None:
         """``processes``: run the pods' containers (``ProcessKubelet``), each on a test host of
-        ``net`` when given."""
+        ``net`` when given, where the ``hidden`` directories are empty (a pod's filesystem is
+        not the kernel's)."""
         self.root = root
         self.minor = minor
         self.nodes = nodes if nodes is not None else {"node-a": 2, "node-b": 2}
@@ -48,6 +50,7 @@ class FakeCluster:
         self.bad_images = tuple(bad_images)
         self.crds = crds or {}
         self.net = net
+        self.hidden = tuple(hidden)
         self.kubeconfig = root / "kubeconfig"
         self.server: ApiServer
         self._loop = asyncio.new_event_loop()
@@ -84,7 +87,7 @@ class FakeCluster:
                 server.serve(resource, kind)
             self._write_kubeconfig(str(http.url).rstrip("/"))
             kubelet = (
-                ProcessKubelet(server, self.root, self.net)
+                ProcessKubelet(server, self.root, self.net, self.hidden)
                 if self.processes
                 else StatusKubelet(self.bad_images)
             )

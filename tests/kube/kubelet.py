@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,12 @@ _FIELD = re.compile(r"^metadata\.(annotations|labels)\['(?P<key>[^']+)'\]$")
 
 
 class ProcessKubelet:
-    def __init__(self, server: Any, root: Path, net: HostNet | None = None) -> None:
+    def __init__(
+        self, server: Any, root: Path, net: HostNet | None = None, hidden: Sequence[str] = ()
+    ) -> None:
         self.server, self.root, self.net = server, root, net
+        #: directories a pod does not see (on test hosts): its filesystem is not the kernel's
+        self.hidden = tuple(hidden)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         #: each pod's host, with test hosts
         self.pod_hosts: dict[str, Host] = {}
@@ -73,7 +78,7 @@ class ProcessKubelet:
         else:
             host = await asyncio.to_thread(self.net.add, spec.get("hostname") or name)
             self.pod_hosts[name] = host
-            ip, command = host.ip, host.command(command)
+            ip, command = host.ip, host.command(command, hidden=self.hidden)
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": ip}}
         workdir = self.root / name
         workdir.mkdir()
@@ -135,6 +140,8 @@ class ProcessKubelet:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DNS_DIR), env.get("PYTHONPATH")]))
         env["JUPYTER_MN_TEST_HOSTS"] = str(self.hosts_file)
         env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        if self.hidden:  # the container's own filesystem keeps its cache (not the machine's home)
+            env["JUPYTER_MN_FILE_CACHE"] = str(self.root / pod["metadata"]["name"] / "files")
         for item in container.get("env") or []:
             value = item["value"] if "value" in item else self._field(pod, item["valueFrom"])
             env[item["name"]] = mounts.get(value, value)

@@ -1,0 +1,224 @@
+"""What of the notebook's directory travels, how a node keeps its copy, and how ranks reload
+edited modules: the pure parts, on real files (the nodes themselves: ``test_hosts_workdir.py``)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_mn import Cluster
+from jupyter_mn.errors import JupyterMNError, SpecError
+from jupyter_mn.manifest import FileEntry, FileUpdate, changes, content_digest, stamp
+from jupyter_mn.node import files as node_files
+from jupyter_mn.node.files import NodeFiles, sees
+from jupyter_mn.rank.reload import Reloader
+from jupyter_mn.workdir import SMALL_FILE, Digests, select
+
+LAYOUT = {
+    ".gitignore": "*.log\nbuild/\n!keep.log\n",
+    "model.py": "x = 1\n",
+    "train.log": "",
+    "keep.log": "",
+    "notes.txt": "",
+    "build/gen.py": "",
+    "sub/.gitignore": "*.txt\n",
+    "sub/notes.txt": "",
+    "sub/util.py": "",
+    ".git/config": "",
+    "pkg/__init__.py": "",
+    "pkg/__pycache__/m.cpython-311.pyc": "",
+    ".venv/lib/site.py": "",
+    "data/rows.py": "",
+    "table.csv": "",
+}
+
+
+def make(root: Path, layout: dict[str, str]) -> Path:
+    for path, text in layout.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def paths(root: Path, **options) -> list[str]:
+    return [f.path for f in select(str(root), **options).files]
+
+
+def test_gitignore_at_every_level_the_users_patterns_and_what_never_travels(tmp_path):
+    root = make(tmp_path, LAYOUT)
+    (root / "linked").symlink_to(root / "sub")  # a linked directory is not entered
+    (root / "gone.py").symlink_to(root / "nowhere.py")  # a link to nothing holds nothing
+    assert paths(root, exclude=("data/", "*.csv")) == [
+        ".gitignore",
+        "keep.log",
+        "model.py",
+        "notes.txt",
+        "pkg/__init__.py",
+        "sub/.gitignore",
+        "sub/util.py",
+    ]
+    assert "table.csv" in paths(root) and "data/rows.py" in paths(root)
+
+
+def test_large_files_stay_behind_unless_python_and_the_limit_names_the_largest(tmp_path):
+    for name, size in (("weights.bin", 200 << 20), ("huge.py", SMALL_FILE + 1)):
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(size)
+    (tmp_path / "small.cfg").write_text("a" * 100)
+    chosen = select(str(tmp_path))
+    assert [f.path for f in chosen.files] == ["huge.py", "small.cfg"]
+    assert [f.path for f in chosen.skipped] == ["weights.bin"]
+    with pytest.raises(SpecError) as over:
+        select(str(tmp_path), limit=10 << 20)
+    message = str(over.value)
+    assert "10.0 MiB in 2 files would travel to the nodes, over --workdir-limit 10.0 MiB" in message
+    assert message.index("huge.py") < message.index("small.cfg")  # the largest first
+    assert "--workdir-exclude PATTERN" in message and "--no-workdir" in message
+
+
+def test_a_missing_directory_and_an_unreadable_file_are_spec_errors(tmp_path):
+    with pytest.raises(SpecError, match="nope: no such directory"):
+        select(str(tmp_path / "nope"))
+    # root reads everything: the check runs as nobody (after its imports, made as root), on
+    # a directory nobody may enter
+    root = Path(tempfile.mkdtemp())
+    try:
+        root.chmod(0o755)
+        make(root, {"model.py": "", "secret.py": ""})
+        (root / "secret.py").chmod(0)
+        nobody = "os.setgid(65534); os.setuid(65534)\n" if os.geteuid() == 0 else ""
+        code = f"import os\nfrom jupyter_mn.workdir import select\n{nobody}select({str(root)!r})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert "secret.py: cannot be read" in done.stderr
+        assert "leave it out with --workdir-exclude secret.py" in done.stderr
+    finally:
+        (root / "secret.py").chmod(0o644)
+        subprocess.run(["rm", "-rf", str(root)], check=True)
+
+
+def test_digests_follow_the_content_and_a_file_changed_while_sent_is_refused(tmp_path):
+    make(tmp_path, {"a.py": "one", "b.py": "two"})
+    digests = Digests()
+    first = digests.entries(select(str(tmp_path)))
+    assert first["a.py"].digest == content_digest(b"one")
+    (tmp_path / "a.py").write_text("three")
+    second = digests.entries(select(str(tmp_path)))
+    assert second["a.py"].digest == content_digest(b"three")
+    assert changes(first, second) == ((second["a.py"],), ())
+    (tmp_path / "b.py").unlink()
+    assert changes(second, digests.entries(select(str(tmp_path)))) == ((), ("b.py",))
+    (tmp_path / "a.py").write_text("four")
+    with pytest.raises(JupyterMNError, match=r"a\.py changed while it was being sent"):
+        digests.blob(str(tmp_path), second["a.py"])
+
+
+def test_a_node_keeps_contents_between_gangs_and_its_copy_goes_with_the_gang(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_MN_FILE_CACHE", str(tmp_path / "cache"))
+    model = FileEntry("pkg/model.py", content_digest(b"x = 1\n"), 6)
+    run = FileEntry("run.sh", content_digest(b"echo\n"), 5, executable=True)
+    first = NodeFiles("gang-a")
+    assert first.missing([model.digest, run.digest]) == [model.digest, run.digest]
+    first.apply(FileUpdate((model, run), (), {model.digest: b"x = 1\n", run.digest: b"echo\n"}))
+    folder = Path(first.folder)
+    assert (folder / "pkg/model.py").read_text() == "x = 1\n"
+    assert os.access(folder / "run.sh", os.X_OK)
+    first.apply(FileUpdate((), ("run.sh",)))
+    assert not (folder / "run.sh").exists()
+    first.remove()
+    assert not folder.exists()
+    second = NodeFiles("gang-b")  # another gang on the node: only names need to travel
+    assert second.missing([model.digest, run.digest]) == []
+    second.apply(FileUpdate((model,)))
+    assert (Path(second.folder) / "pkg/model.py").read_text() == "x = 1\n"
+    with pytest.raises(ValueError, match="not a relative path inside"):
+        second.apply(FileUpdate((FileEntry("../escape.py", model.digest, 6),)))
+    with pytest.raises(ValueError, match="does not match its digest"):
+        second.apply(FileUpdate((), (), {model.digest: b"other"}))
+    second.remove()
+
+
+def test_the_cache_keeps_to_its_limit_dropping_what_was_used_longest_ago(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_MN_FILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(node_files, "CACHE_LIMIT", 250)
+    data = [bytes([i]) * 100 for i in range(4)]
+    a, b, c, d = (content_digest(x) for x in data)
+    node = NodeFiles("gang")
+    node.apply(FileUpdate((), (), {a: data[0], b: data[1]}))
+    hour = time.time() - 3600
+    os.utime(node.cache / a, (hour - 3600, hour - 3600))
+    os.utime(node.cache / b, (hour, hour))
+    assert node.missing([b]) == []  # b is used again: now the most recent
+    node.apply(FileUpdate((), (), {c: data[2]}))  # 300 bytes: the one used longest ago goes
+    assert node.missing([a, b, c]) == [a]
+    monkeypatch.setattr(node_files, "CACHE_LIMIT", 50)
+    node.apply(FileUpdate((), (), {d: data[3]}))  # over, but each was used in the last minutes
+    assert node.missing([b, c, d]) == []
+    node.remove()
+
+
+def test_a_node_sees_the_directory_only_with_the_same_files_sizes_and_times(tmp_path):
+    make(tmp_path, {"a.py": "one"})
+    st = (tmp_path / "a.py").stat()
+    expected = stamp([("a.py", st.st_size, st.st_mtime_ns)])
+    assert sees(str(tmp_path), ["a.py"], expected)
+    os.utime(tmp_path / "a.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # another copy
+    assert not sees(str(tmp_path), ["a.py"], expected)
+    assert not sees(str(tmp_path / "elsewhere"), ["a.py"], expected)
+
+
+def test_a_rank_reloads_the_modules_of_its_directory_whose_file_changed(tmp_path, monkeypatch):
+    name = f"jmn_reload_{os.getpid()}"
+    source = tmp_path / f"{name}.py"
+    source.write_text("class Net:\n    def v(self):\n        return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        module = importlib.import_module(name)
+        net = module.Net()
+        reloader = Reloader(str(tmp_path))
+        reloader.remember()
+        assert reloader.reload() == []
+        source.write_text(
+            textwrap.dedent("""
+            class Net:
+                def v(self):
+                    return 2
+        """)
+        )
+        assert reloader.reload() == [name]
+        assert net.v() == 2  # an object made before the edit runs the new code
+        assert reloader.reload() == []
+        source.write_text("class Net(:\n")
+        with pytest.raises(SyntaxError):
+            reloader.reload()
+        assert Reloader(str(tmp_path / "elsewhere")).reload() == []
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_local_ranks_run_in_the_workdir_and_reload_what_was_edited(
+    tmp_path, monkeypatch, no_leftovers
+):
+    (tmp_path / "model.py").write_text("def version():\n    return 1\n")
+    with Cluster(nodes=1, gpus=2, workdir=str(tmp_path)) as cluster:
+        first = cluster.run("import os, model\n(os.getcwd(), model.version())", return_all=True)
+        assert first.unwrap() == [(str(tmp_path), 1)] * 2
+        assert cluster.gang.files.copies == []  # local nodes see it: nothing is sent
+        (tmp_path / "model.py").write_text("def version():\n    return 2 * 10\n")
+        edited = cluster.run("model.version()", return_all=True)
+        assert edited.unwrap() == [20, 20]
+        assert "reloaded model: changed since the last cell" in edited.notes
+        assert "reloaded" not in " ".join(cluster.run("model.version()").notes)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "model", raising=False)
+        from model import version  # the kernel's own import: sent by name, found on the ranks
+
+        assert cluster.launch(version) == 20
+        del sys.modules["model"]
