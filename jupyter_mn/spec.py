@@ -43,6 +43,11 @@ def _gang(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
     return field(default=default, metadata={"gang": True}, **kw)
 
 
+def _cap(default: Any) -> Any:
+    """A limit on the gang's life: kept by every later cell or verb that does not set it."""
+    return field(default=default, metadata={"cap": True})
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """Immutable description of a gang and of the defaults its cells run with.
@@ -79,11 +84,11 @@ class ClusterSpec:
     timeout: float | None = None
     retries: int = 0
     seed: int | None = None
-    idle_timeout: float = 1800.0
+    idle_timeout: float = _cap(1800.0)
     start_timeout: float = 180.0
     pg_timeout: float = 1800.0
     #: a gang's whole life, counted from its start: a cost cap (the gang is torn down)
-    max_runtime: float | None = None
+    max_runtime: float | None = _cap(None)
     #: agents stop their ranks when the kernel has been silent this long (it died)
     heartbeat_timeout: float = 15.0
     #: a node whose agent has not answered the kernel's heartbeat this long is lost (a cut link,
@@ -205,6 +210,12 @@ def spec_fields() -> Mapping[str, dataclasses.Field]:
 def gang_fields() -> tuple[str, ...]:
     """The names of the fields that shape the gang (``gang_key``)."""
     return tuple(name for name, f in spec_fields().items() if f.metadata.get("gang"))
+
+
+@functools.cache
+def cap_fields() -> tuple[str, ...]:
+    """The names of the fields that limit a gang's life (idle release, the cost cap)."""
+    return tuple(name for name, f in spec_fields().items() if f.metadata.get("cap"))
 
 
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
