@@ -261,12 +261,16 @@ def _notebook() -> str | None:
 
 
 def _launcher() -> str:
-    """What started this process (``papermill … in.ipynb out.ipynb``, ``jupyter-lab``, …)."""
+    """What started this process (``papermill … in.ipynb out.ipynb``, ``jupyter-lab``, …), with
+    what looks like a credential masked (``--IdentityProvider.token=***``, ``-p password ***``):
+    the registry is shown by ``jupyter mn list``, the REST API and the panel."""
     import psutil
+
+    from .credentials import mask_argv
 
     with contextlib.suppress(psutil.Error):
         parent = psutil.Process().parent()
         command = parent.cmdline() if parent is not None else []
         if command:
-            return " ".join([os.path.basename(command[0]), *command[1:]])[:300]
+            return " ".join(mask_argv([os.path.basename(command[0]), *command[1:]]))[:300]
     return ""
