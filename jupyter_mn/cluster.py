@@ -25,7 +25,7 @@ from .errors import ClusterBusy
 from .events import Note, OnEvent, Stacks
 from .launcher import CALL_CELL, call_names
 from .result import LOST, CellResult
-from .spec import ClusterSpec
+from .spec import ClusterSpec, check_seconds, check_seed
 
 if TYPE_CHECKING:
     from .gang.base import Preflight
@@ -226,6 +226,10 @@ class Cluster:
         """
         from .gang.run import run_cell
 
+        if seed is not None:
+            check_seed(seed, self.spec.world_size)
+        if timeout is not None:
+            check_seconds("timeout", timeout)
         self._refuse_while_background()
         with self._job() as torn_down:
             self.cells += 1

@@ -35,6 +35,14 @@ ENV_PREFIX = "JUPYTER_MN_"
 #: Patterns are used with ``fullmatch``: ``$`` would let a trailing newline through.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_WORLD_SIZE = 65536
+#: The most ranks a local gang has unless ``local_limit`` says otherwise: every rank (and every
+#: node's agent) is a process on this machine, started at once.
+LOCAL_LIMIT = 512
+#: The longest any timeout or cap may be (two weeks): the selectors, timers and waits that
+#: carry them overflow from ~24.8 days on (epoll's milliseconds in a C int).
+MAX_SECONDS = 14 * 24 * 3600.0
+#: numpy takes seeds below 2**32, and rank r is seeded with SEED + r.
+SEED_LIMIT = 2**32
 _SCHEDULER = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}")
 
 
@@ -89,6 +97,8 @@ class ClusterSpec:
     pg_timeout: float = 1800.0
     #: a gang's whole life, counted from its start: a cost cap (the gang is torn down)
     max_runtime: float | None = _cap(None)
+    #: local backend: the most ranks a gang may have (each a process on this machine)
+    local_limit: int = _cap(LOCAL_LIMIT)
     #: agents stop their ranks when the kernel has been silent this long (it died)
     heartbeat_timeout: float = 15.0
     #: a node whose agent has not answered the kernel's heartbeat this long is lost (a cut link,
@@ -104,10 +114,17 @@ class ClusterSpec:
         _check_int("nodes", self.nodes, minimum=1)
         _check_int("gpus", self.gpus, minimum=1)
         _check_int("retries", self.retries, minimum=0)
-        if self.seed is not None:
-            _check_int("seed", self.seed, minimum=0)
+        _check_int("local_limit", self.local_limit, minimum=1)
         if self.nodes * self.gpus > MAX_WORLD_SIZE:
             raise SpecError(f"nodes × gpus = {self.nodes * self.gpus} exceeds {MAX_WORLD_SIZE}")
+        if self.seed is not None:
+            check_seed(self.seed, self.world_size)
+        if self.backend == "local" and self.world_size > self.local_limit:
+            raise SpecError(
+                f"a local {self.shape} gang runs {self.world_size} rank processes on this "
+                f"machine (limit {self.local_limit}); raise it with --local-limit "
+                f"{self.world_size} (JUPYTER_MN_LOCAL_LIMIT) if this machine can take it"
+            )
         if self.backend not in BACKENDS:
             raise SpecError(
                 f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
@@ -151,8 +168,8 @@ class ClusterSpec:
             "liveness_timeout",
         ):
             value = getattr(self, name)
-            if value is not None and not is_number(value, low=0, strict=True):
-                raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
+            if value is not None:
+                check_seconds(name, value)
         problem = name_problem(self.name) if self.name is not None else None
         if problem:
             raise SpecError(f"name {reprlib.repr(self.name)} {problem}")
@@ -328,6 +345,24 @@ def _check_preflight(spec: ClusterSpec) -> None:
     for path in spec.check_paths:
         if not isinstance(path, str) or not path.strip() or "\0" in path:
             raise SpecError(f"--check-path needs a path, got {path!r}")
+
+
+def check_seconds(name: str, value: Any) -> None:
+    """A timeout: a positive number of seconds, at most ``MAX_SECONDS``."""
+    if not is_number(value, low=0, strict=True):
+        raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
+    if value > MAX_SECONDS:
+        raise SpecError(f"{name} {value:g} s is more than {MAX_SECONDS:g} s (two weeks)")
+
+
+def check_seed(seed: Any, world_size: int) -> None:
+    """A seed every rank can take: rank r is seeded with ``seed + r``, below ``SEED_LIMIT``."""
+    _check_int("seed", seed, minimum=0)
+    if seed + world_size > SEED_LIMIT:
+        raise SpecError(
+            f"seed {seed}: rank r is seeded with SEED + r, which must stay below 2**32 "
+            f"(at most {SEED_LIMIT - world_size} for {world_size} ranks)"
+        )
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

@@ -1,5 +1,6 @@
-"""Pure builders: a ``ClusterSpec`` becomes the Kubernetes objects of one gang (plain dicts). One
-Indexed ``batch/v1`` Job (one pod per node holding all its GPUs, pod 0 also runs the dask
+"""Pure builders: a ``ClusterSpec`` becomes the Kubernetes objects of one gang (plain dicts).
+
+One Indexed ``batch/v1`` Job (one pod per node holding all its GPUs, pod 0 also runs the dask
 scheduler), a headless Service (stable DNS before readiness), a TLS Secret for the dask control
 plane, a Secret holding the ``--env`` values (the pods read them through ``secretKeyRef``: whoever
 may read Jobs or Pods does not see them), a NetworkPolicy that keeps the unencrypted c10d/gloo/NCCL
