@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .credentials import MASK
 from .errors import SpecError
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
@@ -181,6 +182,13 @@ class ClusterSpec:
             if "\0" in value:
                 raise SpecError(f"--env {key}: a value cannot hold a NUL character")
 
+    def __repr__(self) -> str:
+        """The dataclass's repr with the ``--env`` values masked: ``%cluster config`` output is
+        saved with the notebook."""
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+        shown["env"] = masked_env(self.env)
+        return f"ClusterSpec({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     @property
     def runs_preflight(self) -> bool:
         """Whether a new gang is checked first: always on remote nodes; on the local backend
@@ -250,6 +258,11 @@ def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         values[name] = _parse_env(ENV_PREFIX + name.upper(), raw, f)
     return values
+
+
+def masked_env(env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The ``--env`` names with their values masked, for what is shown or printed."""
+    return tuple((key, MASK) for key, _ in env)
 
 
 def parse_env_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:

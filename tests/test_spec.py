@@ -126,3 +126,11 @@ def test_ranks_to_show_come_from_flags_and_the_environment(monkeypatch):
     monkeypatch.setenv("JUPYTER_MN_RANKS", "1")
     assert ClusterSpec.build({"nodes": 2}).ranks == (1,)
     assert ClusterSpec.build({"nodes": 2}).gang_key() == ClusterSpec(nodes=2).gang_key()
+
+
+def test_env_values_are_masked_where_the_spec_is_shown():
+    token = "hf_" + "Qw3" * 12
+    spec = ClusterSpec.build({"env": {"HF_TOKEN": token, "OMP_NUM_THREADS": "4"}})
+    assert spec.env == (("HF_TOKEN", token), ("OMP_NUM_THREADS", "4"))  # the ranks get them
+    assert token not in repr(spec) and "('HF_TOKEN', '***')" in repr(spec)
+    assert "local_limit=512" in repr(spec)  # every other field as the dataclass shows it
