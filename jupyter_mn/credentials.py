@@ -30,6 +30,8 @@ _VALUE = re.compile(
     r"|(?<![A-Za-z0-9])(sk[-_]|hf_|gh[pousr]_|github_pat_|glpat-|xox[abpr]-|AKIA|AIza)"
     r"[A-Za-z0-9_-]{16,}"
 )
+#: An option or a parameter's name (``--password``, ``api_key``), not a path or a value.
+_WORD = re.compile(r"-{0,2}[A-Za-z_][\w.-]*")
 #: Longer texts are not searched (a dataset in a string is no credential, and costs time).
 _LONGEST = 1 << 16
 #: Containers are looked into this deep and this wide.
@@ -111,5 +113,5 @@ def mask_argv(argv: list[str]) -> list[str]:
             masked.append(f"{option}={MASK}")
             continue
         masked.append(arg)
-        hide_next = secret_name(arg) and not eq
+        hide_next = bool(_WORD.fullmatch(arg)) and secret_name(arg)
     return masked
