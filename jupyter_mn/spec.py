@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import ipaddress
 import os
 import re
 import reprlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -329,23 +329,27 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 def _check_plaintext(spec: ClusterSpec) -> None:
     """Dask sends pickles both ways (the cell's code to the workers, values into the kernel): over
-    plain TCP anyone on the path can read or replace them. Only loopback, or when asked for."""
+    plain TCP whoever reaches the port can read or replace them and run code on the workers and,
+    through replies, in this kernel. Loopback is no exception: on a login node or a JupyterHub
+    host every local user reaches it. Only a scheduler of this very process (a ``LocalCluster``
+    made in the notebook), or when asked for."""
     found = _SCHEDULER.match(spec.scheduler or "")
-    if not found or found.group(1) != "tcp" or spec.insecure:
+    if not found or found.group(1) != "tcp" or spec.insecure or _own_scheduler(spec.scheduler):
         return
-    host = found.group(2).strip("[]")
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        if host == "localhost":
-            return
     raise SpecError(
-        f"--scheduler {spec.scheduler} is plain TCP: pickled code and values would cross the "
-        "network unencrypted, and whoever can reach it runs code in this kernel. Use tls:// "
-        "(TLS files in dask's config), or --insecure (JUPYTER_MN_INSECURE=1) on a network "
-        "you trust"
+        f"--scheduler {spec.scheduler} is plain TCP: pickled code and values would travel "
+        "unencrypted, and whoever reaches the port (any user of this machine, on loopback) runs "
+        "code in this kernel. Use tls:// (TLS files in dask's config), or --insecure "
+        "(JUPYTER_MN_INSECURE=1) where you trust every user and the network"
     )
+
+
+def _own_scheduler(address: str | None) -> bool:
+    """Whether a dask scheduler running in this process listens at ``address``."""
+    scheduler = sys.modules.get("distributed.scheduler")  # none runs unless it was imported
+    if scheduler is None:
+        return False
+    return any(address in (s.address, s.listen_address) for s in scheduler.Scheduler._instances)
 
 
 def _check_preflight(spec: ClusterSpec) -> None:
