@@ -81,9 +81,13 @@ class OrphanGuard(SchedulerPlugin):
             self._closing = asyncio.ensure_future(self.scheduler.close(reason=f"jupyter-mn: {why}"))
 
 
+#: The gang's certificate files: CA, certificate, key (PEM).
+TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+
+
 def security_from(tls_dir: str) -> Security:
     """The gang's TLS settings from the files of its Secret."""
-    ca, cert, key = (os.path.join(tls_dir, f) for f in ("ca.crt", "tls.crt", "tls.key"))
+    ca, cert, key = (os.path.join(tls_dir, f) for f in TLS_FILES)
     return security_of(ca, cert, key)
 
 
