@@ -10,6 +10,7 @@ object and stop every process.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import time
@@ -51,10 +52,19 @@ def cluster(tmp_path, monkeypatch) -> Iterator[FakeCluster]:
 
 
 def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
+    """An --env value reaches the ranks through the gang's Secret, never the Job or its pods."""
+    token = "hf_" + "Kq8" * 12
     kernel = Kernel()
     try:
-        reply = kernel.run(CELL.format(extra=f"--dask-port {free_port()}"), timeout=300)
+        extra = f"--dask-port {free_port()} --env HF_TOKEN={token}"
+        reply = kernel.run(CELL.format(extra=extra), timeout=300)
         assert reply.status == "ok", reply.error_text
+        seen = kernel.run("%%cluster\nos.environ['HF_TOKEN'][-4:], len(os.environ['HF_TOKEN'])")
+        assert seen.result == repr((token[-4:], len(token))), seen.error_text
+        ours = cluster.ours()
+        secrets = sorted(o["metadata"]["name"] for o in ours if o["kind"] == "Secret")
+        assert [name.rsplit("-", 1)[1] for name in secrets] == ["env", "tls"]
+        assert token not in json.dumps([o for o in ours if o["kind"] != "Secret"])
         assert ast.literal_eval(reply.result) == (6.0, 0, 4, "kubernetes")
         job = next(o for o in cluster.ours() if o["kind"] == "Job")
         for rank in range(4):
