@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from test_hosts_dask import CHECK
 from jupyter_mn import Cluster
 from jupyter_mn.errors import NodeLost, RankLost, SchedulingError
 from jupyter_mn.events import NodesWaiting
+from jupyter_mn.gang.slurm import commands
 from jupyter_mn.gang.slurm.provision import dry_run, output_dir
 from jupyter_mn.gang.slurm.script import STEP_MODULE
 from jupyter_mn.reaper import collect
@@ -216,3 +218,19 @@ def test_the_pending_reason_is_shown_as_it_changes_until_the_job_starts(slurm, n
     assert reasons[-1] == "pending: Resources"
     assert set(reasons) <= {"pending: None", "pending: Priority", "pending: Resources"}
     wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_a_job_sbatch_submitted_before_it_timed_out_is_cancelled(
+    slurm, tmp_path, monkeypatch, no_leftovers
+):
+    """No job id came back, yet the job exists: it is found by its name and cancelled."""
+    wrapper = tmp_path / "sbatch"
+    wrapper.write_text(f'#!/bin/sh\n{shutil.which("sbatch")} "$@"\nexec sleep 60\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(commands, "_TIMEOUT_S", 3.0)
+    cluster = Cluster(nodes=1, gpus=1, backend="slurm", preflight=False)
+    with pytest.raises(SchedulingError, match="sbatch did not answer in 3 s"):
+        cluster.up()
+    cluster.close()
+    wait_until(lambda: not slurm.jobs(), 30, "the submitted job to be cancelled")

@@ -150,7 +150,12 @@ class SlurmProvisioner:
         if not has_gpus:
             self.notify(Note(_CPU_ONLY.format(partition=spec.slurm.partition or "default")))
         script = plan(spec, gang_id, port, has_gpus)
-        self.job_id = commands.submit(script, env)
+        try:
+            self.job_id = commands.submit(script, env)
+        except BaseException:  # timed out or interrupted: sbatch may have submitted it already
+            with contextlib.suppress(JupyterMNError):
+                commands.cancel_named(gang_id)  # the job is named after the gang
+            raise
         self._wait_running(spec)
         return commands.node_address(commands.batch_host(self.job_id))
 
