@@ -106,10 +106,14 @@ class JobLogWriter:
     """
 
     def __init__(self, directory: Path, max_bytes: int = MAX_BYTES) -> None:
-        self.directory = private_dir(directory)
+        self.directory = directory
         self.max_bytes = max_bytes
         self._nodes: dict[int, _NodeFile] = {}
         self._warned = False
+        try:  # a directory that cannot be made (a file is in the way) loses lines, not the job
+            private_dir(directory)
+        except OSError as exc:
+            self._warn(exc)
 
     def write(self, event: LogLines, now: float | None = None) -> None:
         try:
@@ -121,13 +125,16 @@ class JobLogWriter:
             for rank, stream, lines in event.items:
                 node.write(rank, stream, lines, now or time.time())
         except OSError as exc:
-            if not self._warned:
-                log.warning(
-                    "jupyter_mn: cannot write logs to %s (%s); dropping lines until it works",
-                    self.directory,
-                    exc.strerror or exc,
-                )
-            self._warned = True
+            self._warn(exc)
+
+    def _warn(self, exc: OSError) -> None:
+        if not self._warned:
+            log.warning(
+                "jupyter_mn: cannot write logs to %s (%s); dropping lines until it works",
+                self.directory,
+                exc.strerror or exc,
+            )
+        self._warned = True
 
     def close(self) -> None:
         for node in self._nodes.values():
