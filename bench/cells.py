@@ -8,7 +8,10 @@ Measured through real kernels (execute request → idle reply, what a notebook u
   ``torchrun --nnodes 1 --nproc-per-node 4`` of a script that initializes gloo and runs a barrier.
 
 Rounds interleave the tools (A, B, C, A, B, C, …) so load changes hit all of them alike.
-Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N]``.
+* where a cold 2×2 start goes (``--phases N``): nodes, rank start-up, the first cell, next to
+  what one rank's imports cost alone; and a rank's restart (SIGKILL → the next cell's value).
+
+Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N] [--phases N]``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ MN_TRIVIAL, IPP_TRIVIAL = "jupyter_mn %%cluster 2×2, x = 1", "ipyparallel %%px 
 MN_REDUCE, IPP_REDUCE = "jupyter_mn %%cluster 2×2, all_reduce", "ipyparallel %%px 4, all_reduce"
 MN_COLD, TORCHRUN = "jupyter_mn 2×2 gang up + first cell", "torchrun 4 procs, init + barrier"
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)"
+KILL_RANK_3 = (
+    "import os, signal\nif dist.get_rank() == 3:\n    os.kill(os.getpid(), signal.SIGKILL)"
+)
 TORCHRUN_SCRIPT = """
 import torch.distributed as dist
 dist.init_process_group("gloo")
@@ -164,6 +170,40 @@ def cold(rounds: int) -> dict[str, list[float]]:
     )
 
 
+def phases(rounds: int) -> dict[str, list[float]]:
+    """Where a cold 2×2 gang's time goes: its nodes alone (scheduler, workers, agents: a gang
+    brought up without ranks), the whole gang up, its first cell; next to what one rank's imports
+    cost alone (``python -c "import torch, jupyter_mn.rank.runtime"``)."""
+    from jupyter_mn import Cluster
+
+    steps: dict[str, list[float]] = {}
+
+    def timed(name: str, started: float) -> float:
+        now = time.perf_counter()
+        steps.setdefault(name, []).append(now - started)
+        return now
+
+    for _ in range(rounds):
+        started = time.perf_counter()
+        with Cluster(nodes=2, gpus=2).nodes():
+            timed("nodes alone: scheduler + 2 workers + agents", started)
+        started = time.perf_counter()
+        with Cluster(nodes=2, gpus=2) as cluster:
+            cluster.up()
+            up = timed("gang up: nodes + 4 ranks in their process group", started)
+            cluster.run("dist.barrier()").unwrap()
+            timed("first cell (barrier) once up", up)
+            timed("total: up + first cell", started)
+            killed = time.perf_counter()
+            assert not cluster.run(KILL_RANK_3).ok
+            cluster.run("dist.barrier()").unwrap()
+            timed("rank 3 SIGKILLed → the next cell's value", killed)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch, jupyter_mn.rank.runtime"], check=True)
+        timed("one python -c 'import torch, …rank.runtime'", started)
+    return steps
+
+
 def table(
     title: str,
     samples: dict[str, list[float]],
@@ -197,6 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm", type=int, default=100, help="warm rounds per tool")
     parser.add_argument("--cold", type=int, default=5, help="cold-start rounds per tool")
+    parser.add_argument("--phases", type=int, default=0, help="rounds of the cold-start breakdown")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     if args.warm:
@@ -229,6 +270,8 @@ def main() -> None:
             ),
             flush=True,
         )
+    if args.phases:
+        print(table("Where a cold 2×2 start goes", phases(args.phases), 1, "s ", {}), flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 

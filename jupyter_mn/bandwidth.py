@@ -71,6 +71,10 @@ class BenchRow:
         return busbw(self.size, self.seconds, self.ranks)
 
 
+ONE_RANK = (
+    "nothing to measure: an all-reduce over one rank moves no data (the gang has one rank; "
+    "bench a gang of 2 or more: --nodes/--gpus)"
+)
 #: A node whose link moved less than this share of the other nodes' (their median) is slow.
 SLOW_SHARE = 1 / 3
 
@@ -119,6 +123,8 @@ class BenchReport:
         return slow_links(self.links)
 
     def __str__(self) -> str:
+        if not (self.rows or self.links):
+            return "\n".join(self.notes)
         head = ("scope", "ranks", "size", "time", "algbw GB/s", "busbw GB/s", "expected GB/s")
         table = [head] + [
             (
@@ -188,8 +194,12 @@ def link_rates(facts: list[dict[str, Any]]) -> float | None:
 def bench(
     cluster: Cluster, size: int, iters: int = 10, warmup: int = 2, on_event: Any = None
 ) -> BenchReport:
-    """Measure all-reduce on ``cluster``'s gang (brought up if needed)."""
+    """Measure all-reduce on ``cluster``'s gang (brought up if needed); a gang of one rank has
+    nothing to measure and is not brought up."""
     from .node.worker import link_facts
+
+    if cluster.spec.world_size == 1:
+        return BenchReport(device="one rank", iters=iters, warmup=warmup, notes=[ONE_RANK])
 
     gang = cluster.up(on_event)
     code = (

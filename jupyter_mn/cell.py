@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import functools
 import hashlib
 import re
 import symtable
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
@@ -25,6 +25,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from .credentials import holds_secret
 from .errors import CaptureError, SpecError
+from .payload import Captured
 
 #: Names every rank defines itself; never shipped from the notebook.
 RANK_NAMES = frozenset({"torch", "dist", "cluster_info"})
@@ -34,30 +35,6 @@ _IPYTHON_HIDDEN = re.compile(r"^_(i{1,3}|ii|iii|oh|ih|dh|\d+|i\d+)?$|^__{1,2}$")
 CACHE_MIN_BYTES = 1 << 20
 _MAGIC_CALLS = ("run_line_magic", "run_cell_magic")
 _transformer = TransformerManager()
-
-
-@dataclass(frozen=True)
-class Captured:
-    """One notebook variable on its way to the ranks: pickled bytes, or a digest the ranks hold."""
-
-    name: str
-    digest: str
-    data: bytes | None
-
-
-@dataclass(frozen=True)
-class CellPayload:
-    """What every rank receives for one cell."""
-
-    source: str
-    cell_id: int
-    names: tuple[Captured, ...] = ()
-    return_all: bool = False
-    pull: tuple[str, ...] = ()
-    seed: int | None = None
-    #: names the cell binds: rank-local state from now on
-    defines: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=(), compare=False)
 
 
 def compile_cell(source: str) -> str:
@@ -166,7 +143,8 @@ class Shipper:
         """Pickle each name the cell reads from ``namespace``; raise one error for all failures.
 
         Names the gang's own cells defined stay rank-local (they win over a notebook variable of
-        the same name), unless named in ``push``. Returns the captured names and notes to show.
+        the same name), unless named in ``push``. Returns the captured names, each with its
+        bytes (``for_ranks`` leaves out those the ranks hold), and notes to show.
         """
         push = set(push)
         missing = sorted(n for n in push if n not in namespace)
@@ -200,7 +178,8 @@ class Shipper:
             except Exception as exc:
                 problems.append(_describe_failure(name, value, exc))
                 continue
-            captured.append(self._reference(name, data))
+            digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+            captured.append(Captured(name, digest, data))
         if problems:
             raise CaptureError(
                 "%%cluster cannot send these notebook variables to the ranks:\n"
@@ -209,14 +188,18 @@ class Shipper:
             )
         return tuple(captured), tuple(notes)
 
-    def _reference(self, name: str, data: bytes) -> Captured:
-        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-        if len(data) < CACHE_MIN_BYTES:
-            return Captured(name, digest, data)
-        if self._held.get(name) == digest:
-            return Captured(name, digest, None)
-        self._held[name] = digest
-        return Captured(name, digest, data)
+    def for_ranks(self, captured: tuple[Captured, ...]) -> tuple[Captured, ...]:
+        """``captured`` as the ranks get it: a large value they already hold as only its digest
+        (``forget`` first when the ranks are new)."""
+        return tuple(self._reference(c) for c in captured)
+
+    def _reference(self, c: Captured) -> Captured:
+        if c.data is None or len(c.data) < CACHE_MIN_BYTES:
+            return c
+        if self._held.get(c.name) == c.digest:
+            return dataclasses.replace(c, data=None)
+        self._held[c.name] = c.digest
+        return c
 
 
 def _never_shipped(name: str, value: Any, push: set[str]) -> bool:

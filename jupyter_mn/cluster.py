@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import dataclasses
 import itertools
+import sys
 import threading
 import time
 import weakref
@@ -20,15 +21,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .background import BackgroundCell
-from .cell import Captured, CellPayload, Shipper, bound_names, compile_cell
-from .errors import ClusterBusy
+from .cell import Shipper, bound_names, compile_cell
+from .errors import ClusterBusy, DebugUnavailable
 from .events import Note, OnEvent, Stacks
 from .launcher import CALL_CELL, call_names
-from .result import LOST, CellResult
+from .payload import Captured, CellPayload
+from .result import LOST, OK, CellResult
 from .spec import ClusterSpec, check_seconds, check_seed
 
 if TYPE_CHECKING:
-    from .gang.base import Preflight
+    from .gang.base import Gang, Preflight
+    from .gang.debugger import Prompt, Write
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -43,7 +46,7 @@ class Cluster:
 
     def __init__(self, spec: ClusterSpec | None = None, **options: Any) -> None:
         self.spec = spec.replace(**options) if spec else ClusterSpec.build(options)
-        self.gang: Any = None
+        self.gang: Gang | None = None
         self.cells = 0
         self.released = ""
         self.last_used = time.time()
@@ -60,14 +63,17 @@ class Cluster:
         self._cap: float | None = None
         self._up_at = 0.0
         self._expired = ""
-        self._holders: tuple[str, int] | None = None
+        #: the rank processes (gang id, incarnation) the shipper's cache of names is about
+        self._cache_ranks: tuple[str, int] | None = None
         self._background: BackgroundCell | None = None
         #: what re-forming the gang told us, for the next result
         self._notes: list[str] = []
+        #: the last cell: its number, outcome and the gang it ran on (``debug``)
+        self._last: tuple[int, CellResult, str] | None = None
         _live.add(self)
 
     # ---- lifecycle
-    def up(self, on_event: OnEvent | None = None) -> Any:
+    def up(self, on_event: OnEvent | None = None) -> Gang:
         """Bring the gang up (all ranks or none); a no-op when it is already up."""
         from .gang import make_gang
         from .recorder import track
@@ -224,7 +230,7 @@ class Cluster:
         the kernel's ``user_ns``); nothing is captured without it. With ``retries`` a cell whose
         rank was lost runs again once the gang has recovered.
         """
-        from .gang.run import run_cell
+        from .gang.debugger import can_prompt
 
         if seed is not None:
             check_seed(seed, self.spec.world_size)
@@ -233,44 +239,58 @@ class Cluster:
         self._refuse_while_background()
         with self._job() as torn_down:
             self.cells += 1
-            cell_id = self.cells if cell_id is None else cell_id
             python = compile_cell(code)
             names, notes = self._capture(python, namespace, push)  # bad input: nothing started
             defines = bound_names(python)
             payload = CellPayload(
                 code,
-                cell_id,
+                self.cells if cell_id is None else cell_id,
                 names,
                 return_all=return_all,
                 pull=tuple(pull),
                 seed=self.spec.seed if seed is None else seed,
                 defines=tuple(sorted(defines)),
                 notes=notes,
+                prompts=can_prompt() and threading.current_thread() is threading.main_thread(),
             )
             self._notes = []
-            attempts = 1 + (self.spec.retries if retries is None else retries)
-            for attempt in range(attempts):
-                gang = self.up(on_event)
-                holders = (gang.id, gang.incarnation)
-                if holders != self._holders:  # new rank processes hold no cached names
-                    self._shipper.forget()
-                    self._holders = holders
-                    fresh, _ = self._capture(python, namespace, push)
-                    payload = dataclasses.replace(payload, names=fresh)
-                result = run_cell(
-                    gang, payload, on_event, self.spec.timeout if timeout is None else timeout
-                )
-                if result.ok or not _retryable(result) or attempt + 1 == attempts:
-                    break
-                if self._expired:
-                    break
-                if on_event is not None:
-                    on_event(Note(_retry_text(attempt + 1, attempts - 1, result)))
+            result = self._attempts(
+                payload,
+                on_event,
+                self.spec.timeout if timeout is None else timeout,
+                self.spec.retries if retries is None else retries,
+            )
         if torn_down:
             result.notes.append(f"the gang was torn down: {torn_down[0]}")
         self._rank_defined |= defines
         result.notes[:0] = [*notes, *self._notes]
         return result
+
+    def _attempts(
+        self, payload: CellPayload, on_event: OnEvent | None, timeout: float | None, retries: int
+    ) -> CellResult:
+        """Run ``payload``; while a rank was lost and retries are left, again once the gang has
+        recovered (not after the cost cap stopped it)."""
+        from .gang.run import run_cell
+
+        for attempt in range(1 + retries):
+            gang = self.up(on_event)
+            result = run_cell(gang, self._for_ranks(payload, gang), on_event, timeout)
+            self._last = (payload.cell_id, result, gang.id)
+            if result.ok or not _retryable(result) or attempt == retries or self._expired:
+                return result
+            if on_event is not None:
+                on_event(Note(_retry_text(attempt + 1, retries, result)))
+        raise AssertionError("unreachable: the last attempt returns")
+
+    def _for_ranks(self, payload: CellPayload, gang: Gang) -> CellPayload:
+        """``payload`` as ``gang``'s ranks get it: the large names they already hold as digests;
+        new rank processes hold none."""
+        ranks = (gang.id, gang.incarnation)
+        if ranks != self._cache_ranks:
+            self._shipper.forget()
+            self._cache_ranks = ranks
+        return dataclasses.replace(payload, names=self._shipper.for_ranks(payload.names))
 
     def launch(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn(*args, **kwargs)`` on every rank and return rank 0's return value (a failure
@@ -328,6 +348,47 @@ class Cluster:
             f"background cell {cell} is still running on this gang (one cell at a time): "
             "wait for it (handle.result()) or stop it (handle.cancel())"
         )
+
+    def debug(
+        self, rank: int | None = None, prompt: Prompt | None = None, write: Write | None = None
+    ) -> None:
+        """pdb on a rank's last exception, after a failed cell (``%cluster debug``): the
+        root-cause rank's, or ``rank``'s. Commands run on that rank; ``q`` ends it, and the
+        gang is READY with every namespace as it was. ``prompt`` asks for each line (``input``:
+        stdin, or the notebook's input box)."""
+        from .gang.debugger import post_mortem
+
+        self._refuse_while_background()
+        with self._job():
+            rank = self._failed_rank(rank)
+            ended = post_mortem(self.gang, rank, prompt or input, write or sys.stdout.write)
+        if ended.error:
+            raise DebugUnavailable(ended.error)
+
+    def _failed_rank(self, rank: int | None) -> int:
+        """The rank to debug, or why there is none (nothing launched, nothing changed)."""
+        if self._last is None:
+            raise DebugUnavailable("no cell has run on this cluster: there is nothing to debug")
+        cell, result, gang_id = self._last
+        if result.ok:
+            raise DebugUnavailable(f"the last cell (In[{cell}]) did not fail: nothing to debug")
+        if self.gang is None or self.gang.id != gang_id:
+            raise DebugUnavailable(f"the gang that ran In[{cell}] is gone, and its tracebacks")
+        failed = [o for o in result.ranks if o.status != OK]
+        cause = result.root_cause
+        if rank is None and cause is not None:
+            rank = cause.rank
+        outcome = next((o for o in result.ranks if o.rank == rank), None)
+        if outcome is None:
+            raise DebugUnavailable(f"there is no rank {rank} (ranks 0-{len(result.ranks) - 1})")
+        if outcome.status == OK:
+            which = ", ".join(str(o.rank) for o in failed)
+            raise DebugUnavailable(f"rank {rank} did not fail in In[{cell}] (failed: {which})")
+        if outcome.status == LOST:
+            raise DebugUnavailable(
+                f"rank {rank} was lost in In[{cell}] and restarted: its traceback is gone"
+            )
+        return outcome.rank
 
     def stacks(self) -> Stacks:
         """Where every rank's main thread is now (``%cluster stacks``); works during a cell."""

@@ -32,6 +32,11 @@ class ClusterBusy(JupyterMNError):
     """A cell is already running on this gang (one at a time, e.g. a ``--bg`` cell)."""
 
 
+class DebugUnavailable(JupyterMNError):
+    """``%cluster debug`` cannot open pdb: no failed cell, a rank that did not fail or is gone,
+    a frontend that cannot prompt."""
+
+
 class SchedulingError(JupyterMNError):
     """The backend could not provide all nodes of the gang (all or nothing)."""
 
@@ -49,6 +54,11 @@ class PreflightError(SchedulingError):
 
 class RendezvousError(JupyterMNError):
     """Ranks started but did not form a process group."""
+
+
+class JoinTimeout(RendezvousError):
+    """A node's ranks did not join in time: often because another node's rank failed first,
+    so the gang reports another node's error before this one."""
 
 
 class TransportError(JupyterMNError):

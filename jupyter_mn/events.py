@@ -7,6 +7,7 @@ each event travels as a plain dict tagged with its kind and is rebuilt with ``fr
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import pickle
 from collections.abc import Callable
@@ -14,6 +15,49 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _KINDS: dict[str, type] = {}
+
+
+class _Text(str, enum.Enum):
+    """An enum whose members are their text: in messages, views and f-strings alike."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class GangStatus(_Text):
+    """The gang's lifecycle (its allowed moves: ``gang/state.py``)."""
+
+    PENDING = "PENDING"
+    SCHEDULING = "SCHEDULING"
+    RENDEZVOUS = "RENDEZVOUS"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    BROKEN = "BROKEN"
+    CLOSED = "CLOSED"
+
+    @property
+    def usable(self) -> bool:
+        return self in (GangStatus.READY, GangStatus.RUNNING)
+
+    @property
+    def idle(self) -> bool:
+        return self == GangStatus.READY
+
+
+class RankStatus(_Text):
+    """A rank's life (started, ready, exited, lost between cells) and its outcome of a run."""
+
+    STARTED = "started"
+    READY = "ready"
+    EXITED = "exited"
+    #: died while no cell ran: nobody waits for it, so the gang re-forms it itself
+    LOST_IDLE = "lost-idle"
+    OK = "ok"
+    ERROR = "error"
+    LOST = "lost"
+    INTERRUPTED = "interrupted"
 
 
 def _event(cls: type) -> type:
@@ -67,7 +111,7 @@ class RankState:
 
     node: int
     rank: int
-    state: str
+    state: RankStatus
     detail: str = ""
     #: the cell run the state belongs to (0: none); events can arrive after the run's replies
     run: int = 0
@@ -78,9 +122,9 @@ class RankState:
 @_event
 @dataclass(frozen=True)
 class GangState:
-    """The gang moved to ``state`` (a ``gang.state.GangStatus`` value)."""
+    """The gang moved to ``state``."""
 
-    state: str
+    state: GangStatus
     detail: str = ""
 
 
@@ -108,6 +152,10 @@ class GpuSample:
     note: str = ""
 
 
+#: What a one-node gang's transport says in place of a network.
+NO_NETWORK = "no network (one node)"
+
+
 @_event
 @dataclass(frozen=True)
 class TransportReport:
@@ -130,18 +178,22 @@ class TransportReport:
     evidence: tuple[str, ...] = ()
     #: RDMA ports found on the node (``--rdma``), e.g. "mlx5_0:1 RoCE v2 GID 3 (eth1)"
     hcas: tuple[str, ...] = ()
+    #: the gang has one node: its ranks use no network (nothing can fall back)
+    one_node: bool = False
 
     @property
     def summary(self) -> str:
         if self.backend == "gloo":
             return "gloo (CPU)"
-        if not (self.network or self.inter_node or self.intra_node):
-            return "NCCL (no transport lines yet)"
         parts = []
         if self.inter_node:
             parts.append("inter-node " + ", ".join(self.inter_node))
+        elif self.one_node:
+            parts.append(NO_NETWORK)
         elif self.network:
             parts.append(f"network {self.network}")
+        elif not self.intra_node:
+            return "NCCL (no transport lines yet)"
         if self.intra_node:
             parts.append("intra-node " + ", ".join(self.intra_node))
         return "; ".join(parts)
@@ -183,6 +235,9 @@ class CellDone:
     ranks: tuple[RankTiming, ...] = ()
     #: the root cause in one line when the cell failed ("rank 1 (node 0) raised …")
     error: str = ""
+    #: rank 0's value as text (its repr, shortened), for a view that cannot have the object: a
+    #: page reloaded while the cell ran
+    value: str = ""
 
 
 @_event
@@ -192,6 +247,29 @@ class Note:
     ranks restarted, …)."""
 
     text: str
+
+
+@_event
+@dataclass(frozen=True)
+class RankPaused:
+    """A rank of a running cell stopped at a ``breakpoint()``; its pdb waits for the kernel
+    (``NodeAgent.debug``), and the cell's ``--timeout`` waits with it."""
+
+    node: int
+    rank: int
+    run: int
+    #: where it stopped, in the notebook's terms (``Cell In[4], line 7``)
+    where: str = ""
+
+
+@_event
+@dataclass(frozen=True)
+class RankResumed:
+    """The user let a paused rank go on (``c``, ``q``) or the cell was stopped at its prompt."""
+
+    node: int
+    rank: int
+    run: int
 
 
 @_event
@@ -246,6 +324,8 @@ class RankError:
     traceback: tuple[str, ...] = ()
     #: a consequence of another rank's failure (a broken collective, an interrupt)
     secondary: bool = False
+    #: the rank's node agent stopped answering (``NodeLost``), which explains its peers' kills
+    node_lost: bool = False
 
     def line(self) -> str:
         return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
@@ -257,8 +337,8 @@ class RankReply:
     """One rank's outcome of a cell or a script, as its node agent reports it."""
 
     rank: int
-    #: ``result.OK | ERROR | INTERRUPTED | LOST``
-    status: str
+    #: ``RankStatus.OK | ERROR | INTERRUPTED | LOST``
+    status: RankStatus
     duration: float | None = None
     error: RankError | None = None
     #: wall-clock time the rank finished (orders failures: the first one is the cause)
@@ -337,12 +417,24 @@ _NESTED: dict[type, dict[str, tuple[type, bool]]] = {
     RankReply: {"error": (RankError, False)},
     NodeReply: {"ranks": (RankReply, True)},
 }
+#: Fields that travel as an enum's value and are rebuilt as its member.
+_ENUMS: dict[type, dict[str, type[enum.Enum]]] = {
+    GangState: {"state": GangStatus},
+    RankState: {"state": RankStatus},
+    RankReply: {"status": RankStatus},
+}
 
 
 def to_msg(event: Any) -> dict[str, Any]:
-    msg = dataclasses.asdict(event)
+    msg = dataclasses.asdict(event, dict_factory=_plain)
     msg["kind"] = type(event).__name__
     return msg
+
+
+def _plain(fields: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A message's fields with enum members as their values: dask's event channel takes only
+    exact builtin types."""
+    return {k: v.value if isinstance(v, enum.Enum) else v for k, v in fields}
 
 
 def from_msg(msg: dict[str, Any]) -> Any:
@@ -361,6 +453,8 @@ def _build(cls: type, msg: dict[str, Any]) -> Any:
             msg[name] = tuple(_build(part, p) for p in value or ())
         elif value is not None:
             msg[name] = _build(part, value)
+    for name, kind in _ENUMS.get(cls, {}).items():
+        msg[name] = kind(msg[name])
     return cls(**_tuples(msg))
 
 

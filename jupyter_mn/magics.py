@@ -63,6 +63,7 @@ class ClusterMagics(Magics):
             "auto": (verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
             "config": (verb_parser("config"), self._config),
             "stacks": (verb_parser("stacks"), self._stacks),
+            "debug": (verb_parser("debug", (("--rank",), {"type": int})), self._debug),
             "launch": (add_spec_flags(verb_parser("launch")), self._launch),
             **node_verbs(self),
         }
@@ -148,19 +149,17 @@ class ClusterMagics(Magics):
         }
         if args.bg:  # its output, pulled names and displays stay on the handle
             return target.submit(cell, **options)
-        view = make_view(spec, title=spec.name or f"cell {cell_id}")
+        view = make_view(spec, title=spec.name or f"cell {cell_id}", cell_id=cell_id)
         try:
             result = target.run(cell, on_event=view, **options)
         finally:
             view.close()
-        follow = getattr(view, "follow", None)  # the widget's header tracks a background re-form
-        if follow is not None and target.gang is not None:
-            follow(target.gang)
+        if target.gang is not None:  # the widget's header tracks a background re-form
+            view.follow(target.gang)
         if result.ok:  # on failure the notes are part of the error
             for note in result.notes:
                 print(f"jupyter_mn: {note}")
-        shown = getattr(view, "displays", None)
-        if shown is None or not shown.shown:  # else they were shown while the cell ran
+        if view.displays is None or not view.displays.shown:  # else shown while the cell ran
             for bundle in result.displays:
                 publish_display_data(bundle["data"], bundle["metadata"])
         if result.ok and result.pulled:
@@ -210,6 +209,22 @@ class ClusterMagics(Magics):
             print("jupyter_mn: no gang is up")
             return
         print(format_stacks(running.stacks()))
+
+    def _debug(self, args: Any) -> None:
+        """``%cluster debug [--rank R]``: pdb on a rank of the last, failed cell."""
+        from . import cluster
+        from .errors import DebugUnavailable
+        from .gang.debugger import can_prompt
+
+        running = cluster.current()
+        if running is None:
+            raise DebugUnavailable("no cluster has run a cell: there is nothing to debug")
+        if not can_prompt():
+            raise DebugUnavailable(
+                "this frontend cannot answer a prompt (no stdin: papermill, nbclient); "
+                "debug in a notebook, or with Cluster.debug() in a terminal"
+            )
+        running.debug(args.rank)
 
     def _launch(self, args: Any) -> Any:
         """``%cluster launch [flags --] train(cfg, lr=0.1)``: an existing function on every rank;

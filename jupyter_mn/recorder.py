@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .events import (
     CellDone,
     GangState,
+    GangStatus,
     GpuSample,
     LogLines,
     NodesWaiting,
@@ -41,7 +42,7 @@ POLL_S = 0.25
 #: CellDone cost one SQLite write and one wake-up of the recorder thread, not one each.
 BATCH_S = 0.02
 #: Gang states written at once (a teardown must be on record even if the process exits next).
-_TERMINAL = ("BROKEN", "CLOSED")
+_TERMINAL = (GangStatus.BROKEN, GangStatus.CLOSED)
 _SOURCES = {"panel": "the Clusters panel", "cli": "jupyter mn"}
 _DONE = {"cancel": "cancelled", "release": "released"}
 
@@ -85,11 +86,11 @@ class JobRecord:
         if isinstance(event, GangState):
             self._placed()
             model.state, model.detail = event.state, event.detail
-            if event.state == "READY":
+            if event.state == GangStatus.READY:
                 self._ranks_up()
-            elif event.state == "BROKEN":
+            elif event.state == GangStatus.BROKEN:
                 model.error = event.detail
-            elif event.state == "CLOSED":
+            elif event.state == GangStatus.CLOSED:
                 model.ended = time.time()
         elif isinstance(event, RankState):
             node = model.nodes[event.node]
@@ -101,7 +102,13 @@ class JobRecord:
             model.nodes[event.node].transport = event.summary
         elif isinstance(event, CellDone):
             model.cells += 1
-            model.last_cell = {"id": event.cell_id, "ok": event.ok, "elapsed": event.elapsed}
+            model.last_cell = {
+                "id": event.cell_id,
+                "ok": event.ok,
+                "elapsed": event.elapsed,
+                "value": event.value,
+                "error": event.error,
+            }
             model.error = None if event.ok else (event.error or f"cell {event.cell_id} failed")
         else:
             return False
@@ -180,7 +187,7 @@ class Recorder:
             if isinstance(event, GangState) and event.state in _TERMINAL:
                 self._urgent.set()
                 self._wake.set()
-                if event.state == "CLOSED":
+                if event.state == GangStatus.CLOSED:
                     self.drain()  # synchronously: the process may be exiting (atexit close)
             elif not self._pending:  # the first of a batch (a benign race: one wake-up more)
                 self._pending = True

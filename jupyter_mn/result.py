@@ -6,9 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CellError, CellInterrupted, NodeLost, RankLost
-from .events import RankError, RankTiming
+from .events import RankError, RankStatus, RankTiming
 
-OK, ERROR, LOST, INTERRUPTED = "ok", "error", "lost", "interrupted"
+#: a rank's outcome of a cell
+OK, ERROR, LOST, INTERRUPTED = (
+    RankStatus.OK,
+    RankStatus.ERROR,
+    RankStatus.LOST,
+    RankStatus.INTERRUPTED,
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class CellResult:
         def order(r: RankOutcome) -> tuple[int, float, int]:
             secondary = bool(r.error and r.error.secondary)
             primary = 0 if r.status == LOST or (r.error and not secondary) else 1
-            if r.error and r.error.ename == "NodeLost":  # explains its peers' kills
+            if r.error and r.error.node_lost:  # explains its peers' kills
                 primary = -1
             if r.status == INTERRUPTED:  # one busy in its own code before one waiting on peers
                 primary = 3 if secondary else 2
@@ -113,7 +119,7 @@ class CellResult:
         cls = {LOST: RankLost, INTERRUPTED: CellInterrupted}.get(cause.status, CellError)
         what = cause.error.evalue if cause.status == LOST else cause.error.line()
         message = f"{cause.label} {_verb(cause.status)} {what}"
-        if cause.error.ename == "NodeLost":
+        if cause.error.node_lost:
             cls, message = NodeLost, f"node {cause.node} was lost: {what}"
         if self.interrupted:
             cls, message = CellInterrupted, f"{self.interrupted}: {message}"

@@ -27,6 +27,8 @@ class Reply:
     displays: list[dict[str, Any]] = field(default_factory=list)
     #: (seconds since the request, text) for every stdout chunk: shows output arrives live
     stream_times: list[tuple[float, str]] = field(default_factory=list)
+    #: the prompts of the input requests the cell made, in order
+    prompts: list[str] = field(default_factory=list)
     elapsed: float = 0.0
 
     @property
@@ -53,9 +55,16 @@ class Kernel:
         return psutil.Process(self.pid).children(recursive=True)
 
     def run(
-        self, code: str, timeout: float = 120, on_stream: Callable[[str], None] | None = None
+        self,
+        code: str,
+        timeout: float = 120,
+        on_stream: Callable[[str], None] | None = None,
+        answer: Callable[[str], str | None] | None = None,
+        allow_stdin: bool = True,
     ) -> Reply:
-        """Run ``code``; ``on_stream(all stdout so far)`` as each stdout message arrives."""
+        """Run ``code``; ``on_stream(all stdout so far)`` as each stdout message arrives;
+        ``answer(prompt)`` replies to each input request, as a notebook's input box does (None:
+        no reply); ``allow_stdin=False`` runs it as papermill and nbclient do."""
         reply = Reply(status="?")
         started = time.monotonic()
 
@@ -76,7 +85,20 @@ class Kernel:
                 reply.ename, reply.evalue = content["ename"], content["evalue"]
                 reply.traceback = content["traceback"]
 
-        msg = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        def stdin_hook(msg: dict[str, Any]) -> None:
+            prompt = msg["content"]["prompt"]
+            reply.prompts.append(prompt)
+            line = answer(prompt) if answer is not None else ""
+            if line is not None:
+                self.kc.input(line)
+
+        msg = self.kc.execute_interactive(
+            code,
+            timeout=timeout,
+            output_hook=hook,
+            stdin_hook=stdin_hook,
+            allow_stdin=allow_stdin,
+        )
         reply.status = msg["content"]["status"]
         reply.elapsed = time.monotonic() - started
         return reply

@@ -18,7 +18,6 @@ for peers, so a failure has no secondary errors.
 from __future__ import annotations
 
 import ast
-import io
 import linecache
 import os
 import pickle
@@ -45,22 +44,6 @@ def standin_env(python: str = sys.executable) -> dict[str, str]:
     from jupyter_mn.node.process import RANK_PYTHON  # the agent's side: not in the rank
 
     return {RANK_PYTHON: f"{python} {Path(__file__).resolve()}"}
-
-
-class _Record:
-    """A ``CellPayload`` or ``Captured`` as plain attributes: unpickling the real classes would
-    import the kernel side (IPython), which is what this rank must stay without."""
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "jupyter_mn.cell":
-            return _Record
-        return super().find_class(module, name)
-
-
-def _loads(data: bytes) -> Any:
-    return _Unpickler(io.BytesIO(data)).load()
 
 
 class _Cell:
@@ -210,7 +193,7 @@ def main() -> None:
     held: dict[str, bytes] = {}
     while True:
         try:
-            msg = _loads(conn.recv_bytes())
+            msg = pickle.loads(conn.recv_bytes())  # a CellPayload: a leaf, no torch, no IPython
         except (EOFError, OSError):
             break
         if msg["op"] == "run":

@@ -26,6 +26,8 @@ package's ``__init__`` that runs because a submodule is imported is not counted 
 from __future__ import annotations
 
 import ast
+import pickle
+import pickletools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the node and rank sides may import besides their own packages.
-SHARED = ("jupyter_mn.events", "jupyter_mn.errors", "jupyter_mn.launch", "jupyter_mn.version")
+SHARED = (
+    "jupyter_mn.events",
+    "jupyter_mn.errors",
+    "jupyter_mn.launch",
+    "jupyter_mn.payload",
+    "jupyter_mn.version",
+    "jupyter_mn.debugwire",
+)
 #: Each side, and the packages it may import.
 SIDES = {
     "jupyter_mn.node": ("jupyter_mn.node", "jupyter_mn.rank"),
@@ -332,6 +341,48 @@ def test_no_import_cycles_among_jupyter_mn_modules(package):
 def test_the_node_and_rank_sides_import_nothing_of_the_kernel_side(package):
     offenders = upward_imports(package, SIDES, SHARED)
     assert not offenders, "\n".join(offenders)
+
+
+def pickled_modules(obj: object) -> set[str]:
+    """The ``jupyter_mn`` modules that unpickling ``obj`` imports (protocol 2 names each class
+    with a GLOBAL: "module name")."""
+    found = {
+        str(arg).split(" ")[0]
+        for op, arg, _ in pickletools.genops(pickle.dumps(obj, protocol=2))
+        if op.name == "GLOBAL"
+    }
+    return {m for m in found if m.split(".")[0] == "jupyter_mn"}
+
+
+def sent_to_the_nodes() -> list[object]:
+    """What the kernel pickles to node agents and ranks, built by the kernel's own code: a cell's
+    payload with a captured name, and a launch with a script."""
+    from jupyter_mn.cell import Shipper, compile_cell
+    from jupyter_mn.gang import make_gang
+    from jupyter_mn.launch import Script
+    from jupyter_mn.payload import CellPayload
+    from jupyter_mn.spec import ClusterSpec
+
+    names, notes = Shipper().capture(compile_cell("x + 1"), {"x": 1})
+    gang = make_gang(ClusterSpec(env=(("A", "b"),)))
+    gang.master = ("127.0.0.1", 1)
+    return [
+        CellPayload("x + 1", 1, names, notes=notes),
+        gang.launch(2, Script("train.py", ("--lr", "1"), b"print(1)")),
+    ]
+
+
+@pytest.mark.parametrize("message", sent_to_the_nodes(), ids=lambda m: type(m).__name__)
+def test_what_the_kernel_pickles_to_the_nodes_is_defined_where_they_may_import(message):
+    modules = pickled_modules(message)
+    assert modules, "the sample names a class of ours"
+    assert modules <= set(SHARED), f"the nodes would import {sorted(modules - set(SHARED))}"
+
+
+def test_the_pickle_check_sees_a_kernel_side_class():
+    from jupyter_mn.spec import ClusterSpec
+
+    assert "jupyter_mn.spec" in pickled_modules({"spec": ClusterSpec()})
 
 
 def test_no_private_name_is_used_across_modules(package):

@@ -7,11 +7,15 @@ The real measurement on a gang (and its printed table checked against these form
 from __future__ import annotations
 
 import pytest
+from procs import ours
 
+from jupyter_mn import Cluster
 from jupyter_mn.bandwidth import (
+    ONE_RANK,
     BenchReport,
     BenchRow,
     algbw,
+    bench,
     busbw,
     link_rates,
     node_links,
@@ -50,6 +54,13 @@ def test_report_prints_both_bandwidths_and_the_expected_rate():
     assert "algbw = size / time, busbw = algbw × 2(n−1)/n" in text
     assert "inter-node (one rank per node)      2  1 GiB  50.000 ms      21.475      21.475" in text
     assert text.rstrip().endswith("21.475             50")
+
+
+def test_a_one_rank_gang_has_nothing_to_measure_and_is_not_started(no_leftovers):
+    cluster = Cluster(nodes=1, gpus=1)
+    report = bench(cluster, 256 << 20)
+    assert str(report) == ONE_RANK and not report.rows
+    assert cluster.gang is None and not ours(no_leftovers)
 
 
 def test_expected_rate_is_the_slowest_nodes_usable_rdma_or_nic():

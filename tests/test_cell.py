@@ -186,15 +186,17 @@ def test_large_values_are_sent_once_then_referenced():
     shipper = Shipper()
     ns = {"blob": b"x" * CACHE_MIN_BYTES, "small": 1}
     code = compile_cell("len(blob), small")
-    first, _ = shipper.capture(code, ns)
-    again, _ = shipper.capture(code, ns)
+    first = shipper.for_ranks(shipper.capture(code, ns)[0])
+    again = shipper.for_ranks(shipper.capture(code, ns)[0])
     assert {c.name: c.data is not None for c in first} == {"blob": True, "small": True}
     assert {c.name: c.data is not None for c in again} == {"blob": False, "small": True}
     ns["blob"] = b"y" * CACHE_MIN_BYTES
-    changed, _ = shipper.capture(code, ns)
+    changed = shipper.for_ranks(shipper.capture(code, ns)[0])
     assert dict((c.name, c.data is not None) for c in changed)["blob"]
+    captured, _ = shipper.capture(code, ns)
+    assert all(c.data is not None for c in captured)  # the bytes stay, for new ranks
     shipper.forget()
-    assert all(c.data is not None for c in shipper.capture(code, ns)[0])
+    assert all(c.data is not None for c in shipper.for_ranks(captured))
 
 
 def test_ipython_and_rank_names_are_never_captured():

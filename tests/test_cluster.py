@@ -10,6 +10,7 @@ import pytest
 from procs import ours, rank_processes, wait_gone
 
 from jupyter_mn import Cluster
+from jupyter_mn.cell import CACHE_MIN_BYTES
 from jupyter_mn.errors import CellError, SpecError
 from jupyter_mn.views import TextView
 
@@ -163,9 +164,21 @@ def test_close_stops_every_process(no_leftovers):
     assert cluster.status()["state"] == "DOWN"
 
 
+class Pickled:
+    """Counts how often the kernel pickles it; the ranks get plain bytes."""
+
+    count = 0
+
+    def __reduce__(self) -> tuple:
+        Pickled.count += 1
+        return (bytes, (b"x" * CACHE_MIN_BYTES,))
+
+
 def test_idle_gang_is_released_and_comes_back(no_leftovers):
     cluster = Cluster(nodes=1, gpus=1, idle_timeout=1)
-    assert cluster.run("1").value == 1
+    blob = {"blob": Pickled()}
+    assert cluster.run("len(blob)", namespace=blob).value == CACHE_MIN_BYTES
+    assert Pickled.count == 1  # once per cell, the first of a new gang too
     procs = ours(no_leftovers)
     deadline = time.monotonic() + 30
     while cluster.status()["state"] != "RELEASED":  # the idle timer fires on its own thread
@@ -173,6 +186,9 @@ def test_idle_gang_is_released_and_comes_back(no_leftovers):
         time.sleep(0.05)
     assert not wait_gone(procs)
     assert cluster.run("2").value == 2  # a later cell brings a fresh gang
+    # whose new ranks get the large value in full, though the old ones held it
+    assert cluster.run("len(blob)", namespace=blob).value == CACHE_MIN_BYTES
+    assert Pickled.count == 2
     cluster.close()
 
 

@@ -23,7 +23,8 @@ from procs import ours, rank_processes
 
 from jupyter_mn import Cluster
 from jupyter_mn.doctor import doctor, kernel_facts
-from jupyter_mn.doctor.checks import ifname_matches, judge
+from jupyter_mn.doctor.checks import Cell, Check, ifname_matches, judge
+from jupyter_mn.doctor.report import DoctorReport
 from jupyter_mn.errors import PreflightError
 from jupyter_mn.node.probe import rdma_ports
 from jupyter_mn.spec import ClusterSpec
@@ -129,12 +130,33 @@ def test_gpus_fewer_than_requested_or_missing_on_one_node_fail(facts):
     assert all(c.ok and "CPU ranks" in c.value for c in cpu)
 
 
+def test_each_node_shows_its_own_gpus_and_the_variable_that_chose_a_value_in_full(facts):
+    def own(visible: str):
+        return lambda f: (
+            f["accelerator"].update(gpus=1),
+            f["env"].update(CUDA_VISIBLE_DEVICES=visible),
+        )
+
+    nodes = two_nodes(facts, own("1"))
+    own("0")(nodes[0])
+    assert [c.value for c in cells(judged(nodes), "GPUs")] == [
+        "1 (CUDA_VISIBLE_DEVICES=0)",
+        "1 (CUDA_VISIBLE_DEVICES=1)",
+    ]
+    text = str(DoctorReport("local", ["node 0", "node 1"], judged(nodes)))
+    assert "✔ lo 127.0.0.1 (NCCL_SOCKET_IFNAME, chosen)" in text
+    long = Cell(True, "eth0 10.200.100.105, 100 Gb/s (NCCL_SOCKET_IFNAME, chosen)")
+    text = str(DoctorReport("local", ["node 0"], [Check("interface", [long])]))
+    assert "✔ eth0 10.200.100.105, 100 Gb… (NCCL_SOCKET_IFNAME, chosen)" in text
+
+
 @pytest.mark.gpu
 def test_more_gpus_than_visible_fail_on_a_real_gpu_node(no_leftovers):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    with Cluster(nodes=1, gpus=torch.cuda.device_count() + 1) as cluster:
+    # the user's CUDA_VISIBLE_DEVICES: the local backend leaves the node's GPUs to it
+    with Cluster(nodes=1, gpus=2, env={"CUDA_VISIBLE_DEVICES": "0"}) as cluster:
         (cell,) = cells(doctor(cluster).checks, "GPUs")
     assert cell.ok is False and "needs one per rank" in cell.fix
 

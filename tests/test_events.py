@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import pickle
 
+import msgpack
 import pytest
 
-from jupyter_mn.events import GangState, NodeReply, RankError
+from jupyter_mn.errors import JoinTimeout, RendezvousError
+from jupyter_mn.events import (
+    GangState,
+    GangStatus,
+    NodeReply,
+    RankError,
+    RankState,
+    RankStatus,
+    from_msg,
+    to_msg,
+)
+from jupyter_mn.gang.base import rendezvous_cause
 
 
 def test_a_packed_node_reply_reads_back_as_it_was_sent():
@@ -21,6 +33,29 @@ def test_a_packed_node_reply_reads_back_as_it_was_sent():
     assert again == reply
     assert again.ranks[1].error == RankError("E", "v", ("a", "b"))
     assert again.failed
+    assert [r.status for r in again.ranks] == [RankStatus.OK, RankStatus.ERROR]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [GangState(GangStatus.BROKEN, "node 1 lost"), RankState(1, 3, RankStatus.LOST_IDLE, "killed")],
+)
+def test_states_cross_the_event_channel_as_their_enum_members(event):
+    """dask's event channel carries msgpack: a state arrives as its enum member, not text."""
+    again = from_msg(msgpack.unpackb(msgpack.packb(to_msg(event), strict_types=True)))
+    assert again == event
+    assert type(again.state) is type(event.state)
+    assert f"{again.state}" == str(again.state) == again.state.value  # views print the text
+
+
+def test_a_node_that_waited_in_vain_is_not_the_cause_of_a_failed_start():
+    waited = JoinTimeout("node 0: ranks did not join the process group within 60 s")
+    raised = RendezvousError("node 1: rank 3 raised ValueError")
+    assert rendezvous_cause([waited, raised]) is raised
+    assert rendezvous_cause([waited]) is waited
+    other = rendezvous_cause([OSError("no route")])
+    assert isinstance(other, RendezvousError) and str(other) == "OSError: no route"
+    assert isinstance(pickle.loads(pickle.dumps(waited)), JoinTimeout)  # it crosses dask
 
 
 def test_bytes_that_are_not_a_node_reply_are_refused_by_name():

@@ -1,11 +1,15 @@
-"""GPU sampling: rank → GPU mapping, the no-GPU path here, and a real NCCL run where CUDA exists."""
+"""GPU sampling: rank → GPU mapping, the no-GPU path here, and where CUDA exists a real NCCL run,
+local nodes on GPUs of their own, GPU counts refused before ranks start, one node's transport."""
 
 from __future__ import annotations
 
 import pytest
+from procs import ours, rank_processes
 
 from jupyter_mn import Cluster
-from jupyter_mn.events import GpuSample, TransportReport
+from jupyter_mn.errors import SchedulingError, SpecError
+from jupyter_mn.events import GpuSample, Note, TransportReport
+from jupyter_mn.gang.transport import ONE_NODE
 from jupyter_mn.node.gpu import GpuSampler, visible_gpu
 
 UUIDS = ["GPU-1111aaaa-0000", "GPU-2222bbbb-0000", "GPU-3333cccc-0000", "GPU-4444dddd-0000"]
@@ -59,6 +63,53 @@ def test_nccl_gang_shows_live_utilization_and_the_intra_node_path(no_leftovers):
     assert busy.util > 0 and busy.mem_used > 0 and busy.name
     assert {r for s in samples for g in s.gpus for r in g.ranks} == set(range(gpus))
     report = [e for e in seen if isinstance(e, TransportReport)][-1]
-    assert report.backend == "nccl" and report.network and report.evidence
+    assert report.backend == "nccl" and report.one_node and report.evidence
+    assert report.summary.startswith("no network (one node)") and not report.fallback
     if gpus > 1:
         assert any(p.startswith(("P2P", "SHM", "NVLS")) for p in report.intra_node), report
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_count() == 0, reason="needs a CUDA GPU")
+def test_local_nodes_beyond_the_visible_gpus_are_refused_before_any_process(no_leftovers):
+    count = _cuda_count()
+    cluster = Cluster(nodes=count + 1, gpus=1)
+    with cluster, pytest.raises(SpecError, match=f"need {count + 1} GPUs; this machine has"):
+        cluster.run("1")
+    assert not ours(no_leftovers), "a process started"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_count() < 2, reason="needs 2 CUDA GPUs")
+def test_two_local_nodes_use_two_different_gpus(no_leftovers):
+    code = (
+        "seen = [None] * dist.get_world_size()\n"
+        "dist.all_gather_object(seen, str(torch.cuda.get_device_properties(0).uuid))\nseen"
+    )
+    with Cluster(nodes=2, gpus=1) as cluster:
+        first, second = cluster.run(code).unwrap()
+    assert first != second
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_count() == 0, reason="needs a CUDA GPU")
+def test_a_node_with_fewer_gpus_than_ranks_is_refused_before_its_ranks_start(no_leftovers):
+    # the user's CUDA_VISIBLE_DEVICES: the local backend does not split, the agent counts
+    cluster = Cluster(nodes=1, gpus=2, env={"CUDA_VISIBLE_DEVICES": "0"})
+    with cluster, pytest.raises(SchedulingError, match=r"node 0 has 1 GPU\(s\); local rank 1 "):
+        cluster.run("1")
+    assert not rank_processes(ours(no_leftovers)), "a rank started"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_count() == 0, reason="needs a CUDA GPU")
+def test_a_one_node_cuda_gang_uses_no_network_and_nothing_falls_back(no_leftovers):
+    seen: list = []
+    with Cluster(nodes=1, gpus=1, require_rdma=True) as cluster:
+        code = "t = torch.ones(1, device='cuda')\ndist.all_reduce(t)\nt.item()"
+        assert cluster.run(code, on_event=seen.append).value == 1.0
+    report = [e for e in seen if isinstance(e, TransportReport)][-1]
+    assert report.backend == "nccl" and report.one_node, report
+    assert report.summary.startswith("no network (one node)") and not report.fallback
+    assert any("nNodes 1" in line for line in report.evidence), report.evidence
+    assert ONE_NODE in [e.text for e in seen if isinstance(e, Note)]

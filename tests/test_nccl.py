@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_mn.gang.transport import violation
 from jupyter_mn.node.nccl import NcclLog, normalize_path
+from jupyter_mn.views.glance import transport_badges
+from jupyter_mn.views.summary import evidence
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
+#: The fixtures whose NCCL lines say ``nNodes 1``.
+ONE_NODE = {"one_rank", "p2p_ipc", "p2p_cumem", "nvls_on", "shm"}
 
 # fixture: (network, inter_node, intra_node, gdr, nvls, fallback, a line that must be evidence)
 CASES = {
@@ -35,11 +40,13 @@ CASES = {
         True,
         "Using network Socket",
     ),
-    "p2p_ipc": ("Socket", [], ["P2P/IPC/read", "P2P/IPC"], False, False, True, "P2P/IPC/read"),
-    "p2p_cumem": ("RoCE", [], ["P2P/CUMEM", "P2P/CUMEM/read"], False, False, False, "P2P/CUMEM"),
+    # one node: NCCL loaded a network plugin (sockets, here), but no path uses it
+    "p2p_ipc": ("", [], ["P2P/IPC/read", "P2P/IPC"], False, False, False, "P2P/IPC/read"),
+    "p2p_cumem": ("", [], ["P2P/CUMEM", "P2P/CUMEM/read"], False, False, False, "P2P/CUMEM"),
+    "one_rank": ("", [], [], False, False, False, "nRanks 1 nNodes 1"),
     "shm": ("", [], ["SHM/direct/direct"], False, False, False, "via SHM/direct/direct"),
     "nvls_on": (
-        "IB",
+        "",
         [],
         ["P2P/CUMEM/read", "NVLS"],
         False,
@@ -72,6 +79,7 @@ def test_fixture_reports_the_real_transport(name):
     assert list(report.inter_node) == inter
     assert list(report.intra_node) == intra
     assert (report.gdr, report.nvls, report.fallback) == (gdr, nvls, fallback)
+    assert report.one_node == (name in ONE_NODE)
     assert any(proof in line for line in report.evidence), report.evidence
     assert all("NCCL" in line for line in report.evidence)  # whole lines, as NCCL printed them
 
@@ -81,6 +89,22 @@ def test_fallback_reasons_are_kept_with_their_lines():
     assert report.reasons == ("NET/IB : No device found.",)
     assert any("NET/Socket : Using [0]eno1" in line for line in report.evidence)
     assert "inter-node NET/Socket" in report.summary
+
+
+def test_one_node_uses_no_network_and_nothing_falls_back():
+    log = parse("one_rank")
+    assert (log.network, log.reasons != {}) == ("Socket", True)  # what NCCL loaded, and why
+    report = log.report(node=0)
+    assert report.summary == "no network (one node)"
+    assert (report.fallback, report.reasons, report.network) == (False, (), "")
+    assert not violation([report]), "--require-rdma has nothing to require on one node"
+    glance = [badge.text for badge in transport_badges(report)]
+    assert glance == ["no network (one node)"]
+    assert "nNodes 1" in evidence(report)
+    two = parse("p2p_cumem").report(node=0, nnodes=2)  # the gang's count wins over NCCL's
+    assert (two.one_node, two.network) == (False, "RoCE")
+    intra = parse("p2p_cumem").report(node=0)
+    assert intra.summary == "no network (one node); intra-node P2P/CUMEM, P2P/CUMEM/read"
 
 
 def test_nvls_available_but_unused_is_not_nvls():

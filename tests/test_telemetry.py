@@ -16,7 +16,8 @@ from test_nccl import FIXTURES
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import TransportError
-from jupyter_mn.events import GpuSample, TransportReport
+from jupyter_mn.events import GpuSample, Note, TransportReport
+from jupyter_mn.gang.transport import ONE_NODE
 from jupyter_mn.launch import Launch
 from jupyter_mn.node.gpu import RankProcess
 from jupyter_mn.node.telemetry import NodeTelemetry
@@ -82,6 +83,15 @@ def test_require_rdma_without_rdma_fails_before_any_rank_starts(no_leftovers):
     cluster.close()
 
 
+def test_require_rdma_on_one_node_passes_with_a_note(no_leftovers):
+    seen: list = []
+    with Cluster(nodes=1, gpus=1, require_rdma=True) as cluster:
+        assert cluster.run("1", on_event=seen.append).value == 1
+    assert ONE_NODE in [e.text for e in seen if isinstance(e, Note)]
+    (report,) = {e for e in seen if isinstance(e, TransportReport)}
+    assert report.one_node and not report.fallback
+
+
 def test_rdma_asked_on_a_cpu_gang_warns_with_what_was_found(no_leftovers):
     err = io.StringIO()
     cluster = Cluster(nodes=1, gpus=1, rdma=True)
@@ -95,7 +105,8 @@ def test_rdma_asked_on_a_cpu_gang_warns_with_what_was_found(no_leftovers):
 
 def test_node_telemetry_follows_nccl_files_as_ranks_write_them(tmp_path):
     published: list = []
-    launch = Launch("job", 1, 1, "127.0.0.1", 0, "local", ("127.0.0.1",), 60.0)
+    # two nodes, as the fixture's NCCL lines say (nNodes 2)
+    launch = Launch("job", 1, 2, "127.0.0.1", 0, "local", ("127.0.0.1", "127.0.0.2"), 60.0)
     telemetry = NodeTelemetry(0, launch, published.append)
     try:
         env = telemetry.rank_env(0, {})

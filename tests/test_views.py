@@ -9,15 +9,20 @@ from test_nccl import FIXTURES
 from jupyter_mn.events import (
     CellDone,
     GangState,
+    GangStatus,
     GpuSample,
     GpuStat,
     LogLines,
+    NodesWaiting,
+    Note,
+    RankPaused,
+    RankResumed,
     RankTiming,
     TransportReport,
 )
 from jupyter_mn.node.nccl import NcclLog
 from jupyter_mn.spec import ClusterSpec
-from jupyter_mn.views import TextView, make_view, widgets_rendered
+from jupyter_mn.views import TextView, View, make_view, widgets_rendered
 from jupyter_mn.views.state import TAIL_LINES
 from jupyter_mn.views.straggler import hints
 from jupyter_mn.views.summary import summary
@@ -264,16 +269,19 @@ def test_a_new_gpu_draws_a_one_point_sparkline_and_no_gpu_nodes_share_a_line():
     assert "nodes 1-2</span>: no GPU (nvidia-ml-py is not installed)" in panel
 
 
+ONE = "no network (one node)"
 BADGES = {  # fixture: the badges (text, tone) its transport report shows
     "ib_gdrdma": [("RDMA IB", "good"), ("GPUDirect", "good"), ("P2P/IPC/read", "good")],
     "ib_no_gdr": [("RDMA IB", "good")],
     "roce": [("RDMA RoCE", "good"), ("GPUDirect", "good")],
     "efa_ofi": [("RDMA EFA", "good"), ("GPUDirect", "good"), ("P2P/CUMEM", "good")],
     "socket_fallback": [("TCP socket", "bad"), ("P2P/CUMEM", "good")],
-    "p2p_ipc": [("net Socket", "bad"), ("P2P/IPC/read", "good"), ("P2P/IPC", "good")],
-    "shm": [("SHM/direct/direct", "neutral")],
+    # one node (NCCL's nNodes 1): no network, whatever plugin NCCL loaded
+    "p2p_ipc": [(ONE, "off"), ("P2P/IPC/read", "good"), ("P2P/IPC", "good")],
+    "shm": [(ONE, "off"), ("SHM/direct/direct", "neutral")],
+    "one_rank": [(ONE, "off")],
     "nvls_on": [
-        ("net IB", "neutral"),
+        (ONE, "off"),
         ("P2P/CUMEM/read", "good"),
         ("NVLink SHARP", "good"),
     ],
@@ -362,3 +370,35 @@ def test_a_large_gpu_panel_is_redrawn_less_often_within_its_share_of_the_budget(
         assert wait >= 1.0
         assert wait >= len(widget._gpu.value) / GPU_BYTES_PER_S
     assert wait > 2.0  # the 512-GPU panel
+
+
+def test_both_views_answer_the_view_protocol():
+    """The magic calls a view without probing it: each has every member of ``View``."""
+    members = [m for m in View.__dict__ if not m.startswith("_") or m == "__call__"]
+    members += list(View.__annotations__)
+    assert {"__call__", "follow", "close", "displays"} <= set(members)
+    for view in (TextView(), ClusterWidget(SPEC, title="protocol")):
+        assert all(callable(getattr(view, m)) for m in members if m != "displays")
+        assert hasattr(view, "displays")
+
+
+def test_text_view_prints_the_notes_and_waiting_nodes_it_is_sent():
+    out = io.StringIO()
+    view = TextView(out, out)
+    view(Note("preflight passed"))
+    view(NodesWaiting((1,), "Unschedulable", "0/3 nodes are available"))
+    text = out.getvalue()
+    assert "preflight passed" in text
+    assert "node 1: Unschedulable (0/3 nodes are available)" in text
+
+
+def test_the_widget_header_says_which_rank_is_paused_and_where_until_it_goes_on():
+    widget = ClusterWidget(SPEC, title="debug")
+    widget.state.apply(GangState(GangStatus.RUNNING))
+    widget.state.apply(RankPaused(node=0, rank=1, run=3, where="Cell In[4], line 7"))
+    widget._draw(widget.state.take_dirty())
+    assert ">PAUSED at rank 1, Cell In[4], line 7</b>" in widget._header.value
+    assert "PAUSED at rank 1" in summary(widget.state)  # the text/plain too
+    widget.state.apply(RankResumed(node=0, rank=1, run=3))
+    widget._draw(widget.state.take_dirty())
+    assert ">RUNNING</b>" in widget._header.value and "PAUSED" not in widget._header.value

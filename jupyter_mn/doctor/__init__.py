@@ -93,7 +93,8 @@ def preflight(gang: Gang, note: Callable[[str], None]) -> None:
     """Check a new gang's nodes before ranks start; raise ``PreflightError`` on a ✘ (an RDMA ✘
     only with ``--require-rdma``: plain ``--rdma`` warns, as the transport view does)."""
     report = examine(gang)
-    blocking = [f for f in report.failures() if f[0] != "RDMA" or gang.spec.require_rdma]
+    rdma_needed = gang.spec.require_rdma and gang.spec.nodes > 1  # one node uses no network
+    blocking = [f for f in report.failures() if f[0] != "RDMA" or rdma_needed]
     if blocking:
         raise PreflightError(
             f"preflight failed: {report.summary()}; fix it, or skip the checks with --no-preflight",

@@ -191,7 +191,7 @@ def check_gpus(spec: Any, facts: Sequence[dict], kernel: dict, master: Any) -> C
                 f"use --gpus {count}, or make more GPUs visible",
             )
         used = f", {spec.gpus} used" if count > spec.gpus else ""
-        return Cell(True, f"{count}{used}")
+        return Cell(True, f"{count}{used}{shown}")  # the node's own GPUs, where it has a list
 
     return Check("GPUs", _per_node(facts, cell))
 

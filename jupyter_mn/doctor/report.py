@@ -59,8 +59,15 @@ _WIDTH = 30
 
 
 def _mark(cell: Cell) -> str:
+    """The cell as text; what comes before a closing ``(…)`` (the variable that chose the value,
+    shown whole) is cut to ``_WIDTH``."""
     text = f"{MARKS[cell.ok]} {cell.value}"
-    return text if len(text) <= _WIDTH else text[: _WIDTH - 1] + "…"
+    head, paren, note = text.rpartition(" (")
+    if not (paren and note.endswith(")")):
+        head, note = text, ""
+    if len(head) > _WIDTH:
+        head = head[: _WIDTH - 1] + "…"
+    return head + (f" ({note}" if note else "")
 
 
 def render_text(report: DoctorReport) -> str:

@@ -15,8 +15,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
-from ..errors import JupyterMNError, NodeUnreachable, RendezvousError, SchedulingError
-from ..events import GangState, Note, OnEvent, RankState, from_msg
+from ..errors import (
+    JoinTimeout,
+    JupyterMNError,
+    NodeUnreachable,
+    RendezvousError,
+    SchedulingError,
+)
+from ..events import GangState, Note, OnEvent, RankState, RankStatus, from_msg
 from ..launch import Launch, Script
 from ..names import gang_id
 from ..spec import ClusterSpec
@@ -97,7 +103,7 @@ class Gang:
             if not allowed(self.status, status):
                 raise JupyterMNError(f"gang {self.id}: cannot go from {self.status} to {status}")
             self.status, self.detail = status, detail
-        self.hub.dispatch(GangState(status.value, detail))
+        self.hub.dispatch(GangState(status, detail))
 
     def request_cancel(self, reason: str) -> bool:
         """Stop the running job (a cell, script, node command or doctor), from any thread (the
@@ -135,7 +141,7 @@ class Gang:
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         msg = from_msg(event[1])
         self.hub.dispatch(msg)
-        if isinstance(msg, RankState) and msg.state == "lost-idle" and self.status.idle:
+        if isinstance(msg, RankState) and msg.state == RankStatus.LOST_IDLE and self.status.idle:
             note = f"{msg.detail}\n{restarted_note(self.spec, {msg.node}, done=True)}"
             self.recover({msg.node}, [note], if_dead=True)
 
@@ -243,10 +249,7 @@ class Gang:
         replies = self.ask_all(lambda agent: agent.start(launch), self.spec.start_timeout + 30)
         failures = [r.error for r in replies if r.error is not None]
         if failures:
-            primary = next((e for e in failures if "did not join" not in str(e)), failures[0])
-            if isinstance(primary, JupyterMNError):
-                raise primary
-            raise RendezvousError(f"{type(primary).__name__}: {primary}")
+            raise rendezvous_cause(failures)
         return [info for r in sorted(replies, key=lambda r: r.node) for info in r.value]
 
     def launch(self, master_port: int, script: Script | None = None) -> Launch:
@@ -330,7 +333,7 @@ class Gang:
             while not job.done():
                 try:
                     now = time.monotonic()
-                    if deadline is not None and now >= deadline:
+                    if deadline is not None and now - job.paused_for >= deadline:
                         deadline = None
                         job.stop(f"--timeout {timeout:g} s reached", by_user=True)
                     if job.tick(now):
@@ -485,3 +488,12 @@ class Gang:
     def client(self) -> Any:
         """The gang's ``distributed.Client`` (None once closed)."""
         return self._client
+
+
+def rendezvous_cause(failures: list[BaseException]) -> JupyterMNError:
+    """The error a failed start reports: a node whose rank failed, before the nodes that only
+    waited in vain for it to join (``JoinTimeout``)."""
+    primary = next((e for e in failures if not isinstance(e, JoinTimeout)), failures[0])
+    if isinstance(primary, JupyterMNError):
+        return primary
+    return RendezvousError(f"{type(primary).__name__}: {primary}")

@@ -51,6 +51,8 @@ class Job(Generic[T]):
         self.replies: dict[int, Reply] = {}
         #: why the user (Ctrl-C, Cancel, ``--timeout``, ``--max-runtime``) stopped it; "" if not
         self.reason = ""
+        #: how long it waited for the user at a rank's breakpoint (``--timeout`` does not count it)
+        self.paused_for = 0.0
 
     def start(self) -> None:
         """Start the work on the nodes; what they answer reaches the gang's inbox."""

@@ -7,7 +7,9 @@ group) reach them. The scheduler is not in the kernel: hearing its workers and r
 batches would take the kernel's CPU and GIL (ipyparallel's controller is a process of its own
 too). All start at once; the workers learn the scheduler's address on stdin once it listens.
 Everything listens on 127.0.0.1 with TLS (fresh certificates per gang, handed over on stdin).
-Ranks are the workers' children: releasing kills what is left.
+Ranks are the workers' children: releasing kills what is left. Each node gets GPUs of its own
+(``CUDA_VISIBLE_DEVICES`` in its worker's environment, which its ranks inherit): node i the
+i-th ``gpus`` of those the kernel sees (``node/visible.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from distributed.security import Security
 from ..errors import SchedulingError
 from ..node.daskconfig import DASK_CONFIG
 from ..node.process import rank_command
+from ..node.visible import VISIBLE, local_split
 from ..spec import ClusterSpec
 
 #: What the processes get besides the kernel's dask config: quiet logs, and glibc returning freed
@@ -61,6 +64,7 @@ class LocalProvisioner:
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         rank_command()  # the workers inherit this environment: a bad command, before they start
+        node_gpus = _node_gpus(spec)  # too few GPUs: before any process starts
         security = Security.temporary()
         pems = {f: getattr(security, f) for f in _TLS_FIELDS}
         deadline = time.monotonic() + spec.start_timeout
@@ -86,7 +90,7 @@ class LocalProvisioner:
             )
             for i in range(spec.nodes):
                 self._spawn(
-                    env,
+                    env if node_gpus is None else {**env, VISIBLE: node_gpus[i]},
                     "worker",
                     {
                         "name": str(i),
@@ -189,6 +193,14 @@ class LocalProvisioner:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+
+
+def _node_gpus(spec: ClusterSpec) -> list[str] | None:
+    """Each node's own GPUs (``CUDA_VISIBLE_DEVICES``), split from those the kernel sees; None
+    on a machine without GPUs, or where the user's ``--env`` names the ranks' GPUs itself."""
+    if any(key == VISIBLE for key, _ in spec.env):
+        return None
+    return local_split(os.environ, spec.nodes, spec.gpus)
 
 
 def _hand(proc: subprocess.Popen[bytes], text: str) -> None:

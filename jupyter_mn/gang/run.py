@@ -16,16 +16,28 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import reprlib
+import sys
 import time
 from typing import Any
 
 import cloudpickle
 
-from ..cell import CellPayload
 from ..errors import NodeUnreachable, TransportError
-from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply, Stacks
+from ..events import (
+    CellDone,
+    NodeReply,
+    OnEvent,
+    RankError,
+    RankPaused,
+    RankReply,
+    RankResumed,
+    Stacks,
+)
+from ..payload import CellPayload
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
 from .base import Gang
+from .debugger import converse
 from .inbox import Reply
 from .job import Job
 from .recover import restarted_note
@@ -36,6 +48,8 @@ from .transport import violation
 KILL_AFTER_S = 3.0
 #: After the kill, how long node agents get to answer before the gang is declared broken.
 GIVE_UP_AFTER_S = 10.0
+#: The most of a value's text that the registry keeps for a reloaded page.
+VALUE_TEXT_MAX = 300
 
 
 class RemoteRepr:
@@ -71,7 +85,23 @@ class CellJob(Job[CellResult]):
     def take(self, item: Any) -> bool:
         if isinstance(item, Reply) and isinstance(item.error, NodeUnreachable):
             self.unreachable = item.node if self.unreachable is None else self.unreachable
+        if isinstance(item, RankPaused) and item.run == self.run_id:
+            self._answer(item)
+            return False
         return super().take(item)
+
+    def _answer(self, paused: RankPaused) -> None:
+        """A rank stopped at a breakpoint: the user answers its pdb here, one rank at a time
+        (the next paused rank's event waits in the inbox); ``--timeout`` waits meanwhile."""
+        self.gang.hub.consume(paused, self.on_event)
+        began = time.monotonic()
+        try:
+            if self.since is None:  # a cell being stopped does not prompt
+                converse(self.gang, paused.rank, None, input, sys.stdout.write)
+        finally:
+            self.paused_for += time.monotonic() - began
+            resumed = RankResumed(paused.node, paused.rank, paused.run)
+            self.gang.hub.consume(resumed, self.on_event)
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:
@@ -133,7 +163,14 @@ class CellJob(Job[CellResult]):
         _drain_events(gang, self.on_event)  # the settled state (READY, BROKEN) reaches the view
         cause = result.root_cause
         error = f"{cause.label}: {cause.error.line()}" if cause and cause.error else ""
-        done = CellDone(self.payload.cell_id, result.ok, result.elapsed, result.timings(), error)
+        done = CellDone(
+            self.payload.cell_id,
+            result.ok,
+            result.elapsed,
+            result.timings(),
+            error,
+            value_text(result.value) if result.ok else "",
+        )
         gang.hub.announce(done, self.on_event)
         if gang.spec.require_rdma and (problem := violation(gang.hub.transport.values())):
             gang.close(broken=problem)
@@ -177,6 +214,16 @@ def _assemble(job: CellJob, elapsed: float) -> CellResult:
     return result
 
 
+def value_text(value: Any) -> str:
+    """``value`` as the notebook's ``Out[]`` would print it, cut to ``VALUE_TEXT_MAX``."""
+    if value is None:
+        return ""
+    short = reprlib.Repr()  # a long list or dict is summarized, never printed whole
+    short.maxstring = short.maxother = VALUE_TEXT_MAX
+    text = short.repr(value)  # a repr that raises gives "<T instance at …>"
+    return text if len(text) <= VALUE_TEXT_MAX else text[: VALUE_TEXT_MAX - 1] + "…"
+
+
 def rank_outcomes(
     gang: Gang, replies: dict[int, Reply]
 ) -> tuple[list[RankOutcome], dict[int, RankReply]]:
@@ -189,7 +236,9 @@ def rank_outcomes(
         reply = replies.get(node)
         if reply is None or reply.error is not None:
             why = reply.error if reply is not None else "no answer"
-            err = RankError("NodeLost", f"its agent (a dask worker) stopped answering: {why}")
+            err = RankError(
+                "NodeLost", f"its agent (a dask worker) stopped answering: {why}", node_lost=True
+            )
             outcomes += [
                 RankOutcome(node * gpus + i, node, i, LOST, error=err) for i in range(gpus)
             ]
@@ -226,7 +275,7 @@ def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
     ranks: in the background, they take seconds), or give the gang up."""
     if gang.status != GangStatus.RUNNING or (result.ok and not interrupted):
         return  # closed meanwhile (``%cluster down``, max runtime), or nothing to re-form
-    agents_lost = {o.node for o in result.ranks if o.error and o.error.ename == "NodeLost"}
+    agents_lost = {o.node for o in result.ranks if o.error and o.error.node_lost}
     if agents_lost:
         nodes = ", ".join(f"node {n}" for n in sorted(agents_lost))
         gang.close(broken=f"the agent of {nodes} was lost", wait=False)

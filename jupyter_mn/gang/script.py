@@ -156,7 +156,7 @@ class ScriptJob(Job[CellResult]):
             )
         if self.reason:
             result.notes.append(f"the script was stopped: {self.reason}")
-        lost = [o for o in outcomes if o.status == LOST and o.error and o.error.ename == "NodeLost"]
+        lost = [o for o in outcomes if o.status == LOST and o.error and o.error.node_lost]
         if lost:
             self.gang.close(broken=f"{lost[0].label} was lost")
             result.notes.append("a node was lost, so the gang was torn down")

@@ -2,26 +2,7 @@
 
 from __future__ import annotations
 
-import enum
-
-
-class GangStatus(str, enum.Enum):
-    PENDING = "PENDING"
-    SCHEDULING = "SCHEDULING"
-    RENDEZVOUS = "RENDEZVOUS"
-    READY = "READY"
-    RUNNING = "RUNNING"
-    BROKEN = "BROKEN"
-    CLOSED = "CLOSED"
-
-    @property
-    def usable(self) -> bool:
-        return self in (GangStatus.READY, GangStatus.RUNNING)
-
-    @property
-    def idle(self) -> bool:
-        return self == GangStatus.READY
-
+from ..events import GangStatus
 
 _MOVES: dict[GangStatus, frozenset[GangStatus]] = {
     GangStatus.PENDING: frozenset({GangStatus.SCHEDULING, GangStatus.CLOSED}),

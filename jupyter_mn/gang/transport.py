@@ -1,5 +1,7 @@
 """``--require-rdma``: the gang fails, with NCCL's own line as evidence, when it would use TCP.
 
+A gang of one node passes with a note: its ranks talk over P2P or shared memory, never a network.
+
 Checked when the gang comes up (NCCL has chosen its network by then: the process group is
 initialized eagerly) and after every cell (a new communicator may connect differently).
 """
@@ -10,17 +12,23 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import TransportError
-from ..events import TransportReport, from_msg
+from ..events import Note, TransportReport, from_msg
 
 if TYPE_CHECKING:
     from .base import Gang
 
 _ASK_TIMEOUT_S = 30.0
+ONE_NODE = (
+    "--require-rdma: the gang has one node, so its ranks use no network and nothing can fall "
+    "back to TCP (RDMA is checked once the gang spans nodes)"
+)
 
 
 def violation(reports: Iterable[TransportReport]) -> str | None:
     """Why these nodes do not use RDMA, with the line that shows it; None when they do."""
     for report in sorted(reports, key=lambda r: r.node):
+        if report.one_node:
+            continue  # no network to require
         where = f"node {report.node}"
         if report.backend == "gloo":
             return f"{where}: the ranks run gloo on CPU (RDMA needs CUDA ranks with NCCL)"
@@ -43,3 +51,5 @@ def require_rdma(gang: Gang) -> None:
     problem = violation(reports)
     if problem:
         raise TransportError(f"--require-rdma: {problem}")
+    if gang.spec.nodes == 1:
+        gang.notify(Note(ONE_NODE))

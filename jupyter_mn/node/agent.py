@@ -23,14 +23,18 @@ from typing import Any
 
 from distributed import get_worker
 
-from ..errors import RendezvousError
+from ..debugwire import DebugAnswer, DebugEnded
+from ..errors import JoinTimeout
 from ..events import (
     DisplayOutput,
     Displays,
     GangState,
+    GangStatus,
     LogLines,
     NodeReply,
+    RankPaused,
     RankState,
+    RankStatus,
     to_msg,
 )
 from ..launch import Launch
@@ -43,6 +47,7 @@ from .ports import listen_port
 from .process import STOP_GRACE_S, RankHandle, describe_exit, pack, rank_command
 from .script import ScriptRun
 from .telemetry import SAMPLE_S, NodeTelemetry
+from .visible import VISIBLE, check_count, gpu_uuids, visible
 from .watchdog import CHECK_S, Watchdog, mib
 
 log = logging.getLogger("jupyter_mn.agent")
@@ -225,10 +230,18 @@ class NodeAgent:
         self.call_soon(self._worker.log_event, self.topic, to_msg(event))
 
     def rank_state(
-        self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
+        self,
+        rank: int,
+        state: RankStatus,
+        detail: str = "",
+        run: int = 0,
+        primary: bool = False,
     ) -> None:
         # after the lines flushed before it, before those flushed after it
         self._publish(RankState(self.node, rank, state, detail, run, primary))
+
+    def paused(self, rank: int, run: int, where: str) -> None:
+        self._publish(RankPaused(self.node, rank, run, where))
 
     # ---- actor methods
     def endpoint(self) -> tuple[str, int]:
@@ -259,6 +272,7 @@ class NodeAgent:
         self._begin()
         self._launch = launch
         self._command = rank_command()  # a bad JUPYTER_MN_RANK_PYTHON: refused before any rank
+        self._check_gpus(launch)  # too few GPUs: said now, not once the ranks fail to find them
         self._telemetry = NodeTelemetry(self.node, launch, self._publish)
         infos = await self._spawn_all(generation=0)
         self._telemetry.started(self._sampled(), {info["backend"] for info in infos})
@@ -278,7 +292,7 @@ class NodeAgent:
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
         proc = RankHandle(self, local, rank, env, launch.cwd, self._command)
-        self.rank_state(rank, "started", f"pid {proc.proc.pid}")
+        self.rank_state(rank, RankStatus.STARTED, f"pid {proc.proc.pid}")
         return proc
 
     async def _spawn_all(self, generation: int) -> list[dict[str, Any]]:
@@ -295,20 +309,29 @@ class NodeAgent:
             infos = await asyncio.wait_for(joined, timeout)
         except asyncio.TimeoutError:
             await self._stop_ranks()
-            raise RendezvousError(
+            raise JoinTimeout(
                 f"node {self.node}: ranks did not join the process group within {timeout:.0f} s"
             ) from None
         except BaseException:
             await self._stop_ranks()
             raise
         for info in infos:
-            self.rank_state(info["rank"], "ready", f"{info['device']} ({info['backend']})")
+            self.rank_state(info["rank"], RankStatus.READY, f"{info['device']} ({info['backend']})")
         return infos
+
+    def _visible(self, launch: Launch) -> str | None:
+        """The ranks' ``CUDA_VISIBLE_DEVICES`` (None: unset)."""
+        return {**os.environ, **launch.env}.get(VISIBLE)
+
+    def _check_gpus(self, launch: Launch) -> None:
+        """Refuse ``launch`` when its ranks would see fewer GPUs than there are ranks (NVML's
+        count, tens of ms; CUDA stays uninitialized in the agent)."""
+        check_count(self.node, launch.gpus, len(visible(self._visible(launch), gpu_uuids())))
 
     def _sampled(self) -> list[RankProcess]:
         """The ranks as GPU sampling knows them (by pid)."""
-        visible = {**os.environ, **self._launch.env}.get("CUDA_VISIBLE_DEVICES", "")
-        return [RankProcess(r.rank, r.local_rank, r.proc.pid, visible) for r in self._ranks]
+        shown = self._visible(self._launch) or ""
+        return [RankProcess(r.rank, r.local_rank, r.proc.pid, shown) for r in self._ranks]
 
     def transport(self) -> dict[str, Any]:
         """This node's transport as NCCL's lines prove it so far (``--require-rdma`` checks it)."""
@@ -349,7 +372,9 @@ class NodeAgent:
                 if reply["status"] != "ok":
                     error = reply.get("error") or {}
                     secondary = error.get("secondary")
-                    self.rank_state(r.rank, reply["status"], run=run_id, primary=not secondary)
+                    self.rank_state(
+                        r.rank, RankStatus(reply["status"]), run=run_id, primary=not secondary
+                    )
                 r.pipes.catch_up()  # the cell's output, to its end, before its reply
                 replies[r.local_rank] = reply
                 if len(replies) == len(ranks) and not done.done():
@@ -422,6 +447,13 @@ class NodeAgent:
         self._telemetry.restarted(self._sampled())
         return [{"op": "reinit", "ok": True, "rank": i["rank"]} for i in infos]
 
+    async def debug(self, rank: int, message: Any = None) -> DebugAnswer:
+        """Relay ``message`` to rank ``rank``'s pdb (``rank/debugger.py``); its next answer."""
+        handle = next((r for r in self._ranks if r.rank == rank), None)
+        if handle is None:
+            return DebugEnded(rank, error=f"rank {rank} is not on node {self.node}")
+        return await handle.debug(message)
+
     async def stacks(self) -> list[dict[str, Any]]:
         """Where each rank's main thread is, in the cell's own line numbers."""
         return list(await asyncio.gather(*(r.where() for r in self._ranks)))
@@ -471,7 +503,7 @@ class NodeAgent:
         """The kernel stopped beating: free the node rather than hold its GPUs forever."""
         silent = self._watchdog.heartbeat_timeout if self._watchdog else 0
         why = f"node {self.node}: no heartbeat for {silent:.0f} s"
-        self._publish(GangState("BROKEN", why))
+        self._publish(GangState(GangStatus.BROKEN, why))
         for r in self._ranks:  # busy with a cell nobody waits for: it would not read a stop
             if r.running is not None:
                 r.kill(f"the kernel is gone ({why})")
@@ -489,7 +521,7 @@ class NodeAgent:
         # be read before stop()'s last event (a later one brings the gang's topic back).
         await asyncio.gather(*(r.pipes.drained() for r in self._ranks))
         for r in self._ranks:
-            self.rank_state(r.rank, "exited", describe_exit(r.proc.returncode))
+            self.rank_state(r.rank, RankStatus.EXITED, describe_exit(r.proc.returncode))
 
     async def run_script(self, launch: Launch) -> bytes:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""

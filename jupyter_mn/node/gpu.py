@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import GpuStat
+from .visible import nvml_text
 
 _MIB = 1024 * 1024
 
@@ -64,7 +65,7 @@ class GpuSampler:
         self._nvml = pynvml
         count = pynvml.nvmlDeviceGetCount()
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        self._uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        self._uuids = [nvml_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
         if not count:
             self.note = "no GPU (NVML sees none)"
 
@@ -109,7 +110,7 @@ class GpuSampler:
             temp = int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
         return GpuStat(
             index=index,
-            name=_text(nvml.nvmlDeviceGetName(handle)),
+            name=nvml_text(nvml.nvmlDeviceGetName(handle)),
             util=int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
             mem_used=mem.used // _MIB,
             mem_total=mem.total // _MIB,
@@ -123,7 +124,3 @@ class GpuSampler:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
             self._nvml = None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -2,12 +2,14 @@
 
 They run on the agent's event loop (it reads their pipes and control sockets) and must not reach
 into the agent: they hand it output lines, unfinished lines and display calls, and tell it of a
-rank's state change. Nothing else.
+rank's state change or of a rank paused at a breakpoint. Nothing else.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
+
+from ..events import RankStatus
 
 
 class NodeLink(Protocol):
@@ -29,7 +31,16 @@ class NodeLink(Protocol):
         agent batches them."""
 
     def rank_state(
-        self, rank: int, state: str, detail: str = "", run: int = 0, primary: bool = False
+        self,
+        rank: int,
+        state: RankStatus,
+        detail: str = "",
+        run: int = 0,
+        primary: bool = False,
     ) -> None:
         """A rank started, became ready, failed (``primary``: as a cause, not a consequence),
         was lost or exited (from the loop)."""
+
+    def paused(self, rank: int, run: int, where: str) -> None:
+        """A rank of run ``run`` stopped at a ``breakpoint()`` (at ``where``) and waits for the
+        kernel to answer its pdb (from the loop)."""

@@ -27,6 +27,7 @@ _OFI_PROVIDER = re.compile(r"^NET/OFI Selected [Pp]rovider is (?P<prov>\S+)")
 _NVLS_SUPPORT = re.compile(r"^NVLS multicast support is (?P<not>not )?available on dev")
 _NVLS_CHANNELS = re.compile(r"\b(?P<n>\d+) nvls channels\b")
 _NVLS_COMM = re.compile(r"^NVLS comm 0x")
+_NODES = re.compile(r"\bnRanks \d+ nNodes (?P<n>\d+)\b")
 _GDR_SUMMARY = re.compile(r"use ring PXN \d+ GDR (?P<gdr>\d)")
 #: Lines that explain why NCCL could not use an RDMA network.
 _REASONS = re.compile(
@@ -64,6 +65,8 @@ class NcclLog:
         self.nvls_channels: int | None = None
         self.nvls_comm = False
         self.gdr_summary: bool | None = None
+        #: how many nodes NCCL's communicators span (its ``comm … nNodes N`` line), when said
+        self.nodes: int | None = None
         self.reasons: dict[str, str] = {}
         self._evidence: dict[str, str] = {}
 
@@ -89,6 +92,7 @@ class NcclLog:
             self._socket,
             self._ofi,
             self._nvls,
+            self._nodes,
             self._gdr,
             self._reason,
         )
@@ -151,6 +155,13 @@ class NcclLog:
             return self._keep("nvls comm", line)
         return False
 
+    def _nodes(self, msg: str, line: str) -> bool:
+        m = _NODES.search(msg)
+        if not m:
+            return False
+        self.nodes = max(self.nodes or 0, int(m.group("n")))
+        return self._keep(f"nodes {self.nodes}", line)
+
     def _gdr(self, msg: str, line: str) -> bool:
         m = _GDR_SUMMARY.search(msg)
         if not m:
@@ -186,15 +197,22 @@ class NcclLog:
                 return path.split("/")[1]
         return ""
 
-    def report(self, node: int = -1, hcas: tuple[str, ...] = ()) -> TransportReport:
+    def report(
+        self, node: int = -1, hcas: tuple[str, ...] = (), nnodes: int | None = None
+    ) -> TransportReport:
+        """What the lines prove. ``nnodes``: the gang's node count (else NCCL's ``nNodes``); on
+        one node no network is used, so nothing falls back, whatever plugin NCCL loaded."""
         inter = tuple(p for p in self.paths if is_inter_node(p))
         intra = [p for p in self.paths if not is_inter_node(p)]
         nvls = bool(self.nvls_channels) or self.nvls_comm
         if nvls:
             intra.append("NVLS")
-        network = self.network
+        one_node = (nnodes or self.nodes) == 1
+        network = self.network if inter or not one_node else ""
         gdr = any("GDRDMA" in p for p in inter) or bool(self.gdr_summary)
-        fallback = network == "Socket" or any(p.startswith("NET/Socket") for p in inter)
+        fallback = not one_node and (
+            network == "Socket" or any(p.startswith("NET/Socket") for p in inter)
+        )
         return TransportReport(
             node=node,
             backend="nccl",
@@ -204,7 +222,8 @@ class NcclLog:
             gdr=gdr,
             nvls=nvls,
             fallback=fallback,
-            reasons=tuple(self.reasons.values()),
+            reasons=() if one_node else tuple(self.reasons.values()),
             evidence=tuple(self._evidence.values())[:MAX_EVIDENCE],
             hcas=hcas,
+            one_node=one_node,
         )

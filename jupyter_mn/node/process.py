@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..errors import RendezvousError
+from ..events import RankStatus
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
 from .frames import Frames, Undecodable
@@ -94,7 +96,7 @@ def signal_session(pid: int, signum: int) -> None:
         os.killpg(pid, signum)
 
 
-def pack(msg: dict[str, Any]) -> bytes:
+def pack(msg: Any) -> bytes:
     """A message to a rank as its control socket carries it (``Connection.recv`` unpickles)."""
     return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -117,6 +119,10 @@ class RankHandle:
         self.pipes = PipeReader(agent, rank)
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: what the rank's pdb said that no kernel call waited for (a breakpoint's first prompt)
+        self._debug_pending: deque[DebugAnswer] = deque()
+        #: the kernel call waiting for the pdb's next answer (``debug``)
+        self._debug_waiter: asyncio.Future[DebugAnswer] | None = None
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
         #: who takes this rank's next cell replies, oldest first (``expect``)
@@ -182,17 +188,52 @@ class RankHandle:
                     note = f"[jupyter_mn: the agent could not read a message: {msg.error}]"
                     self.agent.log(self.rank, "err", note)
                     continue
+                if isinstance(msg, DebugPrompt | DebugEnded):
+                    self._debug_answer(msg)
+                    continue
                 if msg["op"] == "display":  # rank 0's display() while the cell runs
                     self.agent.display(self.rank, msg)
                     continue
                 if msg["op"] == "done" and self._expecting:
                     self.running = None
+                    self._debug_over("the cell ended")
                     self._expecting.popleft()(msg)
                     continue
                 self.messages.put_nowait(msg)
             return
         self.messages.put_nowait({"op": "exit"})
+        self._debug_over(f"rank {self.rank} exited")
         self._gone()
+
+    def _debug_over(self, why: str) -> None:
+        """The cell ended or the rank exited: its pdb is gone (a pause nobody answered, or one
+        stepped past the cell's end), and a kernel call still waiting for it hears so."""
+        self._debug_pending.clear()
+        self._debug_answer(DebugEnded(self.rank, error=why))
+        self._debug_pending.clear()
+
+    def _debug_answer(self, answer: DebugAnswer) -> None:
+        """From the rank's pdb, to the kernel call waiting for it; a prompt nobody waits for is a
+        breakpoint the kernel must hear of."""
+        waiter = self._debug_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(answer)
+            return
+        self._debug_pending.append(answer)
+        if isinstance(answer, DebugPrompt):
+            self.agent.paused(self.rank, self.running or 0, answer.where)
+
+    async def debug(self, message: Any = None) -> DebugAnswer:
+        """Send ``message`` (``DebugStart``, a ``DebugLine``, or None: a paused rank's prompt)
+        to the rank's pdb and return what it says next: a prompt, or that it let go."""
+        if self._dead:
+            return DebugEnded(self.rank, error=f"rank {self.rank} exited")
+        if message is None and self._debug_pending:
+            return self._debug_pending.popleft()
+        self._debug_waiter = self._loop.create_future()
+        if message is not None:
+            await self.send_packed(pack(message))
+        return await self._debug_waiter
 
     def _read_stacks(self) -> None:
         for msg in self._stack_frames.feed(self._read(self.stacks_conn)):
@@ -210,7 +251,9 @@ class RankHandle:
 
     async def _report_lost(self) -> None:
         reason = self.exit_reason(await self.exit_code())
-        self.agent.rank_state(self.rank, "lost-idle", self.explain(f"died between cells: {reason}"))
+        self.agent.rank_state(
+            self.rank, RankStatus.LOST_IDLE, self.explain(f"died between cells: {reason}")
+        )
 
     def _answer_lost(self) -> None:
         self.running = None

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..events import RankStatus
 from ..launch import Launch, Script
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
@@ -157,7 +158,7 @@ class ScriptRun:
         argv = [sys.executable, "-u", *self._target(launch.script), *launch.script.args]
         self.ranks = [self._start(launch, argv, local) for local in range(launch.gpus)]
         for r in self.ranks:
-            agent.rank_state(r.rank, "started", f"pid {r.proc.pid}")
+            agent.rank_state(r.rank, RankStatus.STARTED, f"pid {r.proc.pid}")
 
     def _start(self, launch: Launch, argv: list[str], local: int) -> ScriptRank:
         node = self.agent.node
@@ -193,7 +194,7 @@ class ScriptRun:
                     r = task.result()
                     outcome = r.outcome()
                     if outcome["status"] not in ("ok", "interrupted"):
-                        self.agent.rank_state(r.rank, outcome["status"], primary=True)
+                        self.agent.rank_state(r.rank, RankStatus(outcome["status"]), primary=True)
                         await self.stop(signal.SIGTERM, f"rank {r.rank} failed")
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)

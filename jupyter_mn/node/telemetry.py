@@ -39,7 +39,10 @@ class NodeTelemetry:
         self.node, self.publish = node, publish
         self.debug = launch.debug
         self.plan = rdma.plan(nccl_version=rdma.installed_nccl_version()) if launch.rdma else None
-        if self.plan is not None and launch.require_rdma and not self.plan.usable:
+        self.nnodes = launch.nnodes
+        # one node uses no network: --require-rdma has nothing to require there (gang/transport)
+        needed = launch.require_rdma and launch.nnodes > 1
+        if self.plan is not None and needed and not self.plan.usable:
             raise TransportError(
                 f"--require-rdma: node {node} has no usable RDMA port: "
                 + "; ".join(self.plan.labels)
@@ -129,9 +132,10 @@ class NodeTelemetry:
     def report(self) -> TransportReport:
         hcas = self.plan.labels if self.plan is not None else ()
         if self._backend == "gloo":
-            return TransportReport(node=self.node, backend="gloo", hcas=hcas)
+            one_node = self.nnodes == 1
+            return TransportReport(node=self.node, backend="gloo", hcas=hcas, one_node=one_node)
         with self._lock:
-            return self._log.report(self.node, hcas)
+            return self._log.report(self.node, hcas, self.nnodes)
 
     def poll(self, force: bool = False) -> None:
         """Read what NCCL appended to the rank files; publish the report if it changed."""

@@ -33,7 +33,8 @@ from .displays import LiveDisplayPublisher, figures_as_png
 from .info import cluster_info
 
 if TYPE_CHECKING:
-    from ..cell import CellPayload
+    from ..payload import CellPayload
+    from .debugger import RankDebugger
     from .group import ProcessGroup
     from .info import ClusterInfo
 
@@ -86,6 +87,10 @@ class RankShell(InteractiveShell):
     display_pub_class = LiveDisplayPublisher
     input_transformer_manager = traitlets.Instance(_RememberingTransformer, ())
     last_traceback: list[str]
+    #: the last cell's exception with its frames, for ``%cluster debug`` (as IPython keeps
+    #: ``sys.last_traceback``); dropped when the next cell starts, since its frames may hold
+    #: GPU memory
+    failure: BaseException | None = None
     #: Called first when the cell raises: the rank stops taking interrupts and leaves its
     #: process group before it spends time formatting the traceback, so peers blocked on it are
     #: released at once.
@@ -222,10 +227,13 @@ def run(
     info: ClusterInfo,
     group: ProcessGroup,
     signals: CellSignals,
+    debugger: RankDebugger,
 ) -> dict[str, Any]:
     """Run one cell; return the reply the agent relays (value only from rank 0, or all ranks)."""
     shell.display_pub.outputs.clear()
     shell.last_traceback = []
+    _drop_failure(shell)
+    debugger.begin_cell(payload.prompts)
     started, started_ns = time.perf_counter(), time.time_ns()
     error: dict[str, Any] | None = None
     status = "ok"
@@ -240,6 +248,7 @@ def run(
             result = shell.run_cell(payload.source, store_history=True)
         finally:
             signals.active = False
+            debugger.end_cell()
         exc = result.error_before_exec or result.error_in_exec
     except KeyboardInterrupt as interrupt:
         exc = interrupt
@@ -264,7 +273,7 @@ def run(
             "traceback": list(shell.last_traceback),
             "secondary": is_secondary(exc),
         }
-        _forget(shell, exc)
+        _keep(shell, exc)
         exc = result = None
         group.destroy()
     elif info.rank == 0 or payload.return_all:
@@ -273,17 +282,25 @@ def run(
     return reply
 
 
-def _forget(shell: RankShell, exc: BaseException) -> None:
-    """Drop every reference to the failed frames: they hold the old process group (its threads,
-    its listener) and whatever tensors the cell had, until a full garbage collection."""
+def _keep(shell: RankShell, exc: BaseException) -> None:
+    """Keep the failed frames in one place, ``shell.failure`` (for a post-mortem), and drop
+    every other reference to them: they hold the old process group (its threads, its listener)
+    and whatever tensors the cell had."""
     shell.last_execution_result = None
     for tb in (shell.InteractiveTB, shell.SyntaxTB):
         tb.tb = None
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             delattr(sys, name)
-    traceback.clear_frames(exc.__traceback__)
-    exc.__traceback__ = None
+    shell.failure = exc
+
+
+def _drop_failure(shell: RankShell) -> None:
+    """A new cell: the last one's failed frames go (and what they held with them)."""
+    exc, shell.failure = shell.failure, None
+    if exc is not None:
+        traceback.clear_frames(exc.__traceback__)
+        exc.__traceback__ = None
 
 
 def _outputs(

@@ -17,8 +17,10 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..debugwire import DebugStart
 from . import env as contract
 from . import execute, stacks
+from .debugger import RankDebugger
 from .group import ProcessGroup
 from .info import cluster_info
 from .parent import exit_with_parent
@@ -32,10 +34,18 @@ class _Control:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self._lock = threading.Lock()
+        self._back: list[Any] = []  # read by a pdb that waited for a line instead (debugger.py)
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Any) -> None:
         with self._lock:
             self.conn.send(msg)
+
+    def recv(self) -> Any:
+        """The next message from the agent (main thread only)."""
+        return self._back.pop() if self._back else self.conn.recv()
+
+    def push_back(self, msg: Any) -> None:
+        self._back.append(msg)
 
 
 def _answer_stacks(conn: Connection, shell: Any, signals: execute.CellSignals) -> None:
@@ -80,6 +90,8 @@ def main() -> None:
         group.destroy()
 
     shell.on_error = on_error
+    debugger = RankDebugger(control, info.rank, shell)
+    debugger.install()
     if info.rank == 0:  # its displays show in the notebook while the cell runs
         shell.display_pub.send = control.send
     threading.Thread(
@@ -99,12 +111,15 @@ def main() -> None:
     )
     while True:
         try:
-            msg = control.conn.recv()
+            msg = control.recv()
         except (EOFError, OSError):  # the agent is gone
             break
+        if isinstance(msg, DebugStart):
+            debugger.post_mortem(shell.failure)
+            continue
         op = msg["op"]
         if op == "run":
-            reply = execute.run(shell, msg["payload"], info, group, signals)
+            reply = execute.run(shell, msg["payload"], info, group, signals, debugger)
             flush_output()  # into the pipes: the agent reads them to empty at the reply
             control.send(reply)
             group.release()

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..spec import ClusterSpec
+from .displays import RankDisplays
 from .text import TextView
 
-__all__ = ["TextView", "make_view", "widgets_rendered"]
+if TYPE_CHECKING:
+    from ..gang.base import Gang
+
+__all__ = ["TextView", "View", "make_view", "widgets_rendered"]
+
+
+class View(Protocol):
+    """What shows a cell: called with each of its events on the kernel's main thread."""
+
+    #: rank 0's displays, shown while the cell runs (None: they stay on the result)
+    displays: RankDisplays | None
+
+    def __call__(self, event: Any) -> None: ...
+
+    def follow(self, gang: Gang) -> None:
+        """After the cell: keep showing the gang's state while it re-forms in the background."""
+
+    def close(self) -> None:
+        """The cell has ended: stop drawing."""
 
 
 def widgets_rendered() -> bool:
@@ -23,13 +42,14 @@ def widgets_rendered() -> bool:
     return getattr(Widget, "_control_comm", None) is not None
 
 
-def make_view(spec: ClusterSpec, title: str = "cell") -> Any:
-    """The view ``spec.view`` asks for (``auto``: widget if rendered, else text)."""
+def make_view(spec: ClusterSpec, title: str = "cell", cell_id: int | None = None) -> View:
+    """The view ``spec.view`` asks for (``auto``: widget if rendered, else text); ``cell_id``:
+    the notebook cell it shows, which a page reloaded meanwhile finds the job by."""
     choice = spec.view
     if choice == "auto":
         choice = "widget" if widgets_rendered() else "text"
     if choice == "widget":
         from .widget import ClusterWidget
 
-        return ClusterWidget(spec, title)
+        return ClusterWidget(spec, title, cell_id)
     return TextView(spec=spec, title=title)

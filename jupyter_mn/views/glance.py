@@ -13,7 +13,7 @@ import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..events import GpuStat, TransportReport, number_ranges
+from ..events import NO_NETWORK, GpuStat, TransportReport, number_ranges
 from .state import HISTORY, CellState
 from .summary import evidence, transport_line
 
@@ -69,9 +69,11 @@ def transport_badges(report: TransportReport) -> list[Badge]:
     """The badges for a node's report, inter-node paths first, without repeats."""
     if report.backend == "gloo":
         return [Badge("gloo (CPU)", "off", "the ranks have no GPU: gloo over TCP on CPU")]
-    if not (report.network or report.inter_node or report.intra_node):
+    if not (report.network or report.inter_node or report.intra_node or report.one_node):
         return [Badge("NCCL: no transport lines yet", "off")]
     badges = [_net_badge(path, report) for path in report.inter_node]
+    if report.one_node and not report.inter_node:
+        badges.append(Badge(NO_NETWORK, "off", "every rank is on this node: no network is used"))
     if report.gdr:
         badges.append(Badge("GPUDirect", "good", "GPUDirect RDMA: the NIC reads GPU memory"))
     if not report.inter_node and report.network:

@@ -18,10 +18,13 @@ from typing import Any
 from ..events import (
     CellDone,
     GangState,
+    GangStatus,
     GpuSample,
     LogLines,
     NodesWaiting,
     Note,
+    RankPaused,
+    RankResumed,
     Stacks,
     TransportReport,
 )
@@ -80,7 +83,9 @@ class CellState:
         self.title, self.shape, self.backend, self.rdma = title, shape, backend, rdma
         #: the ranks whose lines are shown (``--ranks``; empty: all)
         self.ranks = frozenset(ranks)
-        self.state, self.detail = "PENDING", ""
+        self.state, self.detail = GangStatus.PENDING, ""
+        #: the rank whose pdb prompt is open (``breakpoint()`` in the cell)
+        self.paused: RankPaused | None = None
         self.started = time.monotonic()
         self.ended: float | None = None
         self.logs = {n: NodeLog() for n in range(nodes)}
@@ -99,6 +104,14 @@ class CellState:
 
     def shows(self, rank: int) -> bool:
         return not self.ranks or rank in self.ranks
+
+    @property
+    def shown_state(self) -> str:
+        """The gang's state, or the rank whose prompt is open and where it stopped."""
+        paused = self.paused
+        if paused is None:
+            return str(self.state)
+        return f"PAUSED at rank {paused.rank}" + (f", {paused.where}" if paused.where else "")
 
     @property
     def elapsed(self) -> float:
@@ -121,8 +134,11 @@ class CellState:
                 self.dirty.add(f"log{event.node}")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail
-            if event.state not in ("PENDING", "SCHEDULING"):
+            if event.state not in (GangStatus.PENDING, GangStatus.SCHEDULING):
                 self.waiting.clear()
+            self.dirty.add("header")
+        elif isinstance(event, (RankPaused, RankResumed)):
+            self.paused = event if isinstance(event, RankPaused) else None
             self.dirty.add("header")
         elif isinstance(event, NodesWaiting):
             for node in event.nodes or (-1,):

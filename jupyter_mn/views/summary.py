@@ -19,7 +19,7 @@ def header(state: CellState) -> str:
     if state.done is not None:
         outcome = " · ok" if state.done.ok else " · failed"
     return (
-        f"{state.title} · {state.state} · {state.shape} {state.backend} · "
+        f"{state.title} · {state.shown_state} · {state.shape} {state.backend} · "
         f"{state.elapsed:.1f} s{outcome}"
     )
 
@@ -51,8 +51,11 @@ def transport_line(report: TransportReport) -> str:
 
 
 def evidence(report: TransportReport) -> str:
-    """The NCCL line that proves the inter-node path (else the network NCCL chose)."""
+    """The NCCL line that proves the inter-node path (else, on one node, that NCCL sees one
+    node; else the network NCCL chose)."""
     wanted = [f"via {'/'.join(p.split('/')[:2])}" for p in report.inter_node[:1]]
+    if report.one_node:
+        wanted.append("nNodes 1 ")
     wanted.append(f"Using network {report.network}" if report.network else "Using network")
     for needle in wanted:
         line = next((e for e in report.evidence if needle in e), "")

@@ -13,7 +13,17 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..events import CellDone, Displays, GangState, LogLines, Stacks, TransportReport
+from ..events import (
+    CellDone,
+    Displays,
+    GangState,
+    GangStatus,
+    LogLines,
+    NodesWaiting,
+    Note,
+    Stacks,
+    TransportReport,
+)
 from ..spec import ClusterSpec
 from .displays import RankDisplays
 from .stacks import format_stacks
@@ -79,11 +89,14 @@ class TextView:
             out = self._out("err")
             out.write(format_stacks(event) + "\n")
             out.flush()
-        elif hasattr(event, "text"):  # Note, NodesWaiting
+        elif isinstance(event, (Note, NodesWaiting)):
             self._note(event.text)
 
     def close(self) -> None:
         """Nothing to release: text is written as events arrive."""
+
+    def follow(self, gang: Any) -> None:
+        """Nothing to follow: a re-form's outcome is printed by the next cell."""
 
     def _out(self, stream: str = "out") -> TextIO:
         if stream == "err":
@@ -129,14 +142,14 @@ class TextView:
                 self._printed[key] = (now, text)
 
     def _gang(self, event: GangState) -> None:
-        if event.state == "SCHEDULING":
+        if event.state == GangStatus.SCHEDULING:
             self._note(f"starting a {event.detail} gang …")
-        elif event.state == "READY" and event.detail:
+        elif event.state == GangStatus.READY and event.detail:
             self._cold = True
             self._note(f"gang up: ranks run on {event.detail}")
             if "cuda" not in event.detail:
                 self._note("no CUDA GPU: each --gpus slot is a CPU rank (gloo backend)")
-        elif event.state == "BROKEN":
+        elif event.state == GangStatus.BROKEN:
             self._note(f"gang broken: {event.detail}", stream="err")
 
     def _transport(self, event: TransportReport) -> None:

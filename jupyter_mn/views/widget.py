@@ -22,7 +22,7 @@ import ipywidgets as W
 import traitlets
 from IPython.display import display
 
-from ..events import Displays, GangState
+from ..events import Displays, GangState, GangStatus
 from ..kernelid import current_kernel_id
 from ..spec import ClusterSpec
 from .displays import RankDisplays
@@ -37,7 +37,16 @@ FRAME_S = 0.1
 BYTES_PER_S = 400_000
 #: The GPU panel's share: it is redrawn at most once a second, less often when it is large.
 GPU_BYTES_PER_S = BYTES_PER_S // 4
-_STATE_COLORS = {"RUNNING": "#1a73e8", "READY": "#188038", "BROKEN": "#d93025"}
+#: A cell's job, by its kernel and cell: the Lab extension renders the job from the server in
+#: its place while the widget cannot be shown (a page reloaded while the kernel runs the cell
+#: cannot ask the kernel for the widget's state until the cell ends).
+JOB_MIME = "application/vnd.jupyter-mn.job+json"
+_PAUSED_COLOR = "#e37400"
+_STATE_COLORS = {
+    GangStatus.RUNNING: "#1a73e8",
+    GangStatus.READY: "#188038",
+    GangStatus.BROKEN: "#d93025",
+}
 
 STYLE = """<style>
 .jp-mn-log { max-height: 22em; overflow-y: auto; display: flex; flex-direction: column-reverse;
@@ -97,6 +106,12 @@ export default {
 """
 
 
+def job_reference(kernel_id: str, cell_id: int) -> dict[str, Any]:
+    """The output that stands for the cell's job where the widget cannot be drawn (no text:
+    elsewhere it shows nothing)."""
+    return {JOB_MIME: {"kernel_id": kernel_id, "cell": cell_id}, "text/plain": ""}
+
+
 class CancelButton(anywidget.AnyWidget):
     """Interrupts the kernel (and so the cell's ranks); shown only while the cell runs."""
 
@@ -108,7 +123,8 @@ class CancelButton(anywidget.AnyWidget):
 class ClusterWidget:
     """One per ``%%cluster`` cell; call it with events, ``show()`` it, ``close()`` it."""
 
-    def __init__(self, spec: ClusterSpec, title: str = "cell") -> None:
+    def __init__(self, spec: ClusterSpec, title: str = "cell", cell_id: int | None = None) -> None:
+        self._cell_id = cell_id
         self.state = CellState(
             title, spec.shape, spec.backend, spec.nodes, spec.rdma, ranks=spec.ranks
         )
@@ -158,6 +174,9 @@ class ClusterWidget:
     def show(self) -> None:
         self._draw({"header", "gpu", "transport"} | {f"log{n}" for n in range(len(self._logs))})
         self._handle = display(self, display_id=True)
+        kernel_id = self._cancel.kernel_id
+        if self._cell_id is not None and kernel_id:
+            display(job_reference(kernel_id, self._cell_id), raw=True)
         self._thread = threading.Thread(target=self._loop, daemon=True, name="jupyter-mn-widget")
         self._thread.start()
 
@@ -184,12 +203,12 @@ class ClusterWidget:
     def follow(self, gang: Any) -> None:
         """After a failed cell whose gang re-forms in the background, keep listening until it is
         READY (or BROKEN), so the header does not stay on RENDEZVOUS."""
-        if self.state.state != "RENDEZVOUS":
+        if self.state.state != GangStatus.RENDEZVOUS:
             return
         once = threading.Lock()  # the dask thread and this one may both see it settle
 
         def settled(event: Any) -> None:
-            if isinstance(event, GangState) and event.state != "RENDEZVOUS":
+            if isinstance(event, GangState) and event.state != GangStatus.RENDEZVOUS:
                 if not once.acquire(blocking=False):
                     return
                 unsubscribe()
@@ -199,8 +218,8 @@ class ClusterWidget:
                     self._handle.update(self)  # the text/plain a saved notebook keeps
 
         unsubscribe = gang.hub.subscribe(settled)
-        if gang.status.value != "RENDEZVOUS":  # it settled before we listened
-            settled(GangState(gang.status.value, gang.detail))
+        if gang.status != GangStatus.RENDEZVOUS:  # it settled before we listened
+            settled(GangState(gang.status, gang.detail))
 
     # ---- drawing thread
     def _loop(self) -> None:
@@ -254,13 +273,13 @@ class ClusterWidget:
 
     def _header_html(self) -> str:
         state = self.state
-        color = _STATE_COLORS.get(state.state, "#5f6368")
+        shown = state.shown_state
+        color = _PAUSED_COLOR if state.paused else _STATE_COLORS.get(state.state, "#5f6368")
         text = html.escape(header(state))
-        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(state.state)}</b>'
+        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(shown)}</b>'
         waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())
-        return (
-            f'<span class="jp-mn-header">{text.replace(html.escape(state.state), badge, 1)}</span>'
-            + (f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else "")
+        return f'<span class="jp-mn-header">{text.replace(html.escape(shown), badge, 1)}</span>' + (
+            f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else ""
         )
 
     def _log_html(self, node: int) -> str:

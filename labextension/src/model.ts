@@ -35,7 +35,8 @@ export interface IJobModel {
   notebook: string | null;
   launcher: string;
   cells: number;
-  last_cell: { id: number; ok: boolean; elapsed: number } | null;
+  /** the last cell's outcome: rank 0's value as text, or the root cause */
+  last_cell: { id: number; ok: boolean; elapsed: number; value?: string; error?: string } | null;
   error: string | null;
   nodes: INodeModel[];
   /** actions requested from the panel or the CLI that the kernel has not answered yet */

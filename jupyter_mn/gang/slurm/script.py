@@ -92,7 +92,7 @@ def batch_script(spec: ClusterSpec, batch: Batch) -> str:
     lines += [
         f"# jupyter_mn gang {batch.gang_id}: {spec.nodes} node(s) x {spec.gpus} rank(s).",
         "# Task 0 runs the gang's TLS dask scheduler, every task a worker and its node agent;",
-        "# the kernel connects back. The certificate is in the files of $JUPYTER_MN_TLS_DIR.",
+        "# the kernel connects back. The certificate is in files the job environment names.",
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in step_env(spec, batch.port).items()]
     lines.append("exec " + shlex.join(srun_argv(batch.python, spec.nodes)))

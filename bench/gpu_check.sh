@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 33's GPU checks on a GPU machine without network (recipe: shared/notes/gpu-device.md):
+# pytest -m gpu, the CPU tests of the GPU split and transport there, the issue's cases timed
+# (bench/gpu_cases.py), and where a cold start goes on CPU ranks (bench/cells.py).
+# Run from the checkout's root: WHL=<wheels folder> OUT=<results folder> bash bench/gpu_check.sh
+set -o pipefail
+WHL=${WHL:-../.whl}
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT" "$HOME/bin" "$HOME/jp/kernels"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" "$WHL"/*.whl || exit 1
+ln -sf "$(command -v python3)" "$HOME/bin/python"
+cp -r kernels/jupyter_mn "$HOME/jp/kernels/"
+export PYTHONPATH="$HOME/site:$PWD" PATH="$HOME/bin:$HOME/site/bin:$PATH" JUPYTER_PATH="$HOME/jp"
+nvidia-smi -L
+python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
+step() { echo; echo "=== $* ($(date +%T))"; }
+step pytest -m gpu
+python3 -m pytest -p no:cacheprovider -m gpu -q tests/test_gpu.py tests/test_doctor.py
+step CPU tests of the split, transport, bench
+python3 -m pytest -p no:cacheprovider -q tests/test_visible.py tests/test_nccl.py \
+  tests/test_bandwidth.py tests/test_telemetry.py -k "not telemetry or one_node"
+step the issue\'s cases
+timeout 150 python3 bench/gpu_cases.py "$OUT"
+step cold start on CPU ranks
+CUDA_VISIBLE_DEVICES= timeout 100 python3 bench/cells.py --warm 0 --cold 2 --phases 2
+step done

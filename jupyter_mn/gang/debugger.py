@@ -1,0 +1,82 @@
+"""A rank's pdb, answered from the kernel (docs/architecture.md, "Debugging a rank").
+
+The rank's pdb prompts through its node agent (``NodeAgent.debug``); here the kernel shows what
+pdb wrote and asks the user for the next line with ``input()``, which in a notebook is the
+frontend's own input box (ipykernel's ``input_request``), and in a script reads stdin.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from IPython.core.error import StdinNotImplementedError
+
+from ..debugwire import DebugAnswer, DebugEnded, DebugLine, DebugPrompt, DebugStart
+
+if TYPE_CHECKING:
+    from .base import Gang
+
+#: Asks the user for a line, showing a prompt (``input``).
+Prompt = Callable[[str], str]
+#: Shows pdb's output (``sys.stdout.write``).
+Write = Callable[[str], object]
+
+
+def can_prompt() -> bool:
+    """Whether ``input()`` can be answered here: in a kernel, whether its frontend allows stdin
+    (papermill and nbclient do not); elsewhere, whether there is a stdin."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is not None:
+        return bool(kernel.get_parent().get("content", {}).get("allow_stdin", False))
+    return sys.stdin is not None and not sys.stdin.closed
+
+
+def converse(
+    gang: Gang,
+    rank: int,
+    opening: DebugStart | None,
+    prompt: Prompt,
+    write: Write,
+) -> DebugEnded:
+    """Relay the user's lines to rank ``rank``'s pdb and its output back, until it lets go.
+
+    ``opening``: ``DebugStart`` for a post-mortem; None for a rank already paused at a
+    breakpoint. End of input (or a frontend that cannot prompt) answers ``q``. A Ctrl-C at
+    the prompt raises: at a breakpoint the cell is then interrupted as always; a post-mortem
+    (its rank runs no cell a signal could stop) is closed first.
+    """
+    node = rank // gang.spec.gpus
+    answer = _ask(gang, node, rank, opening)
+    while isinstance(answer, DebugPrompt):
+        write(answer.output)
+        try:
+            line = prompt(answer.prompt)
+        except (EOFError, StdinNotImplementedError):
+            line = "q"
+        except KeyboardInterrupt:
+            if opening is not None:
+                _ask(gang, node, rank, DebugLine("q"))
+            raise
+        answer = _ask(gang, node, rank, DebugLine(line))
+    write(answer.output)
+    return answer
+
+
+def _ask(gang: Gang, node: int, rank: int, message: DebugStart | DebugLine | None) -> DebugAnswer:
+    """The agent relays ``message``; what the rank's pdb says next (a lost agent: it ended)."""
+    future = gang.ask(node, lambda agent: agent.debug(rank, message))
+    try:
+        return future.result()
+    except Exception as exc:  # the agent was lost: so was the session
+        return DebugEnded(rank, error=f"node {node} did not answer: {exc}")
+
+
+def post_mortem(gang: Gang, rank: int, prompt: Prompt, write: Write) -> DebugEnded:
+    """pdb on rank ``rank``'s last exception; the gang is busy meanwhile (no cell runs) and
+    READY after it, the other ranks untouched."""
+    with gang.running():
+        return converse(gang, rank, DebugStart(), prompt, write)
