@@ -23,6 +23,7 @@ from typing import Any
 import cloudpickle
 from IPython.core.inputtransformer2 import TransformerManager
 
+from .credentials import holds_secret
 from .errors import CaptureError, SpecError
 from .payload import Captured
 
@@ -30,12 +31,6 @@ from .payload import Captured
 RANK_NAMES = frozenset({"torch", "dist", "cluster_info"})
 _IPYTHON_NAMES = frozenset({"get_ipython", "In", "Out", "exit", "quit", "display"})
 _IPYTHON_HIDDEN = re.compile(r"^_(i{1,3}|ii|iii|oh|ih|dh|\d+|i\d+)?$|^__{1,2}$")
-#: Values under these names look like credentials and are only sent when named with --push.
-_SECRET_NAME = re.compile(r"(?i)(passw(or)?d|secret|token|api_?key|credential|private_?key)")
-_SECRET_VALUE = re.compile(
-    r"^(AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}|"
-    r"hf_[A-Za-z0-9]{30,}|xox[abpr]-[A-Za-z0-9-]{10,})$"
-)
 #: Payloads at least this large are sent once and referenced by digest afterwards.
 CACHE_MIN_BYTES = 1 << 20
 _MAGIC_CALLS = ("run_line_magic", "run_cell_magic")
@@ -162,10 +157,10 @@ class Shipper:
             if name not in namespace or _never_shipped(name, namespace[name], push):
                 continue
             value = namespace[name]
-            if name not in push and _looks_secret(name, value):
+            if name not in push and holds_secret(name, value):
+                what = "looks like" if isinstance(value, (str, bytes, bytearray)) else "holds"
                 notes.append(
-                    f"not sending {name!r}: it looks like a credential "
-                    f"(use --push {name} to send it)"
+                    f"not sending {name!r}: it {what} a credential (use --push {name} to send it)"
                 )
                 continue
             hidden = sorted(_secrets_read_by(value) - push)
@@ -217,12 +212,6 @@ def _never_shipped(name: str, value: Any, push: set[str]) -> bool:
     return isinstance(value, ModuleType) and value.__name__ == "__main__"
 
 
-def _looks_secret(name: str, value: Any) -> bool:
-    if _SECRET_NAME.search(name) and isinstance(value, (str, bytes)):
-        return True
-    return isinstance(value, str) and bool(_SECRET_VALUE.match(value.strip()))
-
-
 def _secrets_read_by(value: Any) -> set[str]:
     """Credential-looking globals that cloudpickle would send along with ``value``.
 
@@ -243,7 +232,7 @@ def _secrets_read_by(value: Any) -> set[str]:
             continue
         for name in _code_names(item.__code__) & item.__globals__.keys():
             read = item.__globals__[name]
-            if _looks_secret(name, read):
+            if holds_secret(name, read):
                 found.add(name)
             elif isinstance(read, (FunctionType, type)):
                 todo.append(read)

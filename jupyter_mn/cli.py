@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -34,9 +35,10 @@ def _add_config(sub: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from .spec import ClusterSpec
+    from .spec import ClusterSpec, masked_env
 
-    print(json.dumps(dataclasses.asdict(ClusterSpec.build()), indent=2))
+    spec = ClusterSpec.build()
+    print(json.dumps({**dataclasses.asdict(spec), "env": masked_env(spec.env)}, indent=2))
     return 0
 
 
@@ -114,7 +116,8 @@ def _list(args: argparse.Namespace) -> int:
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
-        print("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]))
+        line = "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+        print(_printable(line))
     return 0
 
 
@@ -131,6 +134,9 @@ def _add_logs(sub: Any) -> None:
     p.add_argument("--rank", type=int, help="only this (global) rank")
     p.add_argument("--tail", type=int, default=200, help="last lines to show (default 200)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument(
+        "--raw", action="store_true", help="write control characters as the ranks wrote them"
+    )
     p.set_defaults(func=_logs)
 
 
@@ -154,7 +160,7 @@ def _logs(args: argparse.Namespace) -> int:
     try:
         while True:
             for line in marks.fresh(lines):
-                print(line.labelled, flush=True)
+                print(line.labelled if args.raw else _printable(line.labelled), flush=True)
             if not args.follow or (registry.job(job.id).finished and not lines):
                 return 0
             time.sleep(FOLLOW_POLL_S)  # follow mode: poll the files like `tail -f`
@@ -163,6 +169,18 @@ def _logs(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:
         return 0
+
+
+#: What a terminal would act on rather than show: C0 and C1 controls (ESC starts colour, cursor,
+#: title and clipboard sequences), DEL, and the bidirectional overrides that reorder a line.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``): a rank's
+    output reaches a terminal that would otherwise obey it (retitle, clear, write the
+    clipboard)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
 def _add_request(sub: Any, action: str, help: str) -> None:

@@ -27,7 +27,7 @@ from .events import Note, OnEvent, Stacks
 from .launcher import CALL_CELL, call_names
 from .payload import Captured, CellPayload
 from .result import LOST, OK, CellResult
-from .spec import ClusterSpec
+from .spec import ClusterSpec, check_seconds, check_seed
 from .workdir import for_spec
 
 if TYPE_CHECKING:
@@ -59,8 +59,10 @@ class Cluster:
         #: notified when the job ends (``close`` from another thread waits for it)
         self._quiet = threading.Condition(self._lock)
         self._idle = _Deadline(self._release_idle)
-        #: the cost cap (``--max-runtime``) of the warm gang
+        #: the cost cap (``--max-runtime``) of the warm gang, counted from ``_up_at``
         self._expiry = _Deadline(self._expire)
+        self._cap: float | None = None
+        self._up_at = 0.0
         self._expired = ""
         #: the rank processes (gang id, incarnation) the shipper's cache of names is about
         self._cache_ranks: tuple[str, int] | None = None
@@ -89,7 +91,8 @@ class Cluster:
             track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release requests
             gang.start(on_event, preflight=_preflight(self.spec), files=files)
             self.released = ""
-            self._expiry.arm(self.spec.max_runtime or None)
+            self._up_at = time.monotonic()
+            self._arm_expiry()
             if not self._busy:
                 self._arm_idle_timer()
             return gang
@@ -182,7 +185,21 @@ class Cluster:
         """Until the running job (stopped by the caller) is over, unless it runs on this thread."""
         self._quiet.wait_for(lambda: self._busy in (None, threading.current_thread()))
 
+    def adopt(self, spec: ClusterSpec) -> None:
+        """Take ``spec`` (a later cell's, for the same gang) as the defaults of what runs next;
+        a changed ``max_runtime`` counts from the gang's start."""
+        with self._lock:
+            changed = spec.max_runtime != self.spec.max_runtime
+            self.spec = spec
+            if changed and self.gang is not None:
+                self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        cap = self._cap = self.spec.max_runtime
+        self._expiry.arm(None if cap is None else max(self._up_at + cap - time.monotonic(), 0.0))
+
     def _drop_gang(self) -> None:
+        self._cap = None
         self._expiry.arm(None)
         if self.gang is not None:
             self.gang.close()
@@ -219,6 +236,10 @@ class Cluster:
         """
         from .gang.debugger import can_prompt
 
+        if seed is not None:
+            check_seed(seed, self.spec.world_size)
+        if timeout is not None:
+            check_seconds("timeout", timeout)
         self._refuse_while_background()
         with self._job() as torn_down:
             self.cells += 1
@@ -407,8 +428,10 @@ class Cluster:
 
     def _expire(self) -> None:
         """``max_runtime`` is up: tear the gang down now, or once its running job is stopped."""
-        reason = f"--max-runtime {self.spec.max_runtime:g} s reached"
         with self._lock:
+            if self._cap is None:  # the gang went meanwhile
+                return
+            reason = f"--max-runtime {self._cap:g} s reached"
             gang = self.gang
             if self._busy is None:
                 if gang is not None:
@@ -512,7 +535,7 @@ def session(spec: ClusterSpec) -> Cluster:
     """The kernel's cluster for ``spec``: the warm one if its gang fits, else a new one."""
     global _current
     if _current is not None and _current.spec.gang_key() == spec.gang_key():
-        _current.spec = spec
+        _current.adopt(spec)
         return _current
     if _current is not None:
         _current.close()

@@ -116,10 +116,14 @@ class JobLogWriter:
     """
 
     def __init__(self, directory: Path, max_bytes: int = MAX_BYTES) -> None:
-        self.directory = private_dir(directory)
+        self.directory = directory
         self.max_bytes = max_bytes
         self._nodes: dict[int, _NodeFile] = {}
         self._warned = False
+        try:  # a directory that cannot be made (a file is in the way) loses lines, not the job
+            private_dir(directory)
+        except OSError as exc:
+            self._warn(exc)
 
     def write(self, event: LogLines, now: float | None = None) -> None:
         try:
@@ -127,7 +131,7 @@ class JobLogWriter:
             for rank, stream, lines in event.items:
                 node.write(rank, stream, lines, now or time.time())
         except OSError as exc:
-            self._dropped(exc)
+            self._warn(exc)
 
     def mark(self, nodes: int, text: str, now: float | None = None) -> None:
         """Mark where a job starts (``In[7] started 12:03:01``) in each of ``nodes`` files."""
@@ -136,7 +140,7 @@ class JobLogWriter:
             for number in range(nodes):
                 self._node(number).write(MARK_RANK, "mark", (text,), when)
         except OSError as exc:
-            self._dropped(exc)
+            self._warn(exc)
 
     def _node(self, number: int) -> _NodeFile:
         node = self._nodes.get(number)
@@ -146,7 +150,7 @@ class JobLogWriter:
             )
         return node
 
-    def _dropped(self, exc: OSError) -> None:
+    def _warn(self, exc: OSError) -> None:
         if not self._warned:
             log.warning(
                 "jupyter_mn: cannot write logs to %s (%s); dropping lines until it works",

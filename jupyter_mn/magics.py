@@ -21,7 +21,7 @@ from traitlets import Bool, Dict, Float, Integer, Unicode
 
 from .flags import add_spec_flags, cell_parser, spec_from_flags, verb_parser
 from .node_magics import node_verbs
-from .spec import ENV_PREFIX, ClusterSpec, gang_fields, spec_fields
+from .spec import ENV_PREFIX, ClusterSpec, cap_fields, gang_fields, spec_fields
 
 #: How many specs ``spec_from`` remembers (a notebook uses a few).
 _SPECS_KEPT = 64
@@ -78,7 +78,9 @@ class ClusterMagics(Magics):
         return {name: getattr(self, f"default_{name}", None) for name in spec_fields()}
 
     def spec_from(self, args: Any) -> ClusterSpec:
-        """Flags given on this cell, over the running gang's shape, over configured defaults.
+        """Flags given on this cell, over the running gang's shape and caps (``--idle-timeout``,
+        ``--max-runtime``: a verb or cell that does not set them keeps them), over configured
+        defaults.
 
         Remembered by everything it is made of (config, ``JUPYTER_MN_*`` variables, the running
         gang's shape, the flags): building and validating a spec takes ~0.6 ms, and a notebook
@@ -87,7 +89,8 @@ class ClusterMagics(Magics):
 
         layer = self._config_layer()
         running = cluster.current()
-        shape = running.spec.gang_key() if running is not None else None
+        kept = (*gang_fields(), *cap_fields())
+        shape = [getattr(running.spec, k) for k in kept] if running is not None else None
         environ = [(k, os.environ[k]) for k in os.environ if k.startswith(ENV_PREFIX)]
         given = [(k, v) for k, v in vars(args).items() if v is not None]
         key = repr(([(k, v) for k, v in layer.items() if v is not None], environ, shape, given))
@@ -95,7 +98,7 @@ class ClusterMagics(Magics):
         if spec is None:
             base = ClusterSpec.build(layer)
             if running is not None:
-                base = base.replace(**{k: getattr(running.spec, k) for k in gang_fields()})
+                base = base.replace(**{k: getattr(running.spec, k) for k in kept})
             spec = spec_from_flags(args, base)
             if len(self._specs) >= _SPECS_KEPT:
                 self._specs.clear()

@@ -75,7 +75,6 @@ class JobRecord:
             nodes=[NodeModel(node=n, ranks=["pending"] * spec.gpus) for n in range(spec.nodes)],
         )
         self.logs = JobLogWriter(registry.log_dir(job_id))
-        self.registry.save(self.model)
 
     def handle(self, event: Any) -> bool:
         """Apply one event; True when the registry row changed."""
@@ -175,9 +174,16 @@ class Recorder:
         self._thread.start()
 
     def track(self, cluster: Cluster, gang: Gang) -> JobRecord:
+        """Record ``gang``: its row now, or (a locked or full database) by the recorder thread
+        as soon as it can be written, so the panel, the CLI and ``gc`` see every gang."""
         record = JobRecord(self.registry, cluster, gang)
         with self._lock:
             self._records[record.model.id] = record
+            try:
+                record.save()
+            except (sqlite3.Error, OSError) as exc:
+                self._unsaved[record.model.id] = record
+                self._failed(exc)
 
         def listener(event: Any) -> None:
             self._queue.put((record, event))
@@ -271,12 +277,16 @@ def _notebook() -> str | None:
 
 
 def _launcher() -> str:
-    """What started this process (``papermill … in.ipynb out.ipynb``, ``jupyter-lab``, …)."""
+    """What started this process (``papermill … in.ipynb out.ipynb``, ``jupyter-lab``, …), with
+    what looks like a credential masked (``--IdentityProvider.token=***``, ``-p password ***``):
+    the registry is shown by ``jupyter mn list``, the REST API and the panel."""
     import psutil
+
+    from .credentials import mask_argv
 
     with contextlib.suppress(psutil.Error):
         parent = psutil.Process().parent()
         command = parent.cmdline() if parent is not None else []
         if command:
-            return " ".join([os.path.basename(command[0]), *command[1:]])[:300]
+            return " ".join(mask_argv([os.path.basename(command[0]), *command[1:]]))[:300]
     return ""

@@ -1,6 +1,7 @@
 """The job registry: one ``JobModel`` per gang, written by kernels, read by the server and the CLI.
 
-SQLite in WAL mode under the Jupyter runtime dir (``jupyter --runtime-dir``/jupyter-mn), so the
+SQLite (in WAL mode, or with a rollback journal on a network file system, where WAL does not
+work: ``netfs.py``) under the Jupyter runtime dir (``jupyter --runtime-dir``/jupyter-mn), so the
 sidebar and ``jupyter mn list`` see the jobs of every kernel of this user — interactive and
 papermill — without a daemon. The directory is 0700 and every file in it 0600: job names,
 notebook paths and logs are private. Cancel/release travel the other way, as rows in
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import JupyterMNError
+from .netfs import on_network_fs
 
 log = logging.getLogger(__name__)
 #: A live job whose kernel has not written a heartbeat for this long is ORPHANED.
@@ -394,7 +396,7 @@ def _connect(db: Path) -> sqlite3.Connection:
     os.close(open_private(db, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal/-shm these bits
     conn = sqlite3.connect(db, timeout=10, check_same_thread=False, isolation_level=None)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA journal_mode={'DELETE' if on_network_fs(db) else 'WAL'}")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
         (check,) = conn.execute("PRAGMA quick_check(1)").fetchone()

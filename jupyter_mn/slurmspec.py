@@ -36,6 +36,7 @@ _GRES = re.compile(r"auto|none|gpu(:[A-Za-z0-9_.\-]+)?")
 #: would break it (``--export``: the certificate travels in the environment; one job, no array)
 _OWN = (
     "--export",
+    "--export-file",
     "-a",
     "--array",
     "-N",
@@ -116,7 +117,11 @@ def _check_sbatch_arg(arg: Any) -> None:
     if not isinstance(arg, str) or not arg.startswith("-") or "\n" in arg or "\0" in arg:
         raise SpecError(f"--sbatch-arg {arg!r}: expected one sbatch option, e.g. --mem=64G")
     name = arg.split("=", 1)[0]
-    if name in _OWN or (len(name) > 2 and name[:2] in _OWN and not name.startswith("--")):
+    if (
+        name in _OWN
+        or (len(name) > 2 and name[:2] in _OWN and not name.startswith("--"))
+        or (len(name) > 2 and name.startswith("--") and any(o.startswith(name) for o in _OWN))
+    ):  # sbatch takes any unambiguous abbreviation of a long option: --expo is --export
         raise SpecError(
             f"--sbatch-arg {arg!r}: the gang sets {name} itself (use --nodes, --name, …)"
         )

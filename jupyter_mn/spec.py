@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import ipaddress
 import os
 import re
 import reprlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .credentials import MASK
 from .errors import SpecError
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
@@ -37,12 +38,25 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_WORLD_SIZE = 65536
 #: The most bytes of the notebook's directory sent to a node (``--workdir-limit``).
 WORKDIR_LIMIT = 100 << 20
+#: The most ranks a local gang has unless ``local_limit`` says otherwise: every rank (and every
+#: node's agent) is a process on this machine, started at once.
+LOCAL_LIMIT = 512
+#: The longest any timeout or cap may be (two weeks): the selectors, timers and waits that
+#: carry them overflow from ~24.8 days on (epoll's milliseconds in a C int).
+MAX_SECONDS = 14 * 24 * 3600.0
+#: numpy takes seeds below 2**32, and rank r is seeded with SEED + r.
+SEED_LIMIT = 2**32
 _SCHEDULER = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}")
 
 
 def _gang(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
     """A field that shapes the gang: changing it means a different gang (no warm reuse)."""
     return field(default=default, metadata={"gang": True}, **kw)
+
+
+def _cap(default: Any) -> Any:
+    """A limit on the gang's life: kept by every later cell or verb that does not set it."""
+    return field(default=default, metadata={"cap": True})
 
 
 @dataclass(frozen=True)
@@ -90,11 +104,13 @@ class ClusterSpec:
     timeout: float | None = None
     retries: int = 0
     seed: int | None = None
-    idle_timeout: float = 1800.0
+    idle_timeout: float = _cap(1800.0)
     start_timeout: float = 180.0
     pg_timeout: float = 1800.0
     #: a gang's whole life, counted from its start: a cost cap (the gang is torn down)
-    max_runtime: float | None = None
+    max_runtime: float | None = _cap(None)
+    #: local backend: the most ranks a gang may have (each a process on this machine)
+    local_limit: int = _cap(LOCAL_LIMIT)
     #: agents stop their ranks when the kernel has been silent this long (it died)
     heartbeat_timeout: float = 15.0
     #: a node whose agent has not answered the kernel's heartbeat this long is lost (a cut link,
@@ -110,10 +126,17 @@ class ClusterSpec:
         _check_int("nodes", self.nodes, minimum=1)
         _check_int("gpus", self.gpus, minimum=1)
         _check_int("retries", self.retries, minimum=0)
-        if self.seed is not None:
-            _check_int("seed", self.seed, minimum=0)
+        _check_int("local_limit", self.local_limit, minimum=1)
         if self.nodes * self.gpus > MAX_WORLD_SIZE:
             raise SpecError(f"nodes × gpus = {self.nodes * self.gpus} exceeds {MAX_WORLD_SIZE}")
+        if self.seed is not None:
+            check_seed(self.seed, self.world_size)
+        if self.backend == "local" and self.world_size > self.local_limit:
+            raise SpecError(
+                f"a local {self.shape} gang runs {self.world_size} rank processes on this "
+                f"machine (limit {self.local_limit}); raise it with --local-limit "
+                f"{self.world_size} (JUPYTER_MN_LOCAL_LIMIT) if this machine can take it"
+            )
         if self.backend not in BACKENDS:
             raise SpecError(
                 f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
@@ -158,8 +181,8 @@ class ClusterSpec:
             "liveness_timeout",
         ):
             value = getattr(self, name)
-            if value is not None and not is_number(value, low=0, strict=True):
-                raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
+            if value is not None:
+                check_seconds(name, value)
         problem = name_problem(self.name) if self.name is not None else None
         if problem:
             raise SpecError(f"name {reprlib.repr(self.name)} {problem}")
@@ -170,6 +193,13 @@ class ClusterSpec:
                 raise SpecError(f"--env {key}: value must be a string, got {type(value).__name__}")
             if "\0" in value:
                 raise SpecError(f"--env {key}: a value cannot hold a NUL character")
+
+    def __repr__(self) -> str:
+        """The dataclass's repr with the ``--env`` values masked: ``%cluster config`` output is
+        saved with the notebook."""
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+        shown["env"] = masked_env(self.env)
+        return f"ClusterSpec({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @property
     def runs_preflight(self) -> bool:
@@ -219,6 +249,12 @@ def gang_fields() -> tuple[str, ...]:
     return tuple(name for name, f in spec_fields().items() if f.metadata.get("gang"))
 
 
+@functools.cache
+def cap_fields() -> tuple[str, ...]:
+    """The names of the fields that limit a gang's life (idle release, the cost cap)."""
+    return tuple(name for name, f in spec_fields().items() if f.metadata.get("cap"))
+
+
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """Read ``JUPYTER_MN_<FIELD>`` variables, e.g. ``JUPYTER_MN_NODES=2``."""
     values: dict[str, Any] = {}
@@ -234,6 +270,11 @@ def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         values[name] = _parse_env(ENV_PREFIX + name.upper(), raw, f)
     return values
+
+
+def masked_env(env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The ``--env`` names with their values masked, for what is shown or printed."""
+    return tuple((key, MASK) for key, _ in env)
 
 
 def parse_env_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -325,23 +366,27 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 def _check_plaintext(spec: ClusterSpec) -> None:
     """Dask sends pickles both ways (the cell's code to the workers, values into the kernel): over
-    plain TCP anyone on the path can read or replace them. Only loopback, or when asked for."""
+    plain TCP whoever reaches the port can read or replace them and run code on the workers and,
+    through replies, in this kernel. Loopback is no exception: on a login node or a JupyterHub
+    host every local user reaches it. Only a scheduler of this very process (a ``LocalCluster``
+    made in the notebook), or when asked for."""
     found = _SCHEDULER.match(spec.scheduler or "")
-    if not found or found.group(1) != "tcp" or spec.insecure:
+    if not found or found.group(1) != "tcp" or spec.insecure or _own_scheduler(spec.scheduler):
         return
-    host = found.group(2).strip("[]")
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        if host == "localhost":
-            return
     raise SpecError(
-        f"--scheduler {spec.scheduler} is plain TCP: pickled code and values would cross the "
-        "network unencrypted, and whoever can reach it runs code in this kernel. Use tls:// "
-        "(TLS files in dask's config), or --insecure (JUPYTER_MN_INSECURE=1) on a network "
-        "you trust"
+        f"--scheduler {spec.scheduler} is plain TCP: pickled code and values would travel "
+        "unencrypted, and whoever reaches the port (any user of this machine, on loopback) runs "
+        "code in this kernel. Use tls:// (TLS files in dask's config), or --insecure "
+        "(JUPYTER_MN_INSECURE=1) where you trust every user and the network"
     )
+
+
+def _own_scheduler(address: str | None) -> bool:
+    """Whether a dask scheduler running in this process listens at ``address``."""
+    scheduler = sys.modules.get("distributed.scheduler")  # none runs unless it was imported
+    if scheduler is None:
+        return False
+    return any(address in (s.address, s.listen_address) for s in scheduler.Scheduler._instances)
 
 
 def _check_preflight(spec: ClusterSpec) -> None:
@@ -354,6 +399,24 @@ def _check_preflight(spec: ClusterSpec) -> None:
     for path in spec.check_paths:
         if not isinstance(path, str) or not path.strip() or "\0" in path:
             raise SpecError(f"--check-path needs a path, got {path!r}")
+
+
+def check_seconds(name: str, value: Any) -> None:
+    """A timeout: a positive number of seconds, at most ``MAX_SECONDS``."""
+    if not is_number(value, low=0, strict=True):
+        raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
+    if value > MAX_SECONDS:
+        raise SpecError(f"{name} {value:g} s is more than {MAX_SECONDS:g} s (two weeks)")
+
+
+def check_seed(seed: Any, world_size: int) -> None:
+    """A seed every rank can take: rank r is seeded with ``seed + r``, below ``SEED_LIMIT``."""
+    _check_int("seed", seed, minimum=0)
+    if seed + world_size > SEED_LIMIT:
+        raise SpecError(
+            f"seed {seed}: rank r is seeded with SEED + r, which must stay below 2**32 "
+            f"(at most {SEED_LIMIT - world_size} for {world_size} ranks)"
+        )
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

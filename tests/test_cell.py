@@ -97,6 +97,66 @@ def test_credentials_are_not_sent_unless_pushed():
     assert "api_token" in [c.name for c in names]
 
 
+#: Credentials the filter recognises by their value or by what holds them (issue 27's cases);
+#: each is built at run time so no token-shaped literal sits in the source.
+_TOKEN = "hf_" + "Ab1" * 12
+_HELD = """
+import functools
+openai_key = "sk_live_" + "x9" * 12
+config = {"api_key": "abc", "lr": 0.1}
+pem = "-----BEGIN RSA PRIVATE KEY-----\\nMIIEow\\n-----END RSA PRIVATE KEY-----"
+jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N"
+db = "postgresql://ml:hunter2@db.internal:5432/runs"
+raw = token.encode()
+def make():
+    t = token
+    def call():
+        return t
+    return call
+closure = make()
+def default(url, auth=token):
+    return url, auth
+def kwdefault(url, *, header=("Bearer", token)):
+    return url
+partial = functools.partial(print, token)
+"""
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "openai_key",
+        "config",
+        "pem",
+        "jwt",
+        "db",
+        "raw",
+        "closure",
+        "default",
+        "kwdefault",
+        "partial",
+    ],
+)
+def test_credentials_are_recognised_by_value_and_inside_what_holds_them(name):
+    ns: dict = {"token": _TOKEN}
+    exec(_HELD, ns)
+    names, notes = Shipper().capture(compile_cell(name), ns)
+    assert names == () and len(notes) == 1 and f"not sending {name!r}" in notes[0]
+    assert [c.name for c in Shipper().capture(compile_cell(name), ns, push=[name])[0]] == [name]
+
+
+def test_ordinary_values_that_resemble_credentials_are_sent():
+    ns: dict = {
+        "url": "https://example.com/data?x=1",
+        "keys": ["a", "b"],
+        "skip": "sk-short",
+        "scale": lambda x, factor=2: x * factor,
+        "text": "eyJ alone is no JWT",
+    }
+    names, notes = Shipper().capture(compile_cell("url, keys, skip, scale, text"), ns)
+    assert sorted(c.name for c in names) == sorted(ns) and notes == ()
+
+
 def test_notebook_code_reading_a_credential_is_not_sent_unless_the_credential_is_pushed():
     import cloudpickle
 

@@ -9,6 +9,7 @@ import asyncio
 import queue
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -185,3 +186,24 @@ def test_a_reply_read_together_with_the_peers_close_notify_is_delivered(tls):
         client.feed(server.outgoing())
     assert client.feed(server.wrap(b"last reply") + server.close()) == b"last reply"
     assert client.feed(b"") is None  # closed: what follows is nothing
+
+
+def test_agents_that_cannot_be_reached_cost_one_wait_not_one_each(agent, tls, monkeypatch):
+    """Six "agents" take the connection and never answer the handshake (a gateway that
+    swallows it): they are tried together, while the reachable one gets its stream."""
+    from jupyter_mn.gang import cellstream
+
+    monkeypatch.setattr(cellstream, "SEND_S", 1.0)
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(6)]
+    try:
+        stream = CellStream(Inbox())
+        context = tls.get_connection_args("client")["ssl_context"]
+        targets = [(0, "127.0.0.1", agent.port)]
+        targets += [(n, "127.0.0.1", s.getsockname()[1]) for n, s in enumerate(silent, 1)]
+        started = time.monotonic()
+        assert stream.open_all(targets, context) == [True] + [False] * 6
+        assert time.monotonic() - started < 4  # one after the other: 6 s
+        assert stream.send(0, stream.request(21, 1)) and not stream.send(1, b"x")
+    finally:
+        for server in silent:
+            server.close()

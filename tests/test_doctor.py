@@ -41,7 +41,8 @@ def closed_port() -> int:
 
 def probe(options: dict, env: dict | None = None) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "jupyter_mn.node.probe", json.dumps(options)],
+        [sys.executable, "-m", "jupyter_mn.node.probe"],
+        input=json.dumps(options),
         capture_output=True,
         text=True,
         check=True,

@@ -14,7 +14,7 @@ import dask
 import psutil
 import pytest
 from daskcli import tls_config
-from distributed import Client, Security
+from distributed import Client, LocalCluster, Security
 from polling import wait_until
 from procs import ours, rank_processes, wait_gone
 from test_cluster import ENV_CHECK
@@ -61,7 +61,7 @@ def test_bad_input_is_refused_before_connecting(dask_tls, no_leftovers):
             cluster.run("1")
     started = time.monotonic()
     with pytest.raises(SchedulingError, match="cannot connect to the dask scheduler"):
-        dask_cluster("tcp://127.0.0.1:9", start_timeout=3).run("1")
+        dask_cluster("tcp://127.0.0.1:9", start_timeout=3, insecure=True).run("1")
     assert time.monotonic() - started < 20
     assert not rank_processes(ours(no_leftovers))
 
@@ -109,13 +109,18 @@ def test_plain_tcp_scheduler_off_this_machine_needs_insecure(capsys, monkeypatch
             door.shutdown()
     monkeypatch.setenv("JUPYTER_MN_INSECURE", "1")
     assert ClusterSpec.build({"backend": "dask", "scheduler": address}).insecure
-    for fine in (
-        "tls://10.0.0.5:8786",
-        "tcp://127.0.0.1:8786",
-        "tcp://[::1]:1",
-        "tcp://localhost:1",
-    ):
-        assert not ClusterSpec(backend="dask", scheduler=fine).insecure
+
+
+def test_plain_tcp_on_loopback_needs_insecure_unless_the_scheduler_is_this_kernels_own():
+    """Every user of a login node or a JupyterHub host reaches its loopback addresses."""
+    for loopback in ("tcp://127.0.0.1:8786", "tcp://[::1]:1", "tcp://localhost:1"):
+        with pytest.raises(SpecError, match="any user of this machine, on loopback"):
+            ClusterSpec(backend="dask", scheduler=loopback)
+        assert ClusterSpec(backend="dask", scheduler=loopback, insecure=True)
+    assert not ClusterSpec(backend="dask", scheduler="tls://10.0.0.5:8786").insecure
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None) as own:
+        assert own.scheduler_address.startswith("tcp://127.0.0.1:")
+        assert not ClusterSpec(backend="dask", scheduler=own.scheduler_address).insecure
 
 
 def test_2x2_gang_follows_the_contract_and_leaves_the_cluster_as_it_was(

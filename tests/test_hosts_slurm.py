@@ -6,13 +6,16 @@ The preflight doctor runs in the first gang test only; the others are about sche
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from jobs import make_job
 from polling import wait_until
@@ -22,7 +25,9 @@ from test_hosts_dask import CHECK
 from jupyter_mn import Cluster
 from jupyter_mn.errors import NodeLost, RankLost, SchedulingError
 from jupyter_mn.events import NodesWaiting
-from jupyter_mn.gang.slurm.provision import dry_run
+from jupyter_mn.gang.slurm import commands
+from jupyter_mn.gang.slurm.provision import dry_run, output_dir
+from jupyter_mn.gang.slurm.script import STEP_MODULE
 from jupyter_mn.reaper import collect
 from jupyter_mn.registry import ORPHAN_AFTER_S, Registry
 from jupyter_mn.slurmspec import SlurmOptions
@@ -38,13 +43,39 @@ def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
     assert {ip.strip() for ip in lines if ip.strip() not in hosts} == set(hosts.values())
 
 
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    with contextlib.suppress(psutil.Error):
+        return proc.environ()
+    return {}
+
+
+def _is_task(proc: psutil.Process, job_id: str) -> bool:
+    """A task of the gang's step (not its srun), by its command line and job."""
+    with contextlib.suppress(psutil.Error):
+        return proc.cmdline()[1:3] == ["-m", STEP_MODULE] and (
+            proc.environ().get("SLURM_JOB_ID") == job_id
+        )
+    return False
+
+
 def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_release(
-    slurm, no_leftovers
+    slurm, no_leftovers, monkeypatch
 ):
+    """The job's environment holds neither the gang's key nor the kernel's credentials."""
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "planted-hub-token")
     cluster = Cluster(nodes=2, gpus=1, backend="slurm", idle_timeout=10)
     try:
         rows = [json.loads(v) for v in cluster.run(CHECK, return_all=True).unwrap()]
+        leaked = cluster.run(
+            "import os\n[k for k, v in os.environ.items() if 'hub-token' in v or 'KEY-----' in v]"
+        )
+        assert leaked.value == []
         (job,) = slurm.jobs()
+        tasks = [_environ(p) for p in psutil.process_iter() if _is_task(p, job.split()[0])]
+        assert len(tasks) == 2  # their environment as the job gave it (slurmctld keeps it)
+        for env in tasks:
+            assert not [v for v in env.values() if "hub-token" in v or "KEY---" in v]
+        assert not list(output_dir().glob("*-tls"))  # the nodes have read the certificate
         assert job.split()[1] == "RUNNING"
         wait_until(lambda: not slurm.jobs(), 10 + 30, "the idle release to cancel the job")
     finally:
@@ -187,3 +218,19 @@ def test_the_pending_reason_is_shown_as_it_changes_until_the_job_starts(slurm, n
     assert reasons[-1] == "pending: Resources"
     assert set(reasons) <= {"pending: None", "pending: Priority", "pending: Resources"}
     wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_a_job_sbatch_submitted_before_it_timed_out_is_cancelled(
+    slurm, tmp_path, monkeypatch, no_leftovers
+):
+    """No job id came back, yet the job exists: it is found by its name and cancelled."""
+    wrapper = tmp_path / "sbatch"
+    wrapper.write_text(f'#!/bin/sh\n{shutil.which("sbatch")} "$@"\nexec sleep 60\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(commands, "_TIMEOUT_S", 3.0)
+    cluster = Cluster(nodes=1, gpus=1, backend="slurm", preflight=False)
+    with pytest.raises(SchedulingError, match="sbatch did not answer in 3 s"):
+        cluster.up()
+    cluster.close()
+    wait_until(lambda: not slurm.jobs(), 30, "the submitted job to be cancelled")

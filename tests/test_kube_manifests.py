@@ -162,7 +162,7 @@ def test_rdma_and_every_option_reach_the_pod():
     assert limits["rdma/rdma_shared_device_a"] == requests["rdma/rdma_shared_device_a"] == "1"
     assert (requests["cpu"], requests["memory"], limits["memory"]) == ("96", "900Gi", "900Gi")
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_DEBUG"] == "WARN"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and "NCCL_DEBUG" in env  # --env: a Secret's key
     shm = next(v for v in spec["volumes"] if v["name"] == "dshm")["emptyDir"]
     assert shm == {"medium": "Memory", "sizeLimit": "64Gi"}
     claims = [v["persistentVolumeClaim"] for v in spec["volumes"] if "persistentVolumeClaim" in v]
@@ -249,6 +249,27 @@ def test_secret_carries_the_certificates_and_dry_runs_never_show_keys():
     dry = build(spec_for(1, rdma=False), GANG, Target())[2]
     assert "data" not in dry and set(dry["stringData"]) == set(tls)
     assert "PEM" not in str(dry)
+
+
+def test_env_values_reach_the_pods_through_a_secret_and_never_show_in_the_job():
+    token = "hf_" + "Zq7" * 12
+    spec = spec_for(2, rdma=False).replace(env={"HF_TOKEN": token, "NCCL_DEBUG": "WARN"})
+    tls = {"ca.crt": "CA", "tls.crt": "CERT", "tls.key": "KEY"}
+    for minor in (MIN_MINOR, LATEST_MINOR):
+        objects = build(spec, GANG, Target(minor), tls=tls)
+        for obj in objects:
+            validate(obj, minor)
+        secret = objects[-1]
+        assert (secret["kind"], secret["metadata"]["name"]) == ("Secret", f"{GANG}-env")
+        assert base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == token
+        assert token not in str(job_of(objects))
+        env = {e["name"]: e for e in pod_of(objects)["spec"]["containers"][0]["env"]}
+        assert env["HF_TOKEN"]["valueFrom"] == {
+            "secretKeyRef": {"name": f"{GANG}-env", "key": "HF_TOKEN"}
+        }
+    dry = build(spec, GANG, Target())
+    assert token not in str(dry) and set(dry[-1]["stringData"]) == {"HF_TOKEN", "NCCL_DEBUG"}
+    assert [o["kind"] for o in build(spec_for(1, rdma=False), GANG, Target())].count("Secret") == 1
 
 
 def test_owner_annotation_and_kernel_pod_owner():

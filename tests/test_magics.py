@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shlex
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,9 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_mn import cluster
 from jupyter_mn.errors import SpecError
+from jupyter_mn.flags import cell_parser
+from jupyter_mn.magics import _words
+from jupyter_mn.spec import MAX_SECONDS, SEED_LIMIT
 
 DRY = "--dry-run --k8s-version 1.30 "
 FLAGS = [
@@ -28,13 +32,13 @@ FLAGS = [
     "--dask-port", "--all", "--pull", "--push", "--rdma-networks", "--gpu-resource",
     "--partition", "--account", "--qos", "--time", "--constraint", "--exclusive",
     "--sbatch-arg", "--gpu-gres", "--orphan-timeout", "--workdir", "--no-workdir",
-    "--workdir-exclude", "--workdir-limit",
+    "--workdir-exclude", "--workdir-limit", "--local-limit", "--insecure",
 ]  # fmt: skip
 VALUES = [
     "2", "0", "-1", "1e400", "nan", "inf", "-inf", "NaN", "1.5", "99999999999999999999",
     "kubernetes", "local", "dask", "slurm", "--mem=1G", "4:00:00", "img:1", "tcp://h:1",
     "tcp://h:1\n", "a\n", "x=1", "A=1\n", "8GB", "1e400GB", "'", '"', "\\", "a b", "--", "-",
-    "=", "/data", "",
+    "=", "/data", "", "4294967296", "3e6", "1e10", "5000", "65536",
 ]  # fmt: skip
 TOKEN = st.one_of(st.sampled_from(FLAGS), st.sampled_from(VALUES), st.text(max_size=12))
 LINE = st.one_of(
@@ -86,12 +90,9 @@ def test_an_unbalanced_quote_is_a_usage_error(shell, line, cell):
 
 
 def test_quoted_values_lose_their_quotes_as_in_a_shell(shell):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        shell.run_cell_magic(
-            "cluster", DRY + "--backend kubernetes --image img:1 --env 'A=x y'", "1"
-        )
-    assert "value: x y" in out.getvalue()
+    magics = shell.magics_manager.registry["ClusterMagics"]
+    spec = magics.spec_from(cell_parser().parse_args(_words("--env 'A=x y' --env \"B=it's\"")))
+    assert spec.env == (("A", "x y"), ("B", "it's"))
 
 
 @pytest.mark.parametrize(
@@ -104,12 +105,45 @@ def test_quoted_values_lose_their_quotes_as_in_a_shell(shell):
         ("--schedule-timeout inf", "--schedule-timeout must be positive"),
         ("--name 'train\n'", "name 'train\\\\n' contains control characters"),
         ("--env 'A\n=1'", "not a valid environment variable name"),
+        ("--start-timeout 3e6", r"start_timeout 3e\+06 s is more than 1.2096e\+06 s"),
+        ("--idle-timeout 1e10", "idle_timeout 1e\\+10 s is more than"),
+        ("--max-runtime 1e10", "max_runtime 1e\\+10 s is more than"),
+        ("--seed 4294967296", r"seed 4294967296: .*\(at most 4294967295 for 1 ranks\)"),
+        ("--nodes 5000", "a local 5000×1 gang runs 5000 rank processes on this machine"),
     ],
 )
 def test_overflow_nan_infinity_and_a_trailing_newline_are_spec_errors(shell, flags, message):
     with pytest.raises(SpecError, match=message) as info:
         shell.run_cell_magic("cluster", DRY + flags, "1")
     _short(info.value)
+
+
+#: The flags that carry a number with a bound, and numbers around those bounds.
+BOUNDED = [
+    "--nodes", "--gpus", "--local-limit", "--seed", "--retries", "--timeout", "--idle-timeout",
+    "--start-timeout", "--max-runtime",
+]  # fmt: skip
+NUMBER = st.one_of(
+    st.integers(-2, 2**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["4294967295", "4294967296", "3e6", "1e10", "5000", "512", "513"]),
+)
+
+
+@FUZZ
+@given(flags=st.lists(st.tuples(st.sampled_from(BOUNDED), NUMBER), max_size=4))
+def test_every_number_on_the_line_is_within_its_bound_or_a_short_error(shell, flags):
+    line = " ".join(f"{flag} {value}" for flag, value in flags)
+    magics = shell.magics_manager.registry["ClusterMagics"]
+    try:
+        spec = magics.spec_from(cell_parser().parse_args(shlex.split(line)))
+    except (UsageError, SpecError) as exc:
+        _short(exc)
+        return
+    assert spec.world_size <= spec.local_limit
+    assert spec.seed is None or spec.seed + spec.world_size <= SEED_LIMIT
+    for name in ("timeout", "idle_timeout", "start_timeout", "max_runtime"):
+        assert (getattr(spec, name) or 0) <= MAX_SECONDS
 
 
 @FUZZ

@@ -156,3 +156,23 @@ def test_on_a_full_log_disk_states_are_still_saved_with_one_warning(cluster, tmp
         "dropping lines until it works"
     ]
     assert not [r for r in ours if r.exc_info]  # no traceback
+
+
+def test_a_job_whose_log_dir_cannot_be_made_is_still_recorded(cluster, tmp_path, caplog):
+    """A file where the job's log directory goes: its lines are lost (one warning), not the job:
+    the panel, the CLI and gc still see it."""
+    caplog.set_level(logging.WARNING)
+    registry = Registry(tmp_path / "reg")
+    try:
+        gang = cluster.up()
+        registry.log_dir(gang.id).write_text("in the way")
+        record = Recorder(registry).track(cluster, gang)
+        assert cluster.run("print('a line with nowhere to go')").ok
+        job = wait_until(
+            lambda: (j := registry.job(record.model.id)).cells == 1 and j, 20, "the cell saved"
+        )
+        assert job.state == "READY"
+    finally:
+        registry.close()
+    warned = [r.getMessage() for r in caplog.records if "cannot write logs" in r.getMessage()]
+    assert len(warned) == 1 and "File exists" in warned[0]

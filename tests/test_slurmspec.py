@@ -9,8 +9,9 @@ import pytest
 
 from jupyter_mn.errors import SpecError
 from jupyter_mn.flags import cell_parser, spec_from_flags
-from jupyter_mn.gang.slurm.provision import dry_run
+from jupyter_mn.gang.slurm.provision import dry_run, job_environ, output_dir, write_tls
 from jupyter_mn.gang.slurm.script import Batch, batch_script, gres, srun_argv
+from jupyter_mn.node.slurm import read_tls
 from jupyter_mn.slurmspec import SlurmOptions, from_environ
 from jupyter_mn.spec import ClusterSpec
 
@@ -29,6 +30,10 @@ from jupyter_mn.spec import ClusterSpec
         ({"sbatch_args": ("-N8",)}, "the gang sets -N8 itself"),
         ({"sbatch_args": ("--job-name=x",)}, "the gang sets --job-name itself"),
         ({"sbatch_args": ("--export=NONE",)}, "the gang sets --export itself"),
+        ({"sbatch_args": ("--expo=NONE",)}, "the gang sets --expo itself"),
+        ({"sbatch_args": ("--out=/tmp/x",)}, "the gang sets --out itself"),
+        ({"sbatch_args": ("--export-file=/tmp/e",)}, "the gang sets --export-file itself"),
+        ({"sbatch_args": ("--job=x",)}, "the gang sets --job itself"),
         ({"sbatch_args": ("--mem=4G\n#SBATCH --nodes=9",)}, "expected one sbatch option"),
         ({"schedule_timeout": 0}, "--schedule-timeout must be positive"),
         ({"orphan_timeout": 1}, "--orphan-timeout must be an integer ≥ 5"),
@@ -133,3 +138,27 @@ def test_dry_run_without_a_reachable_slurm_asks_gpus_and_says_why(monkeypatch, t
 def test_an_unknown_config_option_is_named():
     with pytest.raises(SpecError, match="unknown Slurm option\\(s\\): partion"):
         SlurmOptions.from_mapping({"partion": "gpu"})
+
+
+def test_the_job_gets_the_kernels_environment_without_its_credentials_and_the_key_in_files(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    environ = {
+        "PATH": "/usr/bin",
+        "CUDA_HOME": "/opt/cuda",
+        "JUPYTERHUB_API_TOKEN": "abc",
+        "AWS_SECRET_ACCESS_KEY": "xyz",
+        "DATABASE_URL": "postgres://me:pw@db/x",
+    }
+    assert job_environ(environ) == {"PATH": "/usr/bin", "CUDA_HOME": "/opt/cuda"}
+    folder = write_tls("jmn-1234abcd", ("CA", "CERT", "-----BEGIN PRIVATE KEY-----"))
+    assert folder.parent == output_dir() and folder.stat().st_mode & 0o777 == 0o700
+    assert [(f.name, f.stat().st_mode & 0o777) for f in sorted(folder.iterdir())] == [
+        ("ca.crt", 0o600),
+        ("tls.crt", 0o600),
+        ("tls.key", 0o600),
+    ]
+    assert read_tls(str(folder)) == ("CA", "CERT", "-----BEGIN PRIVATE KEY-----")
+    with pytest.raises(SystemExit, match="must be on a file system the nodes share"):
+        read_tls(str(tmp_path / "elsewhere"))

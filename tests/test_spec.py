@@ -151,3 +151,11 @@ def test_what_of_the_notebooks_directory_travels_comes_from_flags_and_the_enviro
     spec = ClusterSpec.build({})
     assert (spec.workdir_exclude, spec.workdir_limit) == (("a", "b/"), 10**9)
     assert not spec.send_workdir
+
+
+def test_env_values_are_masked_where_the_spec_is_shown():
+    token = "hf_" + "Qw3" * 12
+    spec = ClusterSpec.build({"env": {"HF_TOKEN": token, "OMP_NUM_THREADS": "4"}})
+    assert spec.env == (("HF_TOKEN", token), ("OMP_NUM_THREADS", "4"))  # the ranks get them
+    assert token not in repr(spec) and "('HF_TOKEN', '***')" in repr(spec)
+    assert "local_limit=512" in repr(spec)  # every other field as the dataclass shows it

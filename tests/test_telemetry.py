@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from procs import ours, rank_processes
@@ -129,3 +134,27 @@ def test_node_telemetry_follows_nccl_files_as_ranks_write_them(tmp_path):
     finally:
         telemetry.close()
     assert not os.path.exists(os.path.dirname(log_file))
+
+
+def test_an_agent_cleans_up_the_log_folders_of_agents_that_died(tmp_path):
+    """A killed agent cannot remove its folder; the next one to start does, and leaves those
+    of live agents alone."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    temp = Path(tempfile.gettempdir())
+    stale = temp / f"jupyter-mn-jmn-0dead000-node0-p{dead}-x1"
+    live = temp / f"jupyter-mn-jmn-0live000-node0-p{os.getpid()}-x2"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "nccl-rank0.log").write_text("h:1:1 [0] NCCL INFO init\n")
+    launch = Launch("job", 1, 1, "127.0.0.1", 0, "local", ("127.0.0.1",), 60.0)
+    telemetry = NodeTelemetry(0, launch, [].append)
+    try:
+        assert not stale.exists() and live.exists()
+    finally:
+        telemetry.close()
+        shutil.rmtree(live, ignore_errors=True)

@@ -237,8 +237,8 @@ class Gang:
             return
         context = client.security.get_connection_args("client").get("ssl_context")
         ports = [agent.serve_cells() for agent in self._agents]
-        for node, (host, port) in enumerate(zip(self.hosts, ports, strict=True)):
-            cells.open(node, host, port.result(), context)
+        agents = zip(range(self.nodes), self.hosts, ports, strict=True)
+        cells.open_all([(node, host, port.result()) for node, host, port in agents], context)
 
     def send_cell(self, payload: Any, run_id: int) -> None:
         """Start ``agent.run(payload, run_id)`` on every node: on its cell stream where it has

@@ -16,6 +16,7 @@ import contextlib
 import socket
 import ssl
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from ..node.frames import Frames, encode
 from ..node.tlsbuffers import TlsBuffers
@@ -24,6 +25,8 @@ from .inbox import Inbox, Reply
 MAX_REQUEST = 64 * 1024
 #: How long connecting, the TLS handshake or one send may take.
 SEND_S = 5.0
+#: At most this many agents are connected to at once.
+_CONNECTS = 32
 
 
 class StreamLost(ConnectionError):
@@ -75,6 +78,20 @@ class _Channel:
         self.sock.close()
 
 
+def _connect(host: str, port: int, context: ssl.SSLContext | None) -> _Channel | None:
+    """A connection to an agent, TLS handshake done; None when it cannot be had."""
+    try:
+        sock = socket.create_connection((host, port), timeout=SEND_S)
+    except OSError:
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _Channel(sock, context)
+    except (OSError, ssl.SSLError):
+        sock.close()  # a refused handshake
+        return None
+
+
 class CellStream:
     """A connection per node agent that has one; ``send`` says where there is none."""
 
@@ -88,20 +105,25 @@ class CellStream:
     def open(self, node: int, host: str, port: int, context: ssl.SSLContext | None) -> bool:
         """Connect to ``node``'s agent; False when it cannot be reached (its cells then go as
         actor calls)."""
-        try:
-            sock = socket.create_connection((host, port), timeout=SEND_S)
-        except OSError:
-            return False
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            channel = _Channel(sock, context)
-        except (OSError, ssl.SSLError):
-            sock.close()  # a refused handshake
-            return False
-        self._channels[node] = channel
-        frames = Frames()
-        self._inbox.watch(sock, lambda: self._readable(node, channel, frames))
-        return True
+        return self.open_all([(node, host, port)], context) == [True]
+
+    def open_all(
+        self, agents: list[tuple[int, str, int]], context: ssl.SSLContext | None
+    ) -> list[bool]:
+        """Connect to every ``(node, host, port)`` agent at once: where the agents cannot be
+        reached (a kernel in the cluster's pod network, workers behind a gateway) each try waits
+        up to ``SEND_S``, and one after the other that would be ``SEND_S`` a node."""
+        with ThreadPoolExecutor(max(1, min(len(agents), _CONNECTS))) as pool:
+            channels = list(pool.map(lambda a: _connect(a[1], a[2], context), agents))
+        for (node, _, _), channel in zip(agents, channels, strict=True):
+            if channel is not None:
+                self._channels[node] = channel
+                frames = Frames()
+                self._inbox.watch(
+                    channel.sock,
+                    lambda n=node, c=channel, f=frames: self._readable(n, c, f),
+                )
+        return [channel is not None for channel in channels]
 
     def send(self, node: int, request: bytes) -> bool:
         """Send ``request`` (``encode``d) to ``node``'s agent; False when it has no stream or

@@ -81,9 +81,17 @@ class OrphanGuard(SchedulerPlugin):
             self._closing = asyncio.ensure_future(self.scheduler.close(reason=f"jupyter-mn: {why}"))
 
 
+#: Where the scheduler's and the worker's HTTP servers listen (``/info``, ``/json``, ``/metrics``,
+#: in plain HTTP, which nothing of the gang uses): on loopback, a random port (never the readiness
+#: port), not on the pod's or the Slurm node's network.
+_HTTP = "127.0.0.1:0"
+#: The gang's certificate files: CA, certificate, key (PEM).
+TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+
+
 def security_from(tls_dir: str) -> Security:
     """The gang's TLS settings from the files of its Secret."""
-    ca, cert, key = (os.path.join(tls_dir, f) for f in ("ca.crt", "tls.crt", "tls.key"))
+    ca, cert, key = (os.path.join(tls_dir, f) for f in TLS_FILES)
     return security_of(ca, cert, key)
 
 
@@ -144,7 +152,7 @@ async def serve_node(
                 protocol="tls",
                 security=security,
                 dashboard=False,
-                dashboard_address=":0",  # its HTTP server must not take the readiness port
+                dashboard_address=_HTTP,
                 plugins=[guard],
             )
         worker = await Worker(
@@ -156,6 +164,7 @@ async def serve_node(
             preload=["jupyter_mn.node.agent"],
             memory_limit=0,
             death_timeout=connect_timeout,
+            dashboard_address=_HTTP,
         )
         ready = None
         if ready_port is not None:

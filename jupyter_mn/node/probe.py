@@ -1,4 +1,4 @@
-"""``python -m jupyter_mn.node.probe OPTIONS_JSON``: what a node looks like to its ranks, as JSON.
+"""``python -m jupyter_mn.node.probe < OPTIONS_JSON``: what a node looks like to its ranks, as JSON.
 
 It runs as a fresh process with the ranks' environment and working directory, so it sees what
 they will see (PYTHONPATH shadowing, CUDA_VISIBLE_DEVICES, NCCL_* variables, mounts). It only
@@ -155,7 +155,7 @@ def facts(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    print(json.dumps(facts(json.loads(sys.argv[1]))))
+    print(json.dumps(facts(json.load(sys.stdin))))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -49,7 +50,10 @@ class NodeTelemetry:
         user_env = {**os.environ, **launch.env}
         #: NCCL lines come through the ranks' pipes (shown) rather than a file (hidden)
         self.from_streams = self.debug or "NCCL_DEBUG" in user_env
-        self.dir = Path(tempfile.mkdtemp(prefix=f"jupyter-mn-{launch.job}-node{node}-"))
+        sweep_stale()
+        self.dir = Path(
+            tempfile.mkdtemp(prefix=f"{_PREFIX}{launch.job}-node{node}-p{os.getpid()}-")
+        )
         self._log = NcclLog()
         self._lock = threading.Lock()
         self._offsets: dict[Path, int] = {}
@@ -167,3 +171,28 @@ class NodeTelemetry:
         if self._sampler is not None:
             self._sampler.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+#: The NCCL log folders of node agents: ``jupyter-mn-<job>-node<N>-p<agent pid>-<random>``.
+_PREFIX = "jupyter-mn-"
+_OWNER = re.compile(r"-node\d+-p(\d+)-[^/]*$")
+
+
+def sweep_stale() -> None:
+    """Remove this user's NCCL log folders whose agent is gone (killed before its ``close``):
+    every agent that starts cleans up after those that crashed."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-node*-p*-*"):
+        found = _OWNER.search(folder.name)
+        with contextlib.suppress(OSError):
+            if found and folder.stat().st_uid == os.getuid() and not _alive(int(found[1])):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -86,9 +86,15 @@ def has_package(name: str, cwd: str | None) -> bool:
     return PathFinder.find_spec(top, [cwd or os.getcwd(), *sys.path]) is not None
 
 
-async def _start(argv_or_shell: list[str] | str, env: dict[str, str], cwd: str | None) -> Any:
+async def _start(
+    argv_or_shell: list[str] | str,
+    env: dict[str, str],
+    cwd: str | None,
+    stdin: bytes | None = None,
+) -> Any:
+    """Start a command in a session of its own; ``stdin`` is written to it (and closed)."""
     kwargs: dict[str, Any] = {
-        "stdin": asyncio.subprocess.DEVNULL,
+        "stdin": asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         "stdout": asyncio.subprocess.PIPE,
         "stderr": asyncio.subprocess.STDOUT,
         "env": {**os.environ, **env},
@@ -96,8 +102,15 @@ async def _start(argv_or_shell: list[str] | str, env: dict[str, str], cwd: str |
         "start_new_session": True,  # never in the worker's (or kernel's) process group
     }
     if isinstance(argv_or_shell, str):
-        return await asyncio.create_subprocess_shell(argv_or_shell, **kwargs)
-    return await asyncio.create_subprocess_exec(*argv_or_shell, **kwargs)
+        proc = await asyncio.create_subprocess_shell(argv_or_shell, **kwargs)
+    else:
+        proc = await asyncio.create_subprocess_exec(*argv_or_shell, **kwargs)
+    if stdin is not None:
+        proc.stdin.write(stdin)
+        with contextlib.suppress(ConnectionError):  # it died first: its exit status tells
+            await proc.stdin.drain()
+        proc.stdin.close()
+    return proc
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -183,6 +196,9 @@ def stop_command(token: str) -> bool:
 async def probe(options: dict[str, Any], dask_worker: Any) -> dict[str, Any]:
     """Run the probe subprocess with the ranks' env and cwd; return its facts.
 
+    Its options go through its stdin, never its command line: ``ps`` shows a command line to
+    every local user, and the ranks' env holds ``--env`` secrets.
+
     On node 0 (``options["listen"]``) first listen on the master address, so every node's probe
     can test that it reaches it; keep listening until all nodes connected or time is up.
     """
@@ -203,9 +219,10 @@ async def probe(options: dict[str, Any], dask_worker: Any) -> dict[str, Any]:
         server = await asyncio.start_server(accept, listen["host"], listen["port"])
     try:
         proc = await _start(
-            [sys.executable, "-m", "jupyter_mn.node.probe", json.dumps(options)],
+            [sys.executable, "-m", "jupyter_mn.node.probe"],
             options.get("env", {}),
             options.get("cwd"),
+            stdin=json.dumps({k: v for k, v in options.items() if k != "env"}).encode(),
         )
         try:
             output = await asyncio.wait_for(proc.stdout.read(), options["timeout"])

@@ -71,6 +71,17 @@ def test_logs_by_node_and_rank_with_labels(kernel):
     assert mn("logs", "cli", "--rank", "0").stdout == f"{mark}\n[node 0 rank 0] hello from 0\n"
 
 
+def test_logs_escape_what_a_terminal_would_obey(kernel):
+    """A rank's title, clear-screen and bidi sequences reach the terminal as visible text."""
+    wrote = "'\\x1b]0;owned\\x07\\x1b[2Jdone\\u202e'"
+    reply = kernel.run(f"%%cluster --ranks 0\nprint({wrote} if dist.get_rank() == 0 else '')")
+    assert reply.status == "ok", reply.error_text
+    shown = "[node 0 rank 0] \\x1b]0;owned\\x07\\x1b[2Jdone\\u202e\n"
+    wait_until(lambda: mn("logs", "cli", "--rank", "0", "--tail", "1").stdout == shown, 10, "")
+    raw = mn("logs", "cli", "--rank", "0", "--tail", "1", "--raw").stdout
+    assert raw == "[node 0 rank 0] \x1b]0;owned\x07\x1b[2Jdone\u202e\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -10,6 +10,8 @@ object and stop every process.
 from __future__ import annotations
 
 import ast
+import contextlib
+import json
 import os
 import signal
 import time
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 
 import nbformat
 import papermill
+import psutil
 import pytest
 from kube.cluster import FakeCluster
 from test_papermill import ROOT, _texts
@@ -42,6 +45,16 @@ def free_port() -> int:
             return port
 
 
+def _listening() -> list:
+    """The listening sockets of the pods' processes (their own, not the ranks')."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.cmdline()[1:3] == ["-m", "jupyter_mn.node.pod"]:
+                found += [c for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+    return found
+
+
 @pytest.fixture
 def cluster(tmp_path, monkeypatch) -> Iterator[FakeCluster]:
     with FakeCluster(tmp_path, processes=True) as fake:
@@ -51,10 +64,22 @@ def cluster(tmp_path, monkeypatch) -> Iterator[FakeCluster]:
 
 
 def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
+    """An --env value reaches the ranks through the gang's Secret, never the Job or its pods."""
+    token = "hf_" + "Kq8" * 12
     kernel = Kernel()
     try:
-        reply = kernel.run(CELL.format(extra=f"--dask-port {free_port()}"), timeout=300)
+        dask_port = free_port()
+        extra = f"--dask-port {dask_port} --env HF_TOKEN={token}"
+        reply = kernel.run(CELL.format(extra=extra), timeout=300)
         assert reply.status == "ok", reply.error_text
+        seen = kernel.run("%%cluster\nos.environ['HF_TOKEN'][-4:], len(os.environ['HF_TOKEN'])")
+        assert seen.result == repr((token[-4:], len(token))), seen.error_text
+        ours = cluster.ours()
+        secrets = sorted(o["metadata"]["name"] for o in ours if o["kind"] == "Secret")
+        assert [name.rsplit("-", 1)[1] for name in secrets] == ["env", "tls"]
+        assert token not in json.dumps([o for o in ours if o["kind"] != "Secret"])
+        wide = [(c.laddr.ip, c.laddr.port) for c in _listening() if c.laddr.ip in ("0.0.0.0", "::")]
+        assert [port for _, port in wide] == [dask_port]  # pod 0's scheduler, for a port-forward
         assert ast.literal_eval(reply.result) == (6.0, 0, 4, "kubernetes")
         job = next(o for o in cluster.ours() if o["kind"] == "Job")
         for rank in range(4):

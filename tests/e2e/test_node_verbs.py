@@ -171,3 +171,21 @@ def test_ranks_flag_shows_only_those_ranks_and_the_logs_keep_every_line(kernel):
         return subprocess.run(cli, capture_output=True, text=True, timeout=60).stdout
 
     wait_until(lambda: "] hi 1" in logged(1), 10, "rank 1's line in the job's logs")
+
+
+def test_a_verb_without_flags_keeps_the_running_gangs_cost_cap(kernel):
+    """``--max-runtime`` given on the cell that started the gang holds for a later verb and cell
+    that do not repeat it: the exec is stopped at the cap, not after its 30 s, and no timer
+    thread fails."""
+    try:
+        up = kernel.run("%%cluster --nodes 1 --gpus 1 --max-runtime 8\n0")
+        assert up.status == "ok", up.error_text
+        assert "max_runtime=8.0" in kernel.run("%cluster config").result
+        assert kernel.run("%%cluster\n1").result == "1"
+        reply = kernel.run("%cluster exec --all-nodes -- echo begun; exec sleep 30")
+        assert "[node 0] begun\n[node 0] stopped: --max-runtime 8 s reached" in reply.stdout
+        assert reply.elapsed < 25
+        assert "Traceback" not in reply.stderr, reply.stderr
+        assert "'state': 'RELEASED'" in kernel.run("%cluster status").result
+    finally:
+        kernel.run("%cluster down")

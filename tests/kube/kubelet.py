@@ -4,7 +4,8 @@ What a node would provide, emulated on one machine: every pod gets its own IP, o
 network (127.x.y.z, all routed locally) or, given test hosts (``hosts.py``), as pod networking
 gives it: a network namespace of its own with an address on a bridge and the pod's hostname; its
 environment as written in the manifest with the
-downward API resolved (``status.podIP``, ``metadata.annotations['…']``, …), its Secret volumes
+downward API and ``secretKeyRef`` resolved (``status.podIP``, ``metadata.annotations['…']``, a
+Secret's key), its Secret volumes
 as files in a per-pod directory (no mount namespaces here, so environment values that name a
 mount path are pointed at that directory), cluster DNS for ``<hostname>.<subdomain>`` names (a
 hosts table the pod processes read through ``dns/sitecustomize.py``), the readiness probe
@@ -143,12 +144,15 @@ class ProcessKubelet:
         if self.hidden:  # the container's own filesystem keeps its cache (not the machine's home)
             env["JUPYTER_MN_FILE_CACHE"] = str(self.root / pod["metadata"]["name"] / "files")
         for item in container.get("env") or []:
-            value = item["value"] if "value" in item else self._field(pod, item["valueFrom"])
+            value = item["value"] if "value" in item else self._value_from(pod, item["valueFrom"])
             env[item["name"]] = mounts.get(value, value)
         return env
 
-    @staticmethod
-    def _field(pod: dict[str, Any], source: dict[str, Any]) -> str:
+    def _value_from(self, pod: dict[str, Any], source: dict[str, Any]) -> str:
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            secret = self.server.get("secrets", pod["metadata"]["namespace"], ref["name"])
+            return base64.b64decode(secret["data"][ref["key"]]).decode()
         path = source["fieldRef"]["fieldPath"]
         found = _FIELD.match(path)
         if found:

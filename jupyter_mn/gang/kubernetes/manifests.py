@@ -2,9 +2,11 @@
 
 One Indexed ``batch/v1`` Job (one pod per node holding all its GPUs, pod 0 also runs the dask
 scheduler), a headless Service (stable DNS before readiness), a TLS Secret for the dask control
-plane, a NetworkPolicy that keeps the unencrypted c10d/gloo/NCCL ports inside the gang, and the
-objects of the gang-scheduling policy (``gangs.py``). Nothing here talks to a cluster, so
-``jupyter mn manifests`` and ``%%cluster --dry-run`` print exactly what provisioning applies.
+plane, a Secret holding the ``--env`` values (the pods read them through ``secretKeyRef``: whoever
+may read Jobs or Pods does not see them), a NetworkPolicy that keeps the unencrypted c10d/gloo/NCCL
+ports inside the gang, and the objects of the gang-scheduling policy (``gangs.py``). Nothing here
+talks to a cluster, so ``jupyter mn manifests`` and ``%%cluster --dry-run`` print exactly what
+provisioning applies.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class Names:
     def secret(self) -> str:
         return f"{self.base}-tls"
 
+    @property
+    def env_secret(self) -> str:
+        return f"{self.base}-env"
+
     def host(self, node: int) -> str:
         """Pod ``node``'s DNS name inside the namespace (``<job>-<index>.<service>``)."""
         return f"{self.base}-{node}.{self.service}"
@@ -112,9 +118,10 @@ def build(
 ) -> list[dict[str, Any]]:
     """All objects of the gang, in apply order: the (suspended) Job first, then its dependents.
 
-    ``tls`` holds the PEM files (``ca.crt``, ``tls.crt``, ``tls.key``); without it the Secret shows
-    placeholders (dry runs never print key material). ``job_owner`` is an ownerReference for the
-    Job (the notebook's own pod, when the kernel runs in the same namespace).
+    ``tls`` holds the PEM files (``ca.crt``, ``tls.crt``, ``tls.key``); without it (a dry run) the
+    Secrets show placeholders: dry runs never print key material or ``--env`` values.
+    ``job_owner`` is an ownerReference for the Job (the notebook's own pod, when the kernel runs
+    in the same namespace).
     """
     opts = spec.kubernetes
     group = gangs.parts(spec, Names.of(gang_id).base, target, labels(gang_id))
@@ -124,6 +131,7 @@ def build(
         _secret(gang_id, target, tls),
         _network_policy(opts, gang_id, target),
         *group.objects,
+        *([_env_secret(spec, gang_id, target, shown=tls is not None)] if spec.env else []),
     ]
 
 
@@ -311,7 +319,10 @@ def _env(spec: ClusterSpec, gang_id: str) -> list[dict[str, Any]]:
             {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
             {"name": "NCCL_IB_DISABLE", "value": "0"},
         ]
-    env += [{"name": key, "value": value} for key, value in spec.env]
+    env += [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": names.env_secret, "key": key}}}
+        for key, _ in spec.env
+    ]
     return env
 
 
@@ -372,6 +383,21 @@ def _secret(gang_id: str, target: Target, tls: Mapping[str, str] | None) -> dict
         secret["stringData"] = {f: "<generated per gang when applied>" for f in TLS_FILES}
     else:
         secret["data"] = {f: base64.b64encode(tls[f].encode()).decode() for f in TLS_FILES}
+    return secret
+
+
+def _env_secret(spec: ClusterSpec, gang_id: str, target: Target, shown: bool) -> dict[str, Any]:
+    """The ``--env`` values, one key each (a variable name is a valid key)."""
+    secret: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(Names.of(gang_id).env_secret, gang_id, target),
+        "type": "Opaque",
+    }
+    if shown:
+        secret["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in spec.env}
+    else:
+        secret["stringData"] = {k: "<the --env value, not shown>" for k, _ in spec.env}
     return secret
 
 

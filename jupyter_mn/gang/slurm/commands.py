@@ -65,7 +65,13 @@ def run(
 
 def submit(script: str, env: Mapping[str, str]) -> str:
     """Submit ``script`` (read from stdin) with ``env`` as the job's environment; its job id."""
-    out = run(["sbatch", "--parsable"], "submitting the gang's job", env=env, stdin=script)
+    out = run(
+        ["sbatch", "--parsable"],
+        "submitting the gang's job",
+        env=env,
+        stdin=script,
+        timeout=_TIMEOUT_S,
+    )
     return out.strip().split(";")[0]
 
 

@@ -1,7 +1,8 @@
 """``SlurmProvisioner``: a gang's dask cluster as one Slurm job of N nodes, or as a step of the
 allocation the kernel already runs in.
 
-Submit the batch script (``script.py``) with a fresh TLS certificate in the job's environment →
+Submit the batch script (``script.py``) with a fresh TLS certificate in files of a 0700 dir of the
+runtime dir (the job's environment names the dir and holds none of the kernel's credentials) →
 poll squeue, showing the pending reason whenever it changes (``NodesWaiting``) and cancelling
 after ``--schedule-timeout`` → once it runs, connect to task 0's scheduler on the batch host.
 A kernel inside an allocation (``SLURM_JOB_ID``) starts the step itself with ``srun`` on the
@@ -14,16 +15,20 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...credentials import secret_name, secret_value
 from ...errors import JupyterMNError, SchedulingError
 from ...events import NodesWaiting, Note, OnEvent
-from ...node.slurm import TLS_VARS, tls_address
+from ...node.pod import TLS_FILES
+from ...node.slurm import TLS_DIR_VAR, tls_address
 from ...spec import ClusterSpec
 from . import commands
 from .script import Batch, batch_script, gres, srun_argv, step_env
@@ -50,6 +55,26 @@ def output_dir() -> Path:
     folder = Path(jupyter_runtime_dir()) / "jupyter-mn" / "slurm"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     return folder
+
+
+def write_tls(gang_id: str, pem: tuple[str, ...]) -> Path:
+    """The gang's certificate as files (0600) in a directory of its own (0700) in the runtime
+    dir, which the nodes share with the kernel's host."""
+    folder = output_dir() / f"{gang_id}-tls"
+    folder.mkdir(mode=0o700)
+    for name, text in zip(TLS_FILES, pem, strict=True):
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+    return folder
+
+
+def job_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The kernel's environment for the job (sbatch exports it: modules, PATH, CUDA settings)
+    without what looks like a credential (``JUPYTERHUB_API_TOKEN``, ``AWS_SECRET_ACCESS_KEY``):
+    slurmctld keeps a job's environment, and with ``AccountingStoreFlags=job_env`` so does the
+    accounting database. ``--env`` values reach the ranks through the gang, not the job."""
+    return {k: v for k, v in environ.items() if not (secret_name(k) or secret_value(v))}
 
 
 def plan(spec: ClusterSpec, gang_id: str, port: int, has_gpus: bool) -> str:
@@ -95,6 +120,8 @@ class SlurmProvisioner:
         self.job_id = ""
         self._step: subprocess.Popen[bytes] | None = None
         self._client: Any = None
+        #: the gang's certificate files, until every node has read them
+        self._tls_dir: Path | None = None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         from distributed.security import Security
@@ -102,7 +129,8 @@ class SlurmProvisioner:
         security = Security.temporary()
         port = random.randrange(*_PORTS)
         pem = (security.tls_ca_file, security.tls_worker_cert, security.tls_worker_key)
-        env = {**os.environ, **step_env(spec, port), **dict(zip(TLS_VARS, pem, strict=True))}
+        self._tls_dir = write_tls(gang_id, pem)
+        env = {**job_environ(os.environ), **step_env(spec, port), TLS_DIR_VAR: str(self._tls_dir)}
         allocation = os.environ.get("SLURM_JOB_ID")
         if allocation:
             host = self._start_step(spec, allocation, env)
@@ -111,6 +139,7 @@ class SlurmProvisioner:
         deadline = time.monotonic() + spec.start_timeout  # from the job's start
         self._client = self._connect(tls_address(host, port), security, deadline)
         self._client.wait_for_workers(spec.nodes, timeout=max(1.0, deadline - time.monotonic()))
+        self._forget_tls()  # every node has read it
         workers = self._client.scheduler_info(n_workers=-1)["workers"]
         return self._client, sorted(workers, key=lambda a: int(workers[a]["name"]))
 
@@ -121,7 +150,12 @@ class SlurmProvisioner:
         if not has_gpus:
             self.notify(Note(_CPU_ONLY.format(partition=spec.slurm.partition or "default")))
         script = plan(spec, gang_id, port, has_gpus)
-        self.job_id = commands.submit(script, env)
+        try:
+            self.job_id = commands.submit(script, env)
+        except BaseException:  # timed out or interrupted: sbatch may have submitted it already
+            with contextlib.suppress(JupyterMNError):
+                commands.cancel_named(gang_id)  # the job is named after the gang
+            raise
         self._wait_running(spec)
         return commands.node_address(commands.batch_host(self.job_id))
 
@@ -212,8 +246,14 @@ class SlurmProvisioner:
     def launch_options(self) -> dict[str, Any]:
         return {}
 
+    def _forget_tls(self) -> None:
+        tls_dir, self._tls_dir = self._tls_dir, None
+        if tls_dir is not None:
+            shutil.rmtree(tls_dir, ignore_errors=True)
+
     def release(self) -> None:
         """Close the client, end the step or cancel the job; warn if Slurm cannot be reached."""
+        self._forget_tls()
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):

@@ -4,7 +4,7 @@ One job of ``nodes`` nodes with one task per node (``--ntasks-per-node 1``); eac
 of the gang (``jupyter_mn.node.slurm``), which starts one rank per GPU itself. GPUs are asked as
 ``--gres gpu:G`` only where the cluster has them: on CPU-only nodes the ranks are CPU ranks
 (gloo), as on the local backend. Nothing secret is in the script (``--dry-run`` prints it): the
-gang's certificate travels in the job's environment.
+gang's certificate is in files of a 0700 dir that the job's environment names.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def batch_script(spec: ClusterSpec, batch: Batch) -> str:
     lines += [
         f"# jupyter_mn gang {batch.gang_id}: {spec.nodes} node(s) x {spec.gpus} rank(s).",
         "# Task 0 runs the gang's TLS dask scheduler, every task a worker and its node agent;",
-        "# the kernel connects back. The certificate comes in the job's environment.",
+        "# the kernel connects back. The certificate is in files the job environment names.",
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in step_env(spec, batch.port).items()]
     lines.append("exec " + shlex.join(srun_argv(batch.python, spec.nodes)))
