@@ -79,6 +79,9 @@ def scripts(tmp_path_factory) -> Path:
         "        sys.stderr.flush()\n        os.abort()\n"
     )
     (folder / "sleepy.py").write_text("import time\ntime.sleep(600)\n")
+    (folder / "stops.py").write_text(  # twice at one place: said once
+        "import os\nfor _ in range(2):\n    breakpoint()\nprint('went on', os.environ['RANK'])\n"
+    )
     return folder
 
 
@@ -104,6 +107,15 @@ def test_an_unchanged_script_runs_on_every_rank_next_to_the_warm_gang(gang_2x2, 
         assert line + "total 30 run " in out
     assert gang_2x2.run("import os\nint(os.environ['MASTER_PORT'])").value == before
     assert gang_2x2.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()").value == 4.0
+
+
+def test_a_breakpoint_in_a_script_is_skipped_and_said_once_per_rank(gang_2x2, scripts):
+    result, out, err = run(gang_2x2, scripts / "stops.py")
+    assert result.ok, err
+    for rank in range(4):
+        assert f"[node {rank // 2} rank {rank}] went on {rank}" in out
+        skipped = f"rank {rank} skipped breakpoint() at {scripts / 'stops.py'}, line 3: "
+        assert err.count(skipped) == 1, err
 
 
 def test_a_failing_rank_stops_the_others_and_is_reported_like_a_cell(gang_2x2, scripts):

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..events import RankStatus
 from ..launch import Launch, Script
+from ..rank import nobreak
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
 from .link import NodeLink
@@ -171,6 +172,7 @@ class ScriptRun:
             error_file=error_file,
             socket_ifname=socket_ifname(launch.master_addr),
         )
+        env.setdefault("PYTHONBREAKPOINT", nobreak.HOOK)  # no prompt can reach a script
         return ScriptRank(self.agent, local, rank, argv, env, launch.cwd)
 
     def _target(self, script: Script) -> list[str]:
