@@ -108,6 +108,27 @@ def test_ddp_training_notebook_recovers_from_a_lost_rank(tmp_path, no_leftovers)
     assert "['step-000000160', 'step-000000180', 'step-000000200']" in text
 
 
+def test_a_breakpoint_under_papermill_is_skipped_and_said(tmp_path, no_leftovers):
+    src = _notebook(
+        [
+            (
+                None,
+                "%%cluster --nodes 1 --gpus 2\nx = dist.get_rank() + 40\n"
+                "if dist.get_rank() == 1:\n    breakpoint()\nx + 2",
+            ),
+            (None, "%cluster down"),
+        ],
+        tmp_path / "stops.ipynb",
+    )
+    nb = papermill.execute_notebook(
+        str(src), str(tmp_path / "out.ipynb"), kernel_name="jupyter_mn", progress_bar=False
+    )
+    text = _texts(nb)
+    assert "42" in _texts(nb.cells[:1])  # rank 0's value: nothing waited for a prompt
+    assert "rank 1 skipped breakpoint() at Cell In[" in text
+    assert "rank 0 skipped" not in text
+
+
 def test_failing_cell_fails_the_run_with_the_rank_and_its_traceback(tmp_path, no_leftovers):
     src = _notebook(
         [
