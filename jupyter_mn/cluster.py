@@ -26,6 +26,7 @@ from .events import Note, OnEvent, Stacks
 from .launcher import CALL_CELL, call_names
 from .result import LOST, CellResult
 from .spec import ClusterSpec
+from .verdict import explain
 
 if TYPE_CHECKING:
     from .gang.base import Preflight
@@ -309,13 +310,10 @@ class Cluster:
         )
 
     def stacks(self) -> Stacks:
-        """Where every rank's main thread is now (``%cluster stacks``); works during a cell."""
+        """Where every rank is now (``%cluster stacks``), with the hang verdict when ranks wait
+        in a collective; works during a cell."""
         gang = self.gang
-        ranks = sorted(gang.stacks(), key=lambda r: r["rank"]) if gang is not None else []
-        return Stacks(
-            "stacks on request",
-            tuple((r["node"], r["rank"], r["busy"], tuple(r["stack"]), r["note"]) for r in ranks),
-        )
+        return explain("stacks on request", gang.stacks() if gang is not None else [])[0]
 
     # ---- status and idle release
     def status(self) -> dict[str, Any]:

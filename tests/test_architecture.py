@@ -34,7 +34,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the node and rank sides may import besides their own packages.
-SHARED = ("jupyter_mn.events", "jupyter_mn.errors", "jupyter_mn.launch", "jupyter_mn.version")
+SHARED = (
+    "jupyter_mn.collectives",
+    "jupyter_mn.events",
+    "jupyter_mn.errors",
+    "jupyter_mn.launch",
+    "jupyter_mn.version",
+)
 #: Each side, and the packages it may import.
 SIDES = {
     "jupyter_mn.node": ("jupyter_mn.node", "jupyter_mn.rank"),

@@ -23,8 +23,9 @@ import cloudpickle
 
 from ..cell import CellPayload
 from ..errors import NodeUnreachable, TransportError
-from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply, Stacks
+from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
+from ..verdict import Verdict, explain
 from .base import Gang
 from .inbox import Reply
 from .job import Job
@@ -59,6 +60,8 @@ class CellJob(Job[CellResult]):
         self.killed_at: float | None = None
         #: where the busy ranks were when the user stopped the cell
         self.where: list[str] = []
+        #: what the stacks said when the user stopped a hung cell (``verdict.py``)
+        self.verdict: Verdict | None = None
         #: a node that stopped answering the heartbeat (its peers cannot finish: kill at once)
         self.unreachable: int | None = None
 
@@ -100,30 +103,20 @@ class CellJob(Job[CellResult]):
 
     def _show_stacks(self, reason: str) -> None:
         try:
-            ranks = sorted(self.gang.stacks(), key=lambda r: r["rank"])
+            stacks, self.verdict = explain(reason, self.gang.stacks())
         except KeyboardInterrupt:  # impatient: stop without them
             return
-        self.gang.hub.consume(
-            Stacks(
-                reason,
-                tuple(
-                    (r["node"], r["rank"], r["busy"], tuple(r["stack"]), r["note"]) for r in ranks
-                ),
-            ),
-            self.on_event,
-        )
-        for r in ranks:
-            cell = [i for i, line in enumerate(r["stack"]) if line.startswith("Cell ")]
-            if r["busy"] and cell:
-                at = r["stack"][cell[-1] : cell[-1] + 2]
-                code = f": {at[1].strip()}" if len(at) > 1 and at[1].startswith("    ") else ""
-                self.where.append(f"rank {r['rank']} (node {r['node']}) was at {at[0]}{code}")
+        self.gang.hub.consume(stacks, self.on_event)
+        for r in stacks.ranks:
+            if r.busy and (line := r.cell_line()):
+                self.where.append(f"{r.label} was at {line}")
 
     def settle(self) -> None:
         with contextlib.suppress(KeyboardInterrupt):  # the cell is over: only late output is lost
             self.drain_logs()
         result = _assemble(self, time.monotonic() - self.started)
         result.interrupted = self.reason
+        result.verdict = self.verdict.text if self.verdict else ""
         result.notes += self.where
         _settle(self.gang, result, interrupted=self.since is not None)
         self.result = result

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import pickle
 import shlex
@@ -24,6 +25,9 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+import psutil
+
+from ..collectives import AbortRequest, RankWhere, WhereRequest
 from ..errors import RendezvousError
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
@@ -59,6 +63,20 @@ def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
     if shutil.which(argv[0]) is None:
         raise RendezvousError(f"{RANK_PYTHON}={raw!r}: {argv[0]!r} is not an executable")
     return argv
+
+
+def _silent(pid: int) -> str:
+    """Why a live rank does not answer: its process is stopped (SIGSTOP, a debugger), waits on
+    the disk, or runs native code that holds the GIL."""
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.Error:
+        status = ""
+    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+        return "no answer: its process is stopped (SIGSTOP or a debugger)"
+    if status == psutil.STATUS_DISK_SLEEP:
+        return "no answer: its process waits on the disk (uninterruptible)"
+    return "no answer (native code holding the GIL?)"
 
 
 def describe_exit(code: int | None) -> str:
@@ -116,7 +134,7 @@ class RankHandle:
         self.rank = rank
         self.pipes = PipeReader(agent, rank)
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.stack_replies: asyncio.Queue[RankWhere] = asyncio.Queue()
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
         #: who takes this rank's next cell replies, oldest first (``expect``)
@@ -291,24 +309,36 @@ class RankHandle:
         why = describe_exit(code)
         return f"{why} ({self.killed_because})" if self.killed_because else why
 
-    async def where(self) -> dict[str, Any]:
-        """The rank's main-thread stack; "no answer" when it holds the GIL in native code."""
+    async def where(self, stack: bool = True) -> RankWhere:
+        """Where the rank is (``stack``: with its main thread's stack); when it does not answer,
+        what the agent sees of its process (exited, stopped, or native code holding the GIL)."""
         while not self.stack_replies.empty():  # a late answer to an earlier request
             self.stack_replies.get_nowait()
-        state = {"rank": self.rank, "node": self.agent.node, "busy": self.running is not None}
-        asked = self.proc.poll() is None
-        if asked:
-            try:
-                self.stacks_conn.send({"op": "stacks"})  # a few bytes: the socket takes them
-            except (OSError, ValueError):
-                asked = False
-        if not asked:
-            return {**state, "stack": [], "note": describe_exit(self.proc.poll())}
+        busy = self.running is not None
+        if not self._ask(WhereRequest(stack)):
+            return self._unanswered(busy, describe_exit(self.proc.poll()))
         try:
-            msg = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
+            answer = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
         except asyncio.TimeoutError:
-            return {**state, "stack": [], "note": "no answer (native code holding the GIL?)"}
-        return {**state, "busy": msg["busy"], "stack": msg["stack"], "note": ""}
+            return self._unanswered(busy, _silent(self.proc.pid))
+        return dataclasses.replace(answer, node=self.agent.node)
+
+    def abort(self, generation: int) -> None:
+        """Have the rank close its group's connections from its stacks thread (an interrupt
+        that finds it blocked in a collective: SIGINT would not get it out)."""
+        self._ask(AbortRequest(generation))
+
+    def _ask(self, request: WhereRequest | AbortRequest) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        try:
+            self.stacks_conn.send(request)  # a few bytes: the socket takes them
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _unanswered(self, busy: bool, note: str) -> RankWhere:
+        return RankWhere(self.agent.node, self.rank, busy, answered=False, note=note)
 
     async def exit_code(self) -> int | None:
         loop = asyncio.get_running_loop()

@@ -117,6 +117,20 @@ class ProcessGroup:
             dist.destroy_process_group()
         self._old, self._pg, self._sockets = self._pg, None, {}
 
+    def abort(self, generation: int) -> None:
+        """Close group ``generation``'s connections from another thread (the stacks thread, on
+        an interrupt): a main thread blocked in a collective, which SIGINT does not reach, fails
+        at once, and so do the peers it waits with. ``destroy`` still runs on the main thread."""
+        if generation != self.generation or self._pg is None:
+            return
+        if self.cuda:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._abort_process_group()
+        else:
+            abort.shut_down(dict(self._sockets), spare_port=self.info.master_port)
+
     def release(self) -> None:
         self._old = None
 

@@ -1,0 +1,79 @@
+"""torch's flight recorder, read back: the collectives this rank issued, newest last.
+
+torch.distributed records every collective in a ring buffer (on by default for gloo and NCCL;
+``TORCH_FR_BUFFER_SIZE`` sets its size) with its process group, sequence number, op, input sizes
+and dtypes and the wall-clock time the rank issued it, without any torch function wrapped or
+patched. On gloo (torch 2.13) every entry stays "scheduled": what a rank has completed comes from
+the dump's per-group status (``last_completed_collective``), which gloo keeps. Reading 256 entries
+costs ~2 ms, so it is read on request (timing, stacks, the hang watchdog's poll), never per
+collective.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from ..collectives import Collective, dtype_name
+
+#: Ring size we ask for (torch's default, 2000, takes ~20 ms to read back).
+FR_BUFFER_SIZE = "256"
+
+
+def trace() -> dict[str, Any]:
+    """The recorder's dump (``entries``, ``pg_status``), or {} without a group or a recorder."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return {}
+        from torch._C import _distributed_c10d as c10d
+
+        backend = dist.get_backend()
+        names = ("_dump_nccl_trace", "_dump_fr_trace") if backend == "nccl" else ("_dump_fr_trace",)
+        for name in names:
+            dump = getattr(c10d, name, None)
+            if dump is not None:  # collectives, no stacks, not only the active ones
+                return pickle.loads(dump(True, False, False))
+    except Exception:  # a private torch API: never fail a cell or a stacks request over it
+        return {}
+    return {}
+
+
+def latest(dump: dict[str, Any]) -> tuple[Collective, ...]:
+    """This rank's latest collective in each live process group (p2p ops aside).
+
+    Only the groups in the dump's status count: the ring still holds entries of groups that a
+    re-forming destroyed, whose numbers start again at #1 in the new one.
+    """
+    status = dump.get("pg_status") or {}
+    wanted = {
+        str(pg): int(s.get("last_enqueued_collective", -1))
+        for pg, s in status.items()
+        if int(s.get("last_enqueued_collective", -1)) > 0
+    }
+    found: dict[str, Collective] = {}
+    for entry in reversed(dump.get("entries") or []):
+        pg = str(entry.get("pg_id"))
+        if entry.get("is_p2p") or pg in found or wanted.get(pg) != entry.get("collective_seq_id"):
+            continue
+        found[pg] = _record(entry, int(status[pg].get("last_completed_collective", -1)))
+        if len(found) == len(wanted):
+            break
+    return tuple(found[pg] for pg in sorted(found, key=lambda p: (len(p), p)))
+
+
+def _record(entry: dict[str, Any], last_completed: int) -> Collective:
+    name, desc = (*(entry.get("process_group") or ()), "", "")[:2]
+    op = str(entry.get("profiling_name", "")).rpartition(":")[2]
+    seq = int(entry["collective_seq_id"])
+    return Collective(
+        pg=str(entry.get("pg_id", name)),
+        pg_desc=str(desc),
+        seq=seq,
+        op=op,
+        sizes=tuple(tuple(int(n) for n in size) for size in entry.get("input_sizes") or ()),
+        dtypes=tuple(dtype_name(str(d)) for d in entry.get("input_dtypes") or ()),
+        entered_ns=int(entry.get("time_created_ns") or 0),
+        completed=entry.get("state") == "completed" or seq <= last_completed,
+    )
