@@ -198,6 +198,7 @@ class Cluster:
         pull: Iterable[str] = (),
         push: Iterable[str] = (),
         timeout: float | None = None,
+        hang_timeout: float | None = None,
         seed: int | None = None,
         retries: int | None = None,
         on_event: OnEvent | None = None,
@@ -206,10 +207,14 @@ class Cluster:
 
         ``namespace`` is where notebook names the code reads are taken from (the magic passes
         the kernel's ``user_ns``); nothing is captured without it. With ``retries`` a cell whose
-        rank was lost runs again once the gang has recovered.
+        rank was lost runs again once the gang has recovered. ``hang_timeout`` (default the
+        spec's, 300 s; 0: off): after that long without progress while ranks wait in a
+        collective, the hang verdict is shown and the cell keeps running.
         """
         from .gang.run import run_cell
 
+        if hang_timeout is not None:  # a bad value is refused before anything runs
+            hang_timeout = self.spec.replace(hang_timeout=hang_timeout).hang_timeout
         self._refuse_while_background()
         with self._job() as torn_down:
             self.cells += 1
@@ -238,7 +243,11 @@ class Cluster:
                     fresh, _ = self._capture(python, namespace, push)
                     payload = dataclasses.replace(payload, names=fresh)
                 result = run_cell(
-                    gang, payload, on_event, self.spec.timeout if timeout is None else timeout
+                    gang,
+                    payload,
+                    on_event,
+                    self.spec.timeout if timeout is None else timeout,
+                    self.spec.hang_timeout if hang_timeout is None else hang_timeout,
                 )
                 if result.ok or not _retryable(result) or attempt + 1 == attempts:
                     break

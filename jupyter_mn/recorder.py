@@ -22,6 +22,7 @@ from .events import (
     CellDone,
     GangState,
     GpuSample,
+    Hung,
     LogLines,
     NodesWaiting,
     RankState,
@@ -29,7 +30,7 @@ from .events import (
 )
 from .joblogs import JobLogWriter
 from .kernelid import current_kernel_id
-from .registry import HEARTBEAT_S, JobModel, NodeModel, Registry, Request
+from .registry import HEARTBEAT_S, HUNG, JobModel, NodeModel, Registry, Request
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -100,6 +101,8 @@ class JobRecord:
             model.nodes[event.node].gpu_util = sum(utils) / len(utils) if utils else None
         elif isinstance(event, TransportReport) and event.node >= 0:
             model.nodes[event.node].transport = event.summary
+        elif isinstance(event, Hung):  # until the gang's next state (the cell ends)
+            model.state, model.detail, model.error = HUNG, event.verdict, event.verdict
         elif isinstance(event, CellDone):
             model.cells += 1
             model.last_cell = {"id": event.cell_id, "ok": event.ok, "elapsed": event.elapsed}

@@ -77,6 +77,9 @@ class ClusterSpec:
     #: every line still goes to the logs and the Clusters panel
     ranks: tuple[int, ...] = ()
     timeout: float | None = None
+    #: show the hang verdict live when no rank has completed a collective or ended the cell for
+    #: this long while some wait in one (0: off); the cell keeps running
+    hang_timeout: float = 300.0
     retries: int = 0
     seed: int | None = None
     idle_timeout: float = 1800.0
@@ -148,6 +151,11 @@ class ClusterSpec:
             value = getattr(self, name)
             if value is not None and not is_number(value, low=0, strict=True):
                 raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not is_number(self.hang_timeout, low=0):
+            raise SpecError(
+                f"hang_timeout must be 0 (off) or a positive number of seconds, "
+                f"got {self.hang_timeout!r}"
+            )
         problem = name_problem(self.name) if self.name is not None else None
         if problem:
             raise SpecError(f"name {reprlib.repr(self.name)} {problem}")

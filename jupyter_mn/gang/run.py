@@ -15,6 +15,7 @@ are restarted. A second Ctrl-C kills at once. Restarted ranks join the group in 
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import time
 from typing import Any
@@ -27,7 +28,8 @@ from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
 from ..verdict import Verdict, explain
 from .base import Gang
-from .inbox import Reply
+from .hangwatch import HangWatch, Look
+from .inbox import Message, Reply
 from .job import Job
 from .recover import restarted_note
 from .state import GangStatus
@@ -37,6 +39,8 @@ from .transport import violation
 KILL_AFTER_S = 3.0
 #: After the kill, how long node agents get to answer before the gang is declared broken.
 GIVE_UP_AFTER_S = 10.0
+#: How long the hang watchdog's look waits for the agents.
+_STACKS_S = 3.0
 
 
 class RemoteRepr:
@@ -52,9 +56,17 @@ class RemoteRepr:
 class CellJob(Job[CellResult]):
     """One cell on every rank; stopped by escalation, from the first interrupt to the kill."""
 
-    def __init__(self, gang: Gang, payload: CellPayload, on_event: OnEvent | None) -> None:
+    def __init__(
+        self,
+        gang: Gang,
+        payload: CellPayload,
+        on_event: OnEvent | None,
+        hang_timeout: float = 0.0,
+    ) -> None:
         super().__init__(gang, on_event)
         self.payload = payload
+        self.hang_timeout = hang_timeout
+        self.watch: HangWatch | None = None
         self.started = time.monotonic()
         self.since: float | None = None
         self.killed_at: float | None = None
@@ -67,14 +79,31 @@ class CellJob(Job[CellResult]):
 
     def start(self) -> None:
         self.started = time.monotonic()
+        if self.hang_timeout:
+            look = functools.partial(self.gang.stacks, _STACKS_S)
+            post = self.gang.hub.inbox.put_reply
+            self.watch = HangWatch(self.hang_timeout, self.started, look, post)
         self.gang.hub.replay(self.on_event)
         payload, run_id = self.payload, self.run_id
         self.gang.send_cell(payload, run_id)
 
     def take(self, item: Any) -> bool:
+        if isinstance(item, Message) and isinstance(item.body, Look):
+            self._looked(item.body)
+            return False
+        if isinstance(item, Reply) and self.watch is not None:  # its ranks ended the cell
+            self.watch.progress.moved(time.monotonic())
         if isinstance(item, Reply) and isinstance(item.error, NodeUnreachable):
             self.unreachable = item.node if self.unreachable is None else self.unreachable
         return super().take(item)
+
+    def _looked(self, look: Look) -> None:
+        """The hang watchdog's look came back: show its verdict if the cell now hangs."""
+        if look.watch is not self.watch or self.since is not None:
+            return  # a look of another cell's, or this one is being stopped anyway
+        why = f"no rank progressed for {self.hang_timeout:g} s (--hang-timeout); still running"
+        for event in look.watch.take(look, time.monotonic(), why):
+            self.gang.hub.announce(event, self.on_event)
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:
@@ -97,6 +126,8 @@ class CellJob(Job[CellResult]):
             self.gang.ask(node, lambda agent: agent.kill(self.run_id, why))
 
     def tick(self, now: float) -> bool:
+        if self.watch is not None and self.since is None:
+            self.watch.tick(now)
         if self.since is not None and self.killed_at is None and now - self.since > KILL_AFTER_S:
             self._kill(f"it did not stop within {KILL_AFTER_S:g} s of the interrupt")
         return self.killed_at is not None and now - self.killed_at > GIVE_UP_AFTER_S
@@ -112,6 +143,8 @@ class CellJob(Job[CellResult]):
                 self.where.append(f"{r.label} was at {line}")
 
     def settle(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         with contextlib.suppress(KeyboardInterrupt):  # the cell is over: only late output is lost
             self.drain_logs()
         result = _assemble(self, time.monotonic() - self.started)
@@ -135,10 +168,15 @@ class CellJob(Job[CellResult]):
 
 
 def run_cell(
-    gang: Gang, payload: CellPayload, on_event: OnEvent | None, timeout: float | None = None
+    gang: Gang,
+    payload: CellPayload,
+    on_event: OnEvent | None,
+    timeout: float | None = None,
+    hang_timeout: float = 0.0,
 ) -> CellResult:
-    """Run ``payload`` on every rank; return the outcome (failures as values)."""
-    return gang.run(CellJob(gang, payload, on_event), timeout)
+    """Run ``payload`` on every rank; return the outcome (failures as values). A stall of
+    ``hang_timeout`` seconds (0: never) shows the hang verdict while the cell keeps running."""
+    return gang.run(CellJob(gang, payload, on_event, hang_timeout), timeout)
 
 
 def _drain_events(gang: Gang, on_event: OnEvent | None) -> None:
