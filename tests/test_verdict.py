@@ -135,3 +135,11 @@ def test_a_behind_rank_waiting_elsewhere_says_where():
     verdict = judge(ranks, NOW)
     assert verdict.culprits == (1,)
     assert verdict.text.endswith("rank 1 is inside all_reduce #3 (pg 1 (experts))")
+
+
+def test_a_mismatch_outranks_a_rank_that_is_behind():
+    """Ranks that called different ops at #5 never complete it, whoever else arrives."""
+    ranks = [rank(0, call(5)), rank(1, call(5, "barrier", None)), rank(2, call(4, done=True))]
+    verdict = judge(ranks, NOW)
+    assert verdict.kind is HangKind.MISMATCH
+    assert verdict.text.endswith("rank 0 is in all_reduce(float32[1024]), rank 1 in barrier")

@@ -40,27 +40,21 @@ def trace() -> dict[str, Any]:
     return {}
 
 
-def latest(dump: dict[str, Any]) -> tuple[Collective, ...]:
-    """This rank's latest collective in each live process group (p2p ops aside).
-
-    Only the groups in the dump's status count: the ring still holds entries of groups that a
-    re-forming destroyed, whose numbers start again at #1 in the new one.
-    """
+def latest(dump: dict[str, Any], since_ns: int = 0) -> tuple[Collective, ...]:
+    """This rank's latest collective in each process group (p2p ops aside) issued after
+    ``since_ns``: when the current group was formed. The ring still holds entries of groups a
+    re-forming destroyed, and the new groups reuse their names (``"0"`` is always the default
+    group), while torch's internal ids go on counting and differ on a restarted rank; so a group
+    is known by its name, and older entries are left out."""
     status = dump.get("pg_status") or {}
-    wanted = {
-        str(pg): int(s.get("last_enqueued_collective", -1))
-        for pg, s in status.items()
-        if int(s.get("last_enqueued_collective", -1)) > 0
-    }
     found: dict[str, Collective] = {}
     for entry in reversed(dump.get("entries") or []):
-        pg = str(entry.get("pg_id"))
-        if entry.get("is_p2p") or pg in found or wanted.get(pg) != entry.get("collective_seq_id"):
+        name = str((entry.get("process_group") or ("",))[0])
+        if entry.get("is_p2p") or name in found or (entry.get("time_created_ns") or 0) < since_ns:
             continue
-        found[pg] = _record(entry, int(status[pg].get("last_completed_collective", -1)))
-        if len(found) == len(wanted):
-            break
-    return tuple(found[pg] for pg in sorted(found, key=lambda p: (len(p), p)))
+        done = (status.get(str(entry.get("pg_id"))) or {}).get("last_completed_collective", -1)
+        found[name] = _record(entry, int(done))
+    return tuple(found[name] for name in sorted(found, key=lambda n: (len(n), n)))
 
 
 def _record(entry: dict[str, Any], last_completed: int) -> Collective:
@@ -68,7 +62,7 @@ def _record(entry: dict[str, Any], last_completed: int) -> Collective:
     op = str(entry.get("profiling_name", "")).rpartition(":")[2]
     seq = int(entry["collective_seq_id"])
     return Collective(
-        pg=str(entry.get("pg_id", name)),
+        pg=str(name),
         pg_desc=str(desc),
         seq=seq,
         op=op,

@@ -52,7 +52,7 @@ def _answer_stacks(
                 group.abort(msg.generation)
                 continue
             stack = stacks.main_thread(shell) if msg.stack else []
-            collectives = flight.latest(flight.trace())
+            collectives = flight.latest(flight.trace(), group.formed_ns)
             conn.send(
                 RankWhere(info.node_rank, info.rank, signals.active, tuple(stack), collectives)
             )
