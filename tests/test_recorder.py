@@ -145,3 +145,21 @@ def test_on_a_full_log_disk_states_are_still_saved_with_one_warning(cluster, tmp
         "dropping lines until it works"
     ]
     assert not [r for r in ours if r.exc_info]  # no traceback
+
+
+def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry, cluster):
+    from jupyter_mn.events import CellDone, GangState, Hung
+    from jupyter_mn.recorder import JobRecord
+
+    gang = cluster.up()
+    record = JobRecord(registry, cluster, gang)  # fed by hand: no live events race it
+    verdict = "rank 3 (node 1) never entered all_reduce #4 (pg 0, float32[1]); …"
+    assert record.handle(GangState("RUNNING"))
+    assert record.handle(Hung(verdict, 300.0))
+    job = JobModel.from_json(record.model.to_json())  # the shape the sidebar reads
+    assert (job.state, job.detail, job.error) == ("HUNG", verdict, verdict)
+    assert record.handle(CellDone(4, False, 301.0, error="rank 3 (node 1) was interrupted"))
+    assert record.handle(GangState("READY"))
+    job = JobModel.from_json(record.model.to_json())
+    assert (job.state, job.error) == ("READY", "rank 3 (node 1) was interrupted")
+    record.logs.close()
