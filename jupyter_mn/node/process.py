@@ -146,6 +146,7 @@ class RankHandle:
         self.stopping = False
         self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
+        self._where_lock = asyncio.Lock()
         self._sending: set[asyncio.Task[bool]] = set()  # sends waiting for the lock, or a thread
         parent, child = socket.socketpair()
         stacks_parent, stacks_child = socket.socketpair()
@@ -311,17 +312,20 @@ class RankHandle:
 
     async def where(self, stack: bool = True) -> RankWhere:
         """Where the rank is (``stack``: with its main thread's stack); when it does not answer,
-        what the agent sees of its process (exited, stopped, or native code holding the GIL)."""
-        while not self.stack_replies.empty():  # a late answer to an earlier request
-            self.stack_replies.get_nowait()
-        busy = self.running is not None
-        if not self._ask(WhereRequest(stack)):
-            return self._unanswered(busy, describe_exit(self.proc.poll()))
-        try:
-            answer = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
-        except asyncio.TimeoutError:
-            return self._unanswered(busy, _silent(self.proc.pid))
-        return dataclasses.replace(answer, node=self.agent.node)
+        what the agent sees of its process (exited, stopped, or native code holding the GIL).
+        One question at a time (the hang watchdog's and ``--timeout``'s may meet), so a reply
+        is never taken for another's."""
+        async with self._where_lock:
+            while not self.stack_replies.empty():  # a late answer to an earlier request
+                self.stack_replies.get_nowait()
+            busy = self.running is not None
+            if not self._ask(WhereRequest(stack)):
+                return self._unanswered(busy, describe_exit(self.proc.poll()))
+            try:
+                answer = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
+            except asyncio.TimeoutError:
+                return self._unanswered(busy, _silent(self.proc.pid))
+            return dataclasses.replace(answer, node=self.agent.node)
 
     def abort(self, generation: int) -> None:
         """Have the rank close its group's connections from its stacks thread (an interrupt
