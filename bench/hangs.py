@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--hang-timeout", type=float, default=2.0, help="the watchdog's S")
     parser.add_argument("--peer-timeout", type=float, default=10.0, help="PG timeout of the peer")
     args = parser.parse_args()
-    timeout = args.hang_timeout + 3
+    timeout = args.hang_timeout + 6  # room for the looks at a frozen rank (1 s each)
     load = os.getloadavg()[0]
     rows = []
     with Cluster(nodes=2, gpus=2) as cluster:

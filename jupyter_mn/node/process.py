@@ -65,16 +65,27 @@ def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
     return argv
 
 
+_STOPPED = "no answer: its process is stopped (SIGSTOP or a debugger)"
+
+
+def _status(pid: int) -> str:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return ""
+
+
+def _stopped(pid: int) -> bool:
+    """A stopped process cannot answer: asking it would only cost the wait."""
+    return _status(pid) in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
 def _silent(pid: int) -> str:
     """Why a live rank does not answer: its process is stopped (SIGSTOP, a debugger), waits on
     the disk, or runs native code that holds the GIL."""
-    try:
-        status = psutil.Process(pid).status()
-    except psutil.Error:
-        status = ""
-    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-        return "no answer: its process is stopped (SIGSTOP or a debugger)"
-    if status == psutil.STATUS_DISK_SLEEP:
+    if _stopped(pid):
+        return _STOPPED
+    if _status(pid) == psutil.STATUS_DISK_SLEEP:
         return "no answer: its process waits on the disk (uninterruptible)"
     return "no answer (native code holding the GIL?)"
 
@@ -319,6 +330,8 @@ class RankHandle:
             while not self.stack_replies.empty():  # a late answer to an earlier request
                 self.stack_replies.get_nowait()
             busy = self.running is not None
+            if _stopped(self.proc.pid):
+                return self._unanswered(busy, _STOPPED)
             if not self._ask(WhereRequest(stack)):
                 return self._unanswered(busy, describe_exit(self.proc.poll()))
             try:
