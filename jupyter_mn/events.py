@@ -212,10 +212,12 @@ class Stacks:
 @dataclass(frozen=True)
 class Hung:
     """The hang watchdog (``--hang-timeout``) fired: no rank completed a collective or ended
-    the cell for ``silent_s`` while some waited in one. The cell keeps running."""
+    the cell for ``silent_s`` while some waited in one. The cell keeps running; ``over`` when the
+    ranks progress again after it fired."""
 
     verdict: str
     silent_s: float
+    over: bool = False
 
 
 @_event

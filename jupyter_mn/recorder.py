@@ -101,7 +101,9 @@ class JobRecord:
             model.nodes[event.node].gpu_util = sum(utils) / len(utils) if utils else None
         elif isinstance(event, TransportReport) and event.node >= 0:
             model.nodes[event.node].transport = event.summary
-        elif isinstance(event, Hung):  # until the gang's next state (the cell ends)
+        elif isinstance(event, Hung) and event.over:
+            model.state, model.detail, model.error = self.gang.status.value, self.gang.detail, None
+        elif isinstance(event, Hung):  # until it is over or the gang's next state (the cell ends)
             model.state, model.detail, model.error = HUNG, event.verdict, event.verdict
         elif isinstance(event, CellDone):
             model.cells += 1

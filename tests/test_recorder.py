@@ -158,6 +158,9 @@ def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry
     assert record.handle(Hung(verdict, 300.0))
     job = JobModel.from_json(record.model.to_json())  # the shape the sidebar reads
     assert (job.state, job.detail, job.error) == ("HUNG", verdict, verdict)
+    assert record.handle(Hung(verdict, 300.0, over=True))  # the ranks moved on
+    assert JobModel.from_json(record.model.to_json()).state == gang.status.value
+    assert record.handle(Hung(verdict, 300.0))
     assert record.handle(CellDone(4, False, 301.0, error="rank 3 (node 1) was interrupted"))
     assert record.handle(GangState("READY"))
     job = JobModel.from_json(record.model.to_json())

@@ -402,6 +402,10 @@ def test_the_widget_shows_a_hung_banner_while_the_cell_runs():
     widget.state.apply(Hung(VERDICT, 300.0))
     widget._draw(widget.state.take_dirty())
     assert f'<div class="jp-mn-alarm jp-mn-hung">HUNG: {VERDICT}</div>' in widget._header.value
+    widget.state.apply(Hung(VERDICT, 300.0, over=True))  # the ranks moved on
+    widget._draw(widget.state.take_dirty())
+    assert "HUNG" not in widget._header.value
+    widget.state.apply(Hung(VERDICT, 300.0))
     widget.state.apply(CellDone(2, False, 310.0))
     widget._draw(widget.state.take_dirty())
     assert "HUNG" not in widget._header.value

@@ -6,8 +6,9 @@ the kernel asks every rank for its latest collectives (``WhereRequest(stack=Fals
 recorder only, ~2 ms a rank) every S/5 seconds, between 0.5 and 10 s; any rank whose collectives
 or busy state changed since the last look is progress. When S seconds pass without any, the
 ranks are asked once more with their stacks, and the verdict (``verdict.py``) goes out as a
-``Hung`` event with the ``Stacks``: the cell keeps running, the user decides. It fires again only
-after progress. A slow job that keeps completing collectives, however slowly, never fires it.
+``Hung`` event with the ``Stacks``: the cell keeps running, the user decides. When the ranks
+move again a ``Hung(over=True)`` says so; it fires again only after progress. A slow job that
+keeps completing collectives, however slowly, never fires it.
 
 The looks run on a thread of the job's own (a stacks call waits up to a second for a rank
 holding the GIL in native code); their answers reach the run loop through the inbox.
@@ -77,6 +78,8 @@ class HangWatch:
         self._next = now + self.poll_s
         self._stacks, self._post = stacks, post
         self._looking = False
+        #: the hang reported and not over yet
+        self._reported: Hung | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="jupyter-mn-hangwatch")
 
     def tick(self, now: float) -> None:
@@ -97,6 +100,9 @@ class HangWatch:
         except Exception:  # an agent that does not answer: the heartbeat deals with it
             return []
         hung = self.progress.saw(ranks, now)
+        if self._reported is not None and not self.progress.fired:  # it moved on since
+            over, self._reported = Hung(self._reported.verdict, self._reported.silent_s, True), None
+            return [over]
         if hung and not look.stack:  # confirm with the stacks, which the user will want
             self._look(stack=True)
             return []
@@ -106,7 +112,8 @@ class HangWatch:
         if verdict is None:
             return []
         self.progress.fired = True
-        return [Hung(verdict.text, now - self.progress.moved_at), stacks]
+        self._reported = Hung(verdict.text, now - self.progress.moved_at)
+        return [self._reported, stacks]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

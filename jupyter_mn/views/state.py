@@ -146,7 +146,7 @@ class CellState:
             self.done, self.ended, self.hung = event, time.monotonic(), ""
             self.dirty.update({"header", "summary"})
         elif isinstance(event, Hung):
-            self.hung = event.verdict
+            self.hung = "" if event.over else event.verdict
             self.dirty.add("header")
         elif isinstance(event, Note):
             self.notices.append(event.text)

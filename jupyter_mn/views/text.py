@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..events import CellDone, Displays, GangState, LogLines, Stacks, TransportReport
+from ..events import CellDone, Displays, GangState, Hung, LogLines, Stacks, TransportReport
 from ..spec import ClusterSpec
 from .displays import RankDisplays
 from .stacks import format_stacks
@@ -75,6 +75,8 @@ class TextView:
             self._transport(event)
         elif isinstance(event, CellDone):
             self._final()
+        elif isinstance(event, Hung) and event.over:  # its verdict came with its stacks
+            self._note("the ranks progress again (the hang is over)")
         elif isinstance(event, Stacks):
             out = self._out("err")
             out.write(format_stacks(event) + "\n")

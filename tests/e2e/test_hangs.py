@@ -94,7 +94,7 @@ def test_ranks_busy_in_their_own_code_get_the_stacks_and_no_verdict(kernel):
 def test_the_watchdog_shows_the_verdict_while_the_cell_runs_on(kernel):
     msgs = kernel.iopub_during(
         "%%cluster --hang-timeout 5\nimport time\nt = torch.ones(1)\nif dist.get_rank() == 3:\n"
-        "    time.sleep(12)\ndist.all_reduce(t)\nt.item()",
+        "    time.sleep(12)\ndist.all_reduce(t)\ntime.sleep(2)\nt.item()",
         timeout=120,
     )
     start = next(m["received"] for m in msgs if m["msg_type"] == "execute_input")
@@ -109,6 +109,9 @@ def test_the_watchdog_shows_the_verdict_while_the_cell_runs_on(kernel):
     result = next(m for m in msgs if m["msg_type"] == "execute_result")
     assert result["content"]["data"]["text/plain"] == "4.0"  # the cell went on and finished
     assert 5 <= seen_after < result["received"] - start, seen_after
+    streams = [m for m in msgs if m["msg_type"] == "stream"]
+    over = [m for m in streams if "the hang is over" in m["content"]["text"]]
+    assert over and shown[0]["received"] < over[0]["received"] < result["received"]
 
 
 def test_a_cell_that_keeps_completing_collectives_never_triggers_the_watchdog(kernel):
