@@ -51,6 +51,8 @@ class Collective:
     #: wall-clock time the rank issued it (``time.time_ns()``)
     entered_ns: int = 0
     completed: bool = False
+    #: the group's global ranks (every rank creates every group, member or not); () not known
+    members: tuple[int, ...] = ()
 
     @property
     def args(self) -> str:

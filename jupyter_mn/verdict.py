@@ -61,16 +61,23 @@ class _Case:
     """The members of the waiting collective's group and where each is relative to #M."""
 
     def __init__(self, ranks: Sequence[RankWhere], waited: Collective, now_ns: int) -> None:
-        self.everyone = waited.pg_desc == "default_pg"
         self.records = {r.rank: _record_in(r, waited.pg) for r in ranks}
-        #: a group's members: every rank for the default group, else those with a record in it
-        self.members = [r for r in ranks if self.everyone or self.records[r.rank] is not None]
+        self.members = self._members(ranks, waited)
         self.seq = max(c.seq for c in self.records.values() if c is not None)
         self.at = [r for r in self.members if self._seq(r) == self.seq]
         waiting = [c for r in self.at if not (c := self._record(r)).completed]
         #: the collective the others wait in, as the rank that waited longest issued it
         self.waited = min(waiting or [self._record(self.at[0])], key=lambda c: c.entered_ns)
         self.waited_s = max(now_ns - self.waited.entered_ns, 0) / 1e9
+
+    def _members(self, ranks: Sequence[RankWhere], waited: Collective) -> list[RankWhere]:
+        """The group's members as its ranks know them; where they do not say: every rank for
+        the default group, else the ranks with a record in it."""
+        if waited.members:
+            return [r for r in ranks if r.rank in waited.members]
+        if waited.pg_desc == "default_pg":
+            return list(ranks)
+        return [r for r in ranks if self.records[r.rank] is not None]
 
     def _seq(self, r: RankWhere) -> int:
         record = self.records[r.rank]

@@ -4,6 +4,8 @@ through a real kernel) are in ``tests/e2e/test_hangs.py``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from jupyter_mn.collectives import Collective, RankWhere
 from jupyter_mn.verdict import HangKind, judge
 
@@ -143,3 +145,17 @@ def test_a_mismatch_outranks_a_rank_that_is_behind():
     verdict = judge(ranks, NOW)
     assert verdict.kind is HangKind.MISMATCH
     assert verdict.text.endswith("rank 0 is in all_reduce(float32[1024]), rank 1 in barrier")
+
+
+def test_a_member_that_never_used_its_group_is_missing_when_the_group_says_who_its_members_are():
+    def experts(seq, done=False):
+        return dataclasses.replace(call(seq, pg="1", done=done), members=(0, 1, 3))
+
+    ranks = [rank(0, experts(1)), rank(1, experts(1)), rank(2, call(4, done=True))]
+    ranks.append(rank(3, call(4, done=True), stack=IN_LOAD))  # never used "experts" yet
+    verdict = judge(ranks, NOW)
+    assert verdict.kind is HangKind.MISSING and verdict.culprits == (3,)  # 2 is no member
+    assert verdict.text.startswith(
+        "rank 3 (node 1) never entered all_reduce #1 (pg 1 (experts), float32[1024]); the other "
+        "2 ranks have waited in it"
+    )

@@ -52,7 +52,7 @@ def _answer_stacks(
                 group.abort(msg.generation)
                 continue
             stack = stacks.main_thread(shell) if msg.stack else []
-            collectives = flight.latest(flight.trace(), group.formed_ns)
+            collectives = flight.latest(flight.trace(), group.formed_ns, flight.group_ranks())
             conn.send(
                 RankWhere(info.node_rank, info.rank, signals.active, tuple(stack), collectives)
             )

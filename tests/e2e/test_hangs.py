@@ -36,6 +36,7 @@ def hang(
     assert reply.ename == "CellInterrupted", reply.error_text
     after = kernel.run(CHECK, timeout=120)
     assert after.result == repr([(4.0, rank in kept) for rank in range(4)]), after.error_text
+    assert kernel.run("%%cluster\nx = 1").status == "ok"  # for the next case's check
     return reply
 
 
@@ -82,6 +83,26 @@ def test_a_rank_that_reduces_another_size_is_a_mismatch(kernel):
     assert verdict(reply).endswith(
         "ranks 0, 1, 2 are in all_reduce(float32[1]), rank 3 in all_reduce(float32[2])"
     )
+
+
+def test_a_member_missing_from_a_subgroup_is_named_with_the_group(kernel):
+    """Rank 2 is no member of "experts" and is not blamed. Ranks blocked in a subgroup's
+    collective are not freed by the abort (it closes the default group's connections), so
+    node 0's are killed and restarted."""
+    reply = hang(
+        kernel,
+        "import time\nexperts = dist.new_group([0, 1, 3], group_desc='experts')\n"
+        "t = torch.ones(1)\nif dist.get_rank() in (0, 1):\n    dist.all_reduce(t, group=experts)\n"
+        "else:\n    time.sleep(60)",
+        kept=(2, 3),
+    )
+    text = verdict(reply)
+    assert re.fullmatch(
+        r"rank 3 \(node 1\) never entered all_reduce #1 \(pg \d+ \(experts\), float32\[1\]\); the "
+        r"other 2 ranks have waited in it for \d\.\d s; rank 3 is at Cell In\[\d+\], line 7: "
+        r"time\.sleep\(60\)",
+        text,
+    ), text
 
 
 def test_ranks_busy_in_their_own_code_get_the_stacks_and_no_verdict(kernel):
