@@ -28,6 +28,12 @@ _DTYPES = {
 }
 
 
+#: A collective entered less than this long before its rank answered is in progress, not a
+#: wait: ranks answer milliseconds apart (a rank in a busy loop may be one collective ahead of
+#: the others' answers), and gloo counts a completion just after ``wait()`` returns.
+MIN_WAIT_NS = 500_000_000
+
+
 def dtype_name(scalar_type: str) -> str:
     """``"Float"`` → ``"float32"``; a name torch adds later stays as it is."""
     return _DTYPES.get(scalar_type, scalar_type.lower())
@@ -104,14 +110,21 @@ class RankWhere:
     #: the rank answered; else ``note`` says what the agent knows (exited, stopped, …)
     answered: bool = True
     note: str = ""
+    #: when the rank answered (``time.time_ns()``)
+    taken_ns: int = 0
 
     @property
     def label(self) -> str:
         return f"rank {self.rank} (node {self.node})"
 
     def waiting(self) -> Collective | None:
-        """The collective this rank is inside (issued, not completed), the oldest first."""
-        inside = [c for c in self.collectives if not c.completed]
+        """The collective this rank waits in (issued, not completed, for ``MIN_WAIT_NS`` at
+        least when it answered), the oldest first."""
+        inside = [
+            c
+            for c in self.collectives
+            if not c.completed and self.taken_ns - c.entered_ns >= MIN_WAIT_NS
+        ]
         return min(inside, key=lambda c: c.entered_ns) if inside else None
 
     def cell_line(self) -> str:

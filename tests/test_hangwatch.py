@@ -8,13 +8,15 @@ from __future__ import annotations
 from jupyter_mn.collectives import Collective, RankWhere
 from jupyter_mn.gang.hangwatch import Progress
 
+S = 1_000_000_000  # ns: when the ranks answer, a second after they entered
+
 
 def at(seq, done=False):
     return Collective("0", "default_pg", seq, "all_reduce", ((1,),), ("float32",), 1, done)
 
 
 def look(*seqs, done=(), busy=True):
-    return [RankWhere(0, n, busy, (), (at(s, n in done),)) for n, s in enumerate(seqs)]
+    return [RankWhere(0, n, busy, (), (at(s, n in done),), taken_ns=S) for n, s in enumerate(seqs)]
 
 
 def test_a_stall_with_a_rank_waiting_fires_once_after_the_timeout():

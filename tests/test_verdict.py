@@ -20,7 +20,7 @@ def call(seq, op="all_reduce", size=(1024,), dtype="float32", at=NOW - 41 * S, d
 
 
 def rank(n, *collectives, busy=True, stack=(), answered=True, note=""):
-    return RankWhere(n // 2, n, busy, tuple(stack), tuple(collectives), answered, note)
+    return RankWhere(n // 2, n, busy, tuple(stack), tuple(collectives), answered, note, NOW)
 
 
 IN_LOAD = ("Cell In[7], line 14", "    batch = load_batch()", "File x.py:3, in load_batch")
@@ -159,3 +159,11 @@ def test_a_member_that_never_used_its_group_is_missing_when_the_group_says_who_i
         "rank 3 (node 1) never entered all_reduce #1 (pg 1 (experts), float32[1024]); the other "
         "2 ranks have waited in it"
     )
+
+
+def test_a_collective_entered_just_before_the_answer_is_in_progress_not_a_wait():
+    """Ranks answer milliseconds apart: in a busy loop one may be a collective ahead."""
+    ahead = rank(3, call(112, at=NOW - 5_000_000))
+    behind = [rank(n, call(111, done=True), stack=IN_LOAD) for n in range(3)]
+    assert judge([*behind, ahead], NOW) is None
+    assert ahead.waiting() is None

@@ -374,6 +374,7 @@ HUNG_RANKS = (
         True,
         ("Cell In[2], line 4", "    dist.all_reduce(t)"),
         (Collective("0", "default_pg", 7, "all_reduce", ((1,),), ("float32",), 1, False),),
+        taken_ns=3_000_000_000,
     ),
     RankWhere(0, 1, True, ("Cell In[2], line 6", "    time.sleep(60)")),
     RankWhere(1, 2, True, answered=False, note="no answer (native code holding the GIL?)"),

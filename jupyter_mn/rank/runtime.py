@@ -14,6 +14,7 @@ import faulthandler
 import os
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -53,8 +54,9 @@ def _answer_stacks(
                 continue
             stack = stacks.main_thread(shell) if msg.stack else []
             collectives = flight.latest(flight.trace(), group.formed_ns, flight.group_ranks())
+            busy, now = signals.active, time.time_ns()
             conn.send(
-                RankWhere(info.node_rank, info.rank, signals.active, tuple(stack), collectives)
+                RankWhere(info.node_rank, info.rank, busy, tuple(stack), collectives, taken_ns=now)
             )
         except (EOFError, OSError):
             return
