@@ -66,8 +66,13 @@ FAULTS = [
         timeout=1,
     ),
     Fault(
-        "hang ignoring SIGINT, --timeout 1 (kill)",
+        "all blocked in recv, --timeout 1 (abort)",
         "t = torch.ones(1)\ndist.recv(t, src=(dist.get_rank() + 1) % 4)",
+        timeout=1,
+    ),
+    Fault(
+        "hang ignoring SIGINT, --timeout 1 (kill)",
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)",
         timeout=1,
     ),
 ]

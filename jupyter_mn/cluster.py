@@ -28,6 +28,7 @@ from .launcher import CALL_CELL, call_names
 from .payload import Captured, CellPayload
 from .result import LOST, OK, CellResult
 from .spec import ClusterSpec, check_seconds, check_seed
+from .verdict import explain
 from .workdir import for_spec
 
 if TYPE_CHECKING:
@@ -224,6 +225,7 @@ class Cluster:
         pull: Iterable[str] = (),
         push: Iterable[str] = (),
         timeout: float | None = None,
+        hang_timeout: float | None = None,
         seed: int | None = None,
         retries: int | None = None,
         on_event: OnEvent | None = None,
@@ -232,7 +234,9 @@ class Cluster:
 
         ``namespace`` is where notebook names the code reads are taken from (the magic passes
         the kernel's ``user_ns``); nothing is captured without it. With ``retries`` a cell whose
-        rank was lost runs again once the gang has recovered.
+        rank was lost runs again once the gang has recovered. ``hang_timeout`` (default the
+        spec's, 300 s; 0: off): after that long without progress while ranks wait in a
+        collective, the hang verdict is shown and the cell keeps running.
         """
         from .gang.debugger import can_prompt
 
@@ -240,6 +244,8 @@ class Cluster:
             check_seed(seed, self.spec.world_size)
         if timeout is not None:
             check_seconds("timeout", timeout)
+        if hang_timeout is not None:  # a bad value is refused before anything runs
+            hang_timeout = self.spec.replace(hang_timeout=hang_timeout).hang_timeout
         self._refuse_while_background()
         with self._job() as torn_down:
             self.cells += 1
@@ -263,6 +269,7 @@ class Cluster:
                 on_event,
                 self.spec.timeout if timeout is None else timeout,
                 self.spec.retries if retries is None else retries,
+                self.spec.hang_timeout if hang_timeout is None else hang_timeout,
             )
         if torn_down:
             result.notes.append(f"the gang was torn down: {torn_down[0]}")
@@ -271,7 +278,12 @@ class Cluster:
         return result
 
     def _attempts(
-        self, payload: CellPayload, on_event: OnEvent | None, timeout: float | None, retries: int
+        self,
+        payload: CellPayload,
+        on_event: OnEvent | None,
+        timeout: float | None,
+        retries: int,
+        hang_timeout: float,
     ) -> CellResult:
         """Run ``payload``; while a rank was lost and retries are left, again once the gang has
         recovered (not after the cost cap stopped it)."""
@@ -280,7 +292,7 @@ class Cluster:
         for attempt in range(1 + retries):
             gang = self.up(on_event)
             sent = gang.files.refresh(self.spec)  # what a node's copy of the directory was sent
-            result = run_cell(gang, self._for_ranks(payload, gang), on_event, timeout)
+            result = run_cell(gang, self._for_ranks(payload, gang), on_event, timeout, hang_timeout)
             result.notes[:0] = sent
             self._last = (payload.cell_id, result, gang.id)
             if result.ok or not _retryable(result) or attempt == retries or self._expired:
@@ -397,13 +409,10 @@ class Cluster:
         return outcome.rank
 
     def stacks(self) -> Stacks:
-        """Where every rank's main thread is now (``%cluster stacks``); works during a cell."""
+        """Where every rank is now (``%cluster stacks``), with the hang verdict when ranks wait
+        in a collective; works during a cell."""
         gang = self.gang
-        ranks = sorted(gang.stacks(), key=lambda r: r["rank"]) if gang is not None else []
-        return Stacks(
-            "stacks on request",
-            tuple((r["node"], r["rank"], r["busy"], tuple(r["stack"]), r["note"]) for r in ranks),
-        )
+        return explain("stacks on request", gang.stacks() if gang is not None else [])[0]
 
     # ---- status and idle release
     def status(self) -> dict[str, Any]:

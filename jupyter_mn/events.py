@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .collectives import RankWhere
+
 _KINDS: dict[str, type] = {}
 
 
@@ -287,14 +289,25 @@ class RankResumed:
 @_event
 @dataclass(frozen=True)
 class Stacks:
-    """Where every rank's main thread was when a cell was interrupted or timed out.
-
-    ``ranks`` holds ``(node, rank, busy, lines, note)``; ``lines`` are in the cell's own line
-    numbers (``Cell In[5], line 3``), innermost last.
-    """
+    """Where every rank was when a cell was interrupted or timed out, or on request: its stack
+    in the cell's own line numbers (``Cell In[5], line 3``, innermost last) and its latest
+    collectives; ``verdict`` explains a hang in one line (``verdict.py``), "" when none."""
 
     reason: str
-    ranks: tuple[tuple[int, int, bool, tuple[str, ...], str], ...]
+    ranks: tuple[RankWhere, ...]
+    verdict: str = ""
+
+
+@_event
+@dataclass(frozen=True)
+class Hung:
+    """The hang watchdog (``--hang-timeout``) fired: no rank completed a collective or ended
+    the cell for ``silent_s`` while some waited in one. The cell keeps running; ``over`` when the
+    ranks progress again after it fired."""
+
+    verdict: str
+    silent_s: float
+    over: bool = False
 
 
 @_event
@@ -418,6 +431,7 @@ Event = (
     | Note
     | NodesWaiting
     | Stacks
+    | Hung
 )
 #: What views, listeners and the run protocol are called with.
 OnEvent = Callable[[Event], None]

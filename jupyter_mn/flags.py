@@ -46,6 +46,12 @@ def add_spec_flags(parser: Parser) -> Parser:
     )
     add("--name", help="job name (lowercase, digits, '-')")
     add("--timeout", type=float, help="seconds before the cell is interrupted")
+    add(
+        "--hang-timeout",
+        type=float,
+        help="say which rank holds the others up when no rank progressed for S seconds while "
+        "some wait in a collective (default 300; 0: off)",
+    )
     add("--retries", type=int, help="re-run the cell this often if a rank is lost")
     add("--seed", type=int, help="seed every rank with SEED + rank")
     add("--idle-timeout", type=float, help="release the gang after S idle seconds")

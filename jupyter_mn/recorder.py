@@ -23,6 +23,7 @@ from .events import (
     GangState,
     GangStatus,
     GpuSample,
+    Hung,
     LogLines,
     NodesWaiting,
     RankState,
@@ -31,7 +32,7 @@ from .events import (
 )
 from .joblogs import JobLogWriter
 from .kernelid import current_kernel_id
-from .registry import HEARTBEAT_S, JobModel, NodeModel, Registry, Request
+from .registry import HEARTBEAT_S, HUNG, JobModel, NodeModel, Registry, Request
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -104,6 +105,10 @@ class JobRecord:
         elif isinstance(event, RunStarted):  # counted when it starts: the panel shows it running
             model.cells += 1 if event.cell else 0
             self.logs.mark(len(model.nodes), f"{event.what} started {time.strftime('%H:%M:%S')}")
+        elif isinstance(event, Hung) and event.over:
+            model.state, model.detail, model.error = self.gang.status.value, self.gang.detail, None
+        elif isinstance(event, Hung):  # until it is over or the gang's next state (the cell ends)
+            model.state, model.detail, model.error = HUNG, event.verdict, event.verdict
         elif isinstance(event, CellDone):
             model.last_cell = {
                 "id": event.cell_id,

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 ORPHAN_AFTER_S = 30.0
 HEARTBEAT_S = 5.0
 ORPHANED = "ORPHANED"
+#: A running job whose cell the hang watchdog found hung (``--hang-timeout``), until it ends.
+HUNG = "HUNG"
 #: psutil's process start times are rounded (clock ticks, boot time): this much later than the
 #: job's start still counts as "started before the job".
 _START_SLACK_S = 2.0

@@ -48,6 +48,8 @@ class CellResult:
     notes: list[str] = field(default_factory=list)
     #: why the cell was stopped (``--timeout``, Ctrl-C, ``--max-runtime``); empty otherwise
     interrupted: str = ""
+    #: the hang verdict when it was stopped while ranks waited in a collective (``verdict.py``)
+    verdict: str = ""
 
     @property
     def ok(self) -> bool:
@@ -121,6 +123,9 @@ class CellResult:
         message = f"{cause.label} {_verb(cause.status)} {what}"
         if cause.error.node_lost:
             cls, message = NodeLost, f"node {cause.node} was lost: {what}"
+        if self.interrupted and self.verdict:  # the ranks' errors are its consequences
+            notes.insert(0, f"then {message}")
+            message = self.verdict
         if self.interrupted:
             cls, message = CellInterrupted, f"{self.interrupted}: {message}"
         return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)

@@ -102,6 +102,9 @@ class ClusterSpec:
     #: every line still goes to the logs and the Clusters panel
     ranks: tuple[int, ...] = ()
     timeout: float | None = None
+    #: show the hang verdict live when no rank has completed a collective or ended the cell for
+    #: this long while some wait in one (0: off); the cell keeps running
+    hang_timeout: float = 300.0
     retries: int = 0
     seed: int | None = None
     idle_timeout: float = _cap(1800.0)
@@ -183,6 +186,13 @@ class ClusterSpec:
             value = getattr(self, name)
             if value is not None:
                 check_seconds(name, value)
+        if not is_number(self.hang_timeout, low=0):
+            raise SpecError(
+                f"hang_timeout must be 0 (off) or a positive number of seconds, "
+                f"got {self.hang_timeout!r}"
+            )
+        if self.hang_timeout:
+            check_seconds("hang_timeout", self.hang_timeout)
         problem = name_problem(self.name) if self.name is not None else None
         if problem:
             raise SpecError(f"name {reprlib.repr(self.name)} {problem}")

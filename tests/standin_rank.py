@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from jupyter_mn.collectives import RankWhere, WhereRequest
 from jupyter_mn.rank.env import CONTROL_FD, STACKS_FD
 from jupyter_mn.rank.parent import exit_with_parent
 from jupyter_mn.rank.sync import flush_output
@@ -178,12 +179,12 @@ def main() -> None:
     def answer_stacks() -> None:
         while True:
             try:
-                stacks.recv_bytes()
+                if not isinstance(pickle.loads(stacks.recv_bytes()), WhereRequest):
+                    continue  # an abort: a stand-in holds no connections
                 frame = sys._current_frames().get(main_thread)
                 stack = traceback.extract_stack(frame) if frame is not None else []
-                stacks.send(
-                    {"op": "stacks", "busy": cell.active, "stack": _cell_lines(list(stack))}
-                )
+                lines = tuple(_cell_lines(list(stack)))
+                stacks.send(RankWhere(ns["node_rank"], ns["rank"], cell.active, lines))
             except (EOFError, OSError):
                 return
 

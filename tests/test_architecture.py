@@ -37,6 +37,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: What the node and rank sides may import besides their own packages.
 SHARED = (
+    "jupyter_mn.collectives",
     "jupyter_mn.events",
     "jupyter_mn.errors",
     "jupyter_mn.launch",

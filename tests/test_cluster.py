@@ -149,6 +149,8 @@ def test_bad_input_raises_before_anything_starts(no_leftovers):
         cluster.run("def (:")
     with pytest.raises(SpecError, match="empty"):
         cluster.run("")
+    with pytest.raises(SpecError, match="hang_timeout must be 0"):
+        cluster.run("1", hang_timeout=-1)
     assert cluster.gang is None and not rank_processes(ours(no_leftovers))
     with pytest.raises(SpecError, match="nodes must be ≥ 1"):
         Cluster(nodes=0)

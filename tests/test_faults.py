@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -181,8 +182,12 @@ def test_timeout_shows_every_stack_then_interrupts_in_place(gang):
     stacks = err.getvalue()
     cell = f"Cell In[{gang.cells}]"
     assert f"[node 1 rank 3] running\n    {cell}, line 4\n        time.sleep(60)" in stacks
+    assert stacks.startswith("jupyter_mn: hang: rank 3 (node 1) never entered all_reduce #")
     for rank in range(3):
-        assert f"[node {rank // 2} rank {rank}] running\n    {cell}, line 5" in stacks
+        heading = f"[node {rank // 2} rank {rank}] running, inside all_reduce #"
+        assert re.search(
+            rf"{re.escape(heading)}\d+ \(pg \d+\)\n    {re.escape(cell)}, line 5", stacks
+        )
     assert f"rank 0 (node 0) was at {cell}, line 5: dist.all_reduce(t)" in error.notes
     # the rank busy in its own code is the cause, not the first of those waiting on it to stop
     assert result.root_cause.rank == 3
@@ -192,9 +197,22 @@ def test_timeout_shows_every_stack_then_interrupts_in_place(gang):
     assert rank_pids() == pids
 
 
-def test_a_hang_that_ignores_interrupts_is_killed_and_restarted(gang):
+def test_a_blocked_receive_ends_at_the_interrupt_in_place(gang):
+    """Every rank waits in ``recv``, none sends: SIGINT does not reach a thread blocked in
+    gloo, but the interrupt closes each rank's connections, so none has to be killed."""
     pids = ready(gang)
     code = "t = torch.ones(1)\ndist.recv(t, src=(dist.get_rank() + 1) % 4)"  # all wait, none sends
+    result, took = timed(gang, code, timeout=1)
+    assert isinstance(error_of(result), CellInterrupted)
+    assert all(r.status != "lost" for r in result.ranks), result.ranks
+    assert took < 1 + KILL_AFTER_S, took
+    check_next_cell(gang, kept={0, 1, 2, 3})
+    assert rank_pids() == pids
+
+
+def test_a_hang_that_ignores_interrupts_is_killed_and_restarted(gang):
+    pids = ready(gang)
+    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)"
     result, took = timed(gang, code, timeout=1)
     error = error_of(result)
     assert isinstance(error, CellInterrupted)
@@ -317,8 +335,7 @@ def test_lost_node_agent_breaks_the_gang_and_the_next_cell_brings_a_fresh_one(ga
     handle = gang.submit(code)
     deadline = time.monotonic() + 30
     while not any(
-        rank == 3 and "time.sleep(60)" in "".join(lines)
-        for _, rank, _, lines, _ in (gang.stacks().ranks)
+        r.rank == 3 and "time.sleep(60)" in "".join(r.stack) for r in gang.stacks().ranks
     ):
         assert time.monotonic() < deadline
         time.sleep(0.05)

@@ -100,6 +100,7 @@ def test_quoted_values_lose_their_quotes_as_in_a_shell(shell):
     [
         ("--memory-limit 1e400", "memory_limit '1e400' is not a size"),
         ("--timeout nan", "timeout must be a positive number"),
+        ("--hang-timeout -5", "hang_timeout must be 0 \\(off\\) or a positive number"),
         ("--max-runtime inf", "max_runtime must be a positive number"),
         ("--min-shm-gb nan", "min_shm_gb must be a number of GiB"),
         ("--schedule-timeout inf", "--schedule-timeout must be positive"),

@@ -177,3 +177,24 @@ def test_a_job_whose_log_dir_cannot_be_made_is_still_recorded(cluster, tmp_path,
         registry.close()
     warned = [r.getMessage() for r in caplog.records if "cannot write logs" in r.getMessage()]
     assert len(warned) == 1 and "File exists" in warned[0]
+
+
+def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry, cluster):
+    from jupyter_mn.events import CellDone, GangState, Hung
+    from jupyter_mn.recorder import JobRecord
+
+    gang = cluster.up()
+    record = JobRecord(registry, cluster, gang)  # fed by hand: no live events race it
+    verdict = "rank 3 (node 1) never entered all_reduce #4 (pg 0, float32[1]); …"
+    assert record.handle(GangState("RUNNING"))
+    assert record.handle(Hung(verdict, 300.0))
+    job = JobModel.from_json(record.model.to_json())  # the shape the sidebar reads
+    assert (job.state, job.detail, job.error) == ("HUNG", verdict, verdict)
+    assert record.handle(Hung(verdict, 300.0, over=True))  # the ranks moved on
+    assert JobModel.from_json(record.model.to_json()).state == gang.status.value
+    assert record.handle(Hung(verdict, 300.0))
+    assert record.handle(CellDone(4, False, 301.0, error="rank 3 (node 1) was interrupted"))
+    assert record.handle(GangState("READY"))
+    job = JobModel.from_json(record.model.to_json())
+    assert (job.state, job.error) == ("READY", "rank 3 (node 1) was interrupted")
+    record.logs.close()

@@ -31,6 +31,8 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"ranks": "0,x"}, "--ranks '0,x': expected rank numbers, e.g. 0,3"),
         ({"ranks": (-1,)}, "ranks must be ≥ 0, got -1"),
         ({"timeout": float("nan")}, "timeout must be a positive number"),
+        ({"hang_timeout": -1}, "hang_timeout must be 0 .off. or a positive number of seconds"),
+        ({"hang_timeout": float("inf")}, "hang_timeout must be 0 .off. or a positive number"),
         ({"idle_timeout": float("inf")}, "idle_timeout must be a positive number"),
         ({"min_disk_gb": float("nan")}, "min_disk_gb must be a number of GiB"),
         ({"memory_limit": "1e400"}, "memory_limit '1e400' is not a size"),

@@ -6,18 +6,21 @@ import io
 
 from test_nccl import FIXTURES
 
+from jupyter_mn.collectives import Collective, RankWhere
 from jupyter_mn.events import (
     CellDone,
     GangState,
     GangStatus,
     GpuSample,
     GpuStat,
+    Hung,
     LogLines,
     NodesWaiting,
     Note,
     RankPaused,
     RankResumed,
     RankTiming,
+    Stacks,
     TransportReport,
 )
 from jupyter_mn.node.nccl import NcclLog
@@ -402,3 +405,48 @@ def test_the_widget_header_says_which_rank_is_paused_and_where_until_it_goes_on(
     widget.state.apply(RankResumed(node=0, rank=1, run=3))
     widget._draw(widget.state.take_dirty())
     assert ">RUNNING</b>" in widget._header.value and "PAUSED" not in widget._header.value
+
+
+HUNG_RANKS = (
+    RankWhere(
+        0,
+        0,
+        True,
+        ("Cell In[2], line 4", "    dist.all_reduce(t)"),
+        (Collective("0", "default_pg", 7, "all_reduce", ((1,),), ("float32",), 1, False),),
+        taken_ns=3_000_000_000,
+    ),
+    RankWhere(0, 1, True, ("Cell In[2], line 6", "    time.sleep(60)")),
+    RankWhere(1, 2, True, answered=False, note="no answer (native code holding the GIL?)"),
+)
+VERDICT = "rank 1 (node 0) never entered all_reduce #7 (pg 0, float32[1]); …"
+
+
+def test_stacks_come_after_the_verdict_with_the_collective_each_rank_is_inside():
+    err = io.StringIO()
+    TextView(io.StringIO(), err)(Stacks("--timeout 3 s reached", HUNG_RANKS, VERDICT))
+    assert err.getvalue() == (
+        f"jupyter_mn: hang: {VERDICT}\n"
+        "jupyter_mn: --timeout 3 s reached; where each rank is (innermost last):\n"
+        "[node 0 rank 0] running, inside all_reduce #7 (pg 0)\n"
+        "    Cell In[2], line 4\n        dist.all_reduce(t)\n"
+        "[node 0 rank 1] running\n    Cell In[2], line 6\n        time.sleep(60)\n"
+        "[node 1 rank 2] no answer (native code holding the GIL?)\n"
+    )
+    err = io.StringIO()
+    TextView(io.StringIO(), err)(Stacks("stacks on request", HUNG_RANKS[1:2]))
+    assert err.getvalue().startswith("jupyter_mn: stacks on request;")  # no verdict, no line
+
+
+def test_the_widget_shows_a_hung_banner_while_the_cell_runs():
+    widget = ClusterWidget(SPEC, title="train")
+    widget.state.apply(Hung(VERDICT, 300.0))
+    widget._draw(widget.state.take_dirty())
+    assert f'<div class="jp-mn-alarm jp-mn-hung">HUNG: {VERDICT}</div>' in widget._header.value
+    widget.state.apply(Hung(VERDICT, 300.0, over=True))  # the ranks moved on
+    widget._draw(widget.state.take_dirty())
+    assert "HUNG" not in widget._header.value
+    widget.state.apply(Hung(VERDICT, 300.0))
+    widget.state.apply(CellDone(2, False, 310.0))
+    widget._draw(widget.state.take_dirty())
+    assert "HUNG" not in widget._header.value

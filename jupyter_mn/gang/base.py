@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
+from ..collectives import RankWhere
 from ..errors import (
     JoinTimeout,
     JupyterMNError,
@@ -449,16 +450,17 @@ class Gang:
             failed.set_exception(exc)
             return failed
 
-    def stacks(self, timeout: float = 3.0) -> list[dict[str, Any]]:
-        """Every rank's main-thread stack, in the cell's line numbers (direct calls, no inbox)."""
-        futures = [self.ask(node, lambda agent: agent.stacks()) for node in range(self.nodes)]
+    def stacks(self, timeout: float = 3.0, stack: bool = True) -> list[RankWhere]:
+        """Where every rank is (direct calls, no inbox): its main thread's stack in the cell's
+        line numbers (unless ``stack`` is False) and its latest collectives."""
+        futures = [self.ask(node, lambda agent: agent.stacks(stack)) for node in range(self.nodes)]
         deadline = time.monotonic() + timeout
-        out: list[dict[str, Any]] = []
+        out: list[RankWhere] = []
         for node, future in enumerate(futures):
             try:
                 out += future.result(timeout=max(deadline - time.monotonic(), 0.1))
             except Exception as exc:
-                out.append({"node": node, "rank": -1, "busy": False, "stack": [], "note": str(exc)})
+                out.append(RankWhere(node, -1, False, answered=False, note=str(exc)))
         return out
 
     def recover(

@@ -15,6 +15,7 @@ are restarted. A second Ctrl-C kills at once. Restarted ranks join the group in 
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import reprlib
 import sys
@@ -33,13 +34,14 @@ from ..events import (
     RankReply,
     RankResumed,
     RunStarted,
-    Stacks,
 )
 from ..payload import CellPayload
 from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
+from ..verdict import Verdict, explain
 from .base import Gang
 from .debugger import converse
-from .inbox import Reply
+from .hangwatch import HangWatch, Look
+from .inbox import Message, Reply
 from .job import Job
 from .recover import restarted_note
 from .state import GangStatus
@@ -51,6 +53,8 @@ KILL_AFTER_S = 3.0
 GIVE_UP_AFTER_S = 10.0
 #: The most of a value's text that the registry keeps for a reloaded page.
 VALUE_TEXT_MAX = 300
+#: How long the hang watchdog's look waits for the agents.
+_STACKS_S = 3.0
 
 
 class RemoteRepr:
@@ -66,14 +70,24 @@ class RemoteRepr:
 class CellJob(Job[CellResult]):
     """One cell on every rank; stopped by escalation, from the first interrupt to the kill."""
 
-    def __init__(self, gang: Gang, payload: CellPayload, on_event: OnEvent | None) -> None:
+    def __init__(
+        self,
+        gang: Gang,
+        payload: CellPayload,
+        on_event: OnEvent | None,
+        hang_timeout: float = 0.0,
+    ) -> None:
         super().__init__(gang, on_event)
         self.payload = payload
+        self.hang_timeout = hang_timeout
+        self.watch: HangWatch | None = None
         self.started = time.monotonic()
         self.since: float | None = None
         self.killed_at: float | None = None
         #: where the busy ranks were when the user stopped the cell
         self.where: list[str] = []
+        #: what the stacks said when the user stopped a hung cell (``verdict.py``)
+        self.verdict: Verdict | None = None
         #: a node that stopped answering the heartbeat (its peers cannot finish: kill at once)
         self.unreachable: int | None = None
 
@@ -83,11 +97,20 @@ class CellJob(Job[CellResult]):
 
     def start(self) -> None:
         self.started = time.monotonic()
+        if self.hang_timeout:
+            look = functools.partial(self.gang.stacks, _STACKS_S)
+            post = self.gang.hub.inbox.put_reply
+            self.watch = HangWatch(self.hang_timeout, self.started, look, post)
         self.gang.hub.replay(self.on_event)
         payload, run_id = self.payload, self.run_id
         self.gang.send_cell(payload, run_id)
 
     def take(self, item: Any) -> bool:
+        if isinstance(item, Message) and isinstance(item.body, Look):
+            self._looked(item.body)
+            return False
+        if isinstance(item, Reply) and self.watch is not None:  # its ranks ended the cell
+            self.watch.progress.moved(time.monotonic())
         if isinstance(item, Reply) and isinstance(item.error, NodeUnreachable):
             self.unreachable = item.node if self.unreachable is None else self.unreachable
         if isinstance(item, RankPaused) and item.run == self.run_id:
@@ -105,8 +128,18 @@ class CellJob(Job[CellResult]):
                 converse(self.gang, paused.rank, None, input, sys.stdout.write)
         finally:
             self.paused_for += time.monotonic() - began
+            if self.watch is not None:  # time at a prompt is no hang
+                self.watch.progress.moved(time.monotonic())
             resumed = RankResumed(paused.node, paused.rank, paused.run)
             self.gang.hub.consume(resumed, self.on_event)
+
+    def _looked(self, look: Look) -> None:
+        """The hang watchdog's look came back: show its verdict if the cell now hangs."""
+        if look.watch is not self.watch or self.since is not None:
+            return  # a look of another cell's, or this one is being stopped anyway
+        why = f"no rank progressed for {self.hang_timeout:g} s (--hang-timeout); still running"
+        for event in look.watch.take(look, time.monotonic(), why):
+            self.gang.hub.announce(event, self.on_event)
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:
@@ -129,36 +162,30 @@ class CellJob(Job[CellResult]):
             self.gang.ask(node, lambda agent: agent.kill(self.run_id, why))
 
     def tick(self, now: float) -> bool:
+        if self.watch is not None and self.since is None:
+            self.watch.tick(now)
         if self.since is not None and self.killed_at is None and now - self.since > KILL_AFTER_S:
             self._kill(f"it did not stop within {KILL_AFTER_S:g} s of the interrupt")
         return self.killed_at is not None and now - self.killed_at > GIVE_UP_AFTER_S
 
     def _show_stacks(self, reason: str) -> None:
         try:
-            ranks = sorted(self.gang.stacks(), key=lambda r: r["rank"])
+            stacks, self.verdict = explain(reason, self.gang.stacks())
         except KeyboardInterrupt:  # impatient: stop without them
             return
-        self.gang.hub.consume(
-            Stacks(
-                reason,
-                tuple(
-                    (r["node"], r["rank"], r["busy"], tuple(r["stack"]), r["note"]) for r in ranks
-                ),
-            ),
-            self.on_event,
-        )
-        for r in ranks:
-            cell = [i for i, line in enumerate(r["stack"]) if line.startswith("Cell ")]
-            if r["busy"] and cell:
-                at = r["stack"][cell[-1] : cell[-1] + 2]
-                code = f": {at[1].strip()}" if len(at) > 1 and at[1].startswith("    ") else ""
-                self.where.append(f"rank {r['rank']} (node {r['node']}) was at {at[0]}{code}")
+        self.gang.hub.consume(stacks, self.on_event)
+        for r in stacks.ranks:
+            if r.busy and (line := r.cell_line()):
+                self.where.append(f"{r.label} was at {line}")
 
     def settle(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         with contextlib.suppress(KeyboardInterrupt):  # the cell is over: only late output is lost
             self.drain_logs()
         result = _assemble(self, time.monotonic() - self.started)
         result.interrupted = self.reason
+        result.verdict = self.verdict.text if self.verdict else ""
         result.notes += self.where
         _settle(self.gang, result, interrupted=self.since is not None)
         self.result = result
@@ -184,10 +211,15 @@ class CellJob(Job[CellResult]):
 
 
 def run_cell(
-    gang: Gang, payload: CellPayload, on_event: OnEvent | None, timeout: float | None = None
+    gang: Gang,
+    payload: CellPayload,
+    on_event: OnEvent | None,
+    timeout: float | None = None,
+    hang_timeout: float = 0.0,
 ) -> CellResult:
-    """Run ``payload`` on every rank; return the outcome (failures as values)."""
-    return gang.run(CellJob(gang, payload, on_event), timeout)
+    """Run ``payload`` on every rank; return the outcome (failures as values). A stall of
+    ``hang_timeout`` seconds (0: never) shows the hang verdict while the cell keeps running."""
+    return gang.run(CellJob(gang, payload, on_event, hang_timeout), timeout)
 
 
 def _drain_events(gang: Gang, on_event: OnEvent | None) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from distributed import get_worker
 
+from ..collectives import RankWhere
 from ..debugwire import DebugAnswer, DebugEnded
 from ..errors import JoinTimeout
 from ..events import (
@@ -413,7 +414,9 @@ class NodeAgent:
         return done
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:
-        """Stop run ``run_id``: SIGINT to busy ranks; idle ones leave their group (the cascade).
+        """Stop run ``run_id``: SIGINT to busy ranks, whose stacks threads also close their
+        group's connections (one blocked in a collective never sees the SIGINT); idle ones leave
+        their group (the cascade).
 
         Actor calls can overtake each other, so a late request (its run is over, the group was
         re-formed since) is ignored rather than hitting the next cell.
@@ -426,6 +429,7 @@ class NodeAgent:
             if r.running == run_id:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(r.proc.pid, signal.SIGINT)
+                r.abort(generation)  # one blocked in a collective does not see the SIGINT
         await asyncio.gather(*(r.send({"op": "destroy", "generation": generation}) for r in idle))
 
     async def kill(self, run_id: int, reason: str) -> list[int]:
@@ -476,9 +480,10 @@ class NodeAgent:
             return DebugEnded(rank, error=f"rank {rank} is not on node {self.node}")
         return await handle.debug(message)
 
-    async def stacks(self) -> list[dict[str, Any]]:
-        """Where each rank's main thread is, in the cell's own line numbers."""
-        return list(await asyncio.gather(*(r.where() for r in self._ranks)))
+    async def stacks(self, stack: bool = True) -> list[RankWhere]:
+        """Where each rank is: its main thread's stack in the cell's own line numbers (unless
+        ``stack`` is False: the hang watchdog's poll) and its latest collectives."""
+        return list(await asyncio.gather(*(r.where(stack) for r in self._ranks)))
 
     async def heartbeat(self) -> None:
         """The kernel is alive (see ``watchdog.py``)."""

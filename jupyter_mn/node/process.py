@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import pickle
 import shlex
@@ -24,6 +25,9 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+import psutil
+
+from ..collectives import AbortRequest, RankWhere, WhereRequest
 from ..debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..errors import RendezvousError
 from ..events import RankStatus
@@ -61,6 +65,31 @@ def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
     if shutil.which(argv[0]) is None:
         raise RendezvousError(f"{RANK_PYTHON}={raw!r}: {argv[0]!r} is not an executable")
     return argv
+
+
+_STOPPED = "no answer: its process is stopped (SIGSTOP or a debugger)"
+
+
+def _status(pid: int) -> str:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return ""
+
+
+def _stopped(pid: int) -> bool:
+    """A stopped process cannot answer: asking it would only cost the wait."""
+    return _status(pid) in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+def _silent(pid: int) -> str:
+    """Why a live rank does not answer: its process is stopped (SIGSTOP, a debugger), waits on
+    the disk, or runs native code that holds the GIL."""
+    if _stopped(pid):
+        return _STOPPED
+    if _status(pid) == psutil.STATUS_DISK_SLEEP:
+        return "no answer: its process waits on the disk (uninterruptible)"
+    return "no answer (native code holding the GIL?)"
 
 
 def describe_exit(code: int | None) -> str:
@@ -118,7 +147,7 @@ class RankHandle:
         self.rank = rank
         self.pipes = PipeReader(agent, rank)
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.stack_replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.stack_replies: asyncio.Queue[RankWhere] = asyncio.Queue()
         #: what the rank's pdb said that no kernel call waited for (a breakpoint's first prompt)
         self._debug_pending: deque[DebugAnswer] = deque()
         #: the kernel call waiting for the pdb's next answer (``debug``)
@@ -134,6 +163,7 @@ class RankHandle:
         self.stopping = False
         self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
+        self._where_lock = asyncio.Lock()
         self._sending: set[asyncio.Task[bool]] = set()  # sends waiting for the lock, or a thread
         parent, child = socket.socketpair()
         stacks_parent, stacks_child = socket.socketpair()
@@ -334,24 +364,41 @@ class RankHandle:
         why = describe_exit(code)
         return f"{why} ({self.killed_because})" if self.killed_because else why
 
-    async def where(self) -> dict[str, Any]:
-        """The rank's main-thread stack; "no answer" when it holds the GIL in native code."""
-        while not self.stack_replies.empty():  # a late answer to an earlier request
-            self.stack_replies.get_nowait()
-        state = {"rank": self.rank, "node": self.agent.node, "busy": self.running is not None}
-        asked = self.proc.poll() is None
-        if asked:
+    async def where(self, stack: bool = True) -> RankWhere:
+        """Where the rank is (``stack``: with its main thread's stack); when it does not answer,
+        what the agent sees of its process (exited, stopped, or native code holding the GIL).
+        One question at a time (the hang watchdog's and ``--timeout``'s may meet), so a reply
+        is never taken for another's."""
+        async with self._where_lock:
+            while not self.stack_replies.empty():  # a late answer to an earlier request
+                self.stack_replies.get_nowait()
+            busy = self.running is not None
+            if _stopped(self.proc.pid):
+                return self._unanswered(busy, _STOPPED)
+            if not self._ask(WhereRequest(stack)):
+                return self._unanswered(busy, describe_exit(self.proc.poll()))
             try:
-                self.stacks_conn.send({"op": "stacks"})  # a few bytes: the socket takes them
-            except (OSError, ValueError):
-                asked = False
-        if not asked:
-            return {**state, "stack": [], "note": describe_exit(self.proc.poll())}
+                answer = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
+            except asyncio.TimeoutError:
+                return self._unanswered(busy, _silent(self.proc.pid))
+            return dataclasses.replace(answer, node=self.agent.node)
+
+    def abort(self, generation: int) -> None:
+        """Have the rank close its group's connections from its stacks thread (an interrupt
+        that finds it blocked in a collective: SIGINT would not get it out)."""
+        self._ask(AbortRequest(generation))
+
+    def _ask(self, request: WhereRequest | AbortRequest) -> bool:
+        if self.proc.poll() is not None:
+            return False
         try:
-            msg = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
-        except asyncio.TimeoutError:
-            return {**state, "stack": [], "note": "no answer (native code holding the GIL?)"}
-        return {**state, "busy": msg["busy"], "stack": msg["stack"], "note": ""}
+            self.stacks_conn.send(request)  # a few bytes: the socket takes them
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _unanswered(self, busy: bool, note: str) -> RankWhere:
+        return RankWhere(self.agent.node, self.rank, busy, answered=False, note=note)
 
     async def exit_code(self) -> int | None:
         loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import TransportError
 from ..events import GpuSample, OnEvent, TransportReport
 from ..launch import Launch
-from ..rank.timing import FR_BUFFER_SIZE
+from ..rank.flight import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess
 from .nccl import NcclLog

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -52,6 +53,9 @@ class ProcessGroup:
         self._pg: Any = None
         self._old: Any = None
         self._sockets: dict[int, str] = {}
+        #: when the current group was formed (``time.time_ns()``): the flight recorder's older
+        #: entries belong to groups a re-forming destroyed
+        self.formed_ns = 0
         if self.cuda:
             count = torch.cuda.device_count()
             if info.local_rank >= count:
@@ -85,6 +89,7 @@ class ProcessGroup:
         if self.cuda:
             kwargs["device_id"] = torch.device("cuda", self.info.local_rank)
         before = abort.open_sockets()
+        self.formed_ns = time.time_ns()
         dist.init_process_group(
             self.backend,
             store=store,
@@ -116,6 +121,20 @@ class ProcessGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
         self._old, self._pg, self._sockets = self._pg, None, {}
+
+    def abort(self, generation: int) -> None:
+        """Close group ``generation``'s connections from another thread (the stacks thread, on
+        an interrupt): a main thread blocked in a collective, which SIGINT does not reach, fails
+        at once, and so do the peers it waits with. ``destroy`` still runs on the main thread."""
+        if generation != self.generation or self._pg is None:
+            return
+        if self.cuda:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._abort_process_group()
+        else:
+            abort.shut_down(dict(self._sockets), spare_port=self.info.master_port)
 
     def release(self) -> None:
         self._old = None

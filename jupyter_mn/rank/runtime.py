@@ -14,12 +14,14 @@ import faulthandler
 import os
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..collectives import AbortRequest, RankWhere
 from ..debugwire import DebugStart
 from . import env as contract
-from . import execute, stacks
+from . import execute, flight, stacks
 from .debugger import RankDebugger
 from .group import ProcessGroup
 from .info import cluster_info
@@ -48,12 +50,24 @@ class _Control:
         self._back.append(msg)
 
 
-def _answer_stacks(conn: Connection, shell: Any, signals: execute.CellSignals) -> None:
-    """Stacks thread: where the main thread is, at once (it may be blocked in a collective)."""
+def _answer_stacks(
+    conn: Connection, shell: Any, signals: execute.CellSignals, group: ProcessGroup
+) -> None:
+    """Stacks thread: where the main thread is, at once (it may be blocked in a collective),
+    and the connections closed when an interrupt finds it blocked there."""
+    info = group.info
     while True:
         try:
-            conn.recv()
-            conn.send({"op": "stacks", "busy": signals.active, "stack": stacks.main_thread(shell)})
+            msg = conn.recv()
+            if isinstance(msg, AbortRequest):
+                group.abort(msg.generation)
+                continue
+            stack = stacks.main_thread(shell) if msg.stack else []
+            collectives = flight.latest(flight.trace(), group.formed_ns, flight.group_ranks())
+            busy, now = signals.active, time.time_ns()
+            conn.send(
+                RankWhere(info.node_rank, info.rank, busy, tuple(stack), collectives, taken_ns=now)
+            )
         except (EOFError, OSError):
             return
 
@@ -96,7 +110,7 @@ def main() -> None:
         shell.display_pub.send = control.send
     threading.Thread(
         target=_answer_stacks,
-        args=(Connection(int(os.environ[contract.STACKS_FD])), shell, signals),
+        args=(Connection(int(os.environ[contract.STACKS_FD])), shell, signals, group),
         name="jupyter-mn-stacks",
         daemon=True,
     ).start()

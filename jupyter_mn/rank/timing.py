@@ -1,34 +1,23 @@
-"""When did this rank enter its last collective? Read from torch's flight recorder.
+"""When did this rank enter its last collective? Read from torch's flight recorder (``flight.py``).
 
-torch.distributed records every collective in a ring buffer (the "flight recorder", on by default
-for gloo and NCCL; ``TORCH_FR_BUFFER_SIZE`` sets its size) with the wall-clock time the rank
-issued it. Comparing those times across ranks shows who arrived late and how long the others
-waited, without wrapping or patching any torch function. Reading the buffer costs ~2 ms for 256
-entries, so it is only read after cells that ran long enough for a straggler to matter.
+Comparing the wall-clock times at which the ranks issued the cell's last collective shows who
+arrived late and how long the others waited. Reading the recorder costs ~2 ms for 256 entries,
+so it is only read after cells that ran long enough for a straggler to matter.
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
-#: Ring size we ask for (torch's default, 2000, takes ~20 ms to read back).
-FR_BUFFER_SIZE = "256"
+from .flight import trace
+
 #: Cells shorter than this get no collective timing (a straggler hint would be noise).
 MIN_CELL_S = 0.2
 
 
 def last_collective(since_ns: int) -> dict[str, Any] | None:
     """The last collective this rank issued after ``since_ns`` (``time.time_ns()``), or None."""
-    try:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return None
-        entries = _entries(dist.get_backend())
-    except Exception:  # the recorder is a private torch API: never fail a cell over it
-        return None
-    for entry in reversed(entries):
+    for entry in reversed(trace().get("entries") or []):
         if entry.get("is_p2p"):
             continue
         created = int(entry.get("time_created_ns") or 0)
@@ -41,17 +30,3 @@ def last_collective(since_ns: int) -> dict[str, Any] | None:
             "entered_s": (created - since_ns) / 1e9,
         }
     return None
-
-
-def _entries(backend: str) -> list[dict[str, Any]]:
-    from torch._C import _distributed_c10d as c10d
-
-    names = ("_dump_nccl_trace", "_dump_fr_trace") if backend == "nccl" else ("_dump_fr_trace",)
-    for name in names:
-        dump = getattr(c10d, name, None)
-        if dump is not None:
-            trace = pickle.loads(
-                dump(True, False, False)
-            )  # collectives, no stacks, not only active
-            return list(trace.get("entries") or [])
-    return []

@@ -1,5 +1,5 @@
-"""Every rank's stack as text: shown on ``--timeout``/Ctrl-C, by ``%cluster stacks`` and by a
-background cell's ``stacks()``."""
+"""Every rank's stack as text, after the hang verdict when there is one: shown on
+``--timeout``/Ctrl-C, by ``%cluster stacks`` and by a background cell's ``stacks()``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,15 @@ from ..events import Stacks
 
 
 def format_stacks(event: Stacks) -> str:
-    """Every rank's stack, innermost last, under a ``[node N rank R]`` heading."""
-    lines = [f"jupyter_mn: {event.reason}; where each rank is (innermost last):"]
-    for node, rank, busy, stack, note in event.ranks:
-        state = note or ("running" if busy else "idle (done with this cell)")
-        lines.append(f"[node {node} rank {rank}] {state}")
-        lines += [f"    {line}" for line in stack]
+    """The verdict, then every rank's stack, innermost last, under a ``[node N rank R]``
+    heading with the collective it is inside, if any."""
+    lines = [f"jupyter_mn: hang: {event.verdict}"] if event.verdict else []
+    lines.append(f"jupyter_mn: {event.reason}; where each rank is (innermost last):")
+    for r in event.ranks:
+        state = r.note or ("running" if r.busy else "idle (done with this cell)")
+        inside = r.waiting() if r.busy else None
+        if inside is not None:
+            state += f", inside {inside.op} #{inside.seq} ({inside.group})"
+        lines.append(f"[node {r.node} rank {r.rank}] {state}")
+        lines += [f"    {line}" for line in r.stack]
     return "\n".join(lines)

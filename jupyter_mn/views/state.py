@@ -20,6 +20,7 @@ from ..events import (
     GangState,
     GangStatus,
     GpuSample,
+    Hung,
     LogLines,
     NodesWaiting,
     Note,
@@ -97,6 +98,8 @@ class CellState:
         self.done: CellDone | None = None
         #: what the user should read besides the logs: retries, restarts, stacks on a timeout
         self.notices: list[str] = []
+        #: the hang watchdog's verdict while the cell still runs ("" when it has not fired)
+        self.hung = ""
         #: why each node (-1: the gang) is not up yet, while the gang comes up
         self.waiting: dict[int, NodesWaiting] = {}
         self.dirty: set[str] = {"header"}
@@ -156,8 +159,11 @@ class CellState:
             self.transport[event.node] = event
             self.dirty.add("transport")
         elif isinstance(event, CellDone):
-            self.done, self.ended = event, time.monotonic()
+            self.done, self.ended, self.hung = event, time.monotonic(), ""
             self.dirty.update({"header", "summary"})
+        elif isinstance(event, Hung):
+            self.hung = "" if event.over else event.verdict
+            self.dirty.add("header")
         elif isinstance(event, Note):
             self.notices.append(event.text)
             self.dirty.add("summary")

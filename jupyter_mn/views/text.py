@@ -18,6 +18,7 @@ from ..events import (
     Displays,
     GangState,
     GangStatus,
+    Hung,
     LogLines,
     NodesWaiting,
     Note,
@@ -85,6 +86,8 @@ class TextView:
             self._transport(event)
         elif isinstance(event, CellDone):
             self._final()
+        elif isinstance(event, Hung) and event.over:  # its verdict came with its stacks
+            self._note("the ranks progress again (the hang is over)")
         elif isinstance(event, Stacks):
             out = self._out("err")
             out.write(format_stacks(event) + "\n")

@@ -278,8 +278,11 @@ class ClusterWidget:
         text = html.escape(header(state))
         badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(shown)}</b>'
         waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())
-        return f'<span class="jp-mn-header">{text.replace(html.escape(shown), badge, 1)}</span>' + (
-            f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else ""
+        hung = html.escape(state.hung)
+        return (
+            f'<span class="jp-mn-header">{text.replace(html.escape(shown), badge, 1)}</span>'
+            + (f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else "")
+            + (f'<div class="jp-mn-alarm jp-mn-hung">HUNG: {hung}</div>' if hung else "")
         )
 
     def _log_html(self, node: int) -> str:

@@ -21,7 +21,8 @@ export interface IJobModel {
   shape: string;
   gpus: number;
   world_size: number;
-  /** a gang state (PENDING ... READY, RUNNING, BROKEN, CLOSED) or ORPHANED */
+  /** a gang state (PENDING ... READY, RUNNING, BROKEN, CLOSED), HUNG (a running cell the hang
+   * watchdog found hung) or ORPHANED */
   state: string;
   started: number;
   detail: string;
