@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 _KINDS: dict[str, type] = {}
@@ -236,6 +238,48 @@ def number_ranges(numbers: tuple[int, ...]) -> str:
     return ", ".join(parts)
 
 
+class PreemptCause(str, Enum):
+    """Who asked a node to go: a Slurm job's signal (preemption, requeue, ``--signal=TERM@S``
+    before its time limit), a pod's deletion (eviction, preemption), or a SIGTERM to a node
+    process elsewhere."""
+
+    SLURM = "slurm"
+    POD = "pod"
+    SIGNAL = "signal"
+
+    @property
+    def text(self) -> str:
+        return {
+            PreemptCause.SLURM: "Slurm sent SIGTERM (preemption, requeue or time limit)",
+            PreemptCause.POD: "its pod is being deleted (eviction or preemption)",
+            PreemptCause.SIGNAL: "its process got SIGTERM",
+        }[self]
+
+
+@_event
+@dataclass(frozen=True)
+class Preemption:
+    """Node ``node`` was told to go and will be stopped at ``deadline`` (wall-clock seconds):
+    its agent tells the kernel, the kernel every node, each node its ranks
+    (``checkpoint.preempted()``, ``cluster_info().preemption``)."""
+
+    node: int
+    cause: PreemptCause
+    deadline: float
+    signal: str = "SIGTERM"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cause", PreemptCause(self.cause))  # a plain str after msgpack
+
+    def left(self, now: float | None = None) -> float:
+        """Seconds of the grace period left."""
+        return max(self.deadline - (time.time() if now is None else now), 0.0)
+
+    @property
+    def text(self) -> str:
+        return f"node {self.node}: {self.cause.text}"
+
+
 @_event
 @dataclass(frozen=True)
 class RankError:
@@ -273,6 +317,10 @@ class RankReply:
     notes: tuple[str, ...] = ()
     #: a script's exit status
     exit_code: int | None = None
+    #: the newest checkpoint this rank saw COMPLETE after a preemption notice, and how many
+    #: seconds after the notice (``checkpoint.save``)
+    checkpoint: str = ""
+    checkpoint_after_s: float | None = None
 
     @classmethod
     def of(cls, reply: dict[str, Any]) -> RankReply:
@@ -326,6 +374,7 @@ Event = (
     | Note
     | NodesWaiting
     | Stacks
+    | Preemption
 )
 #: What views, listeners and the run protocol are called with.
 OnEvent = Callable[[Event], None]
@@ -340,9 +389,14 @@ _NESTED: dict[type, dict[str, tuple[type, bool]]] = {
 
 
 def to_msg(event: Any) -> dict[str, Any]:
-    msg = dataclasses.asdict(event)
+    msg = dataclasses.asdict(event, dict_factory=_plain)
     msg["kind"] = type(event).__name__
     return msg
+
+
+def _plain(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Enum members as their values: dask's event channel takes plain msgpack types only."""
+    return {k: v.value if isinstance(v, Enum) else v for k, v in items}
 
 
 def from_msg(msg: dict[str, Any]) -> Any:

@@ -66,6 +66,9 @@ class ClusterSpec:
     require_rdma: bool = _gang(False)
     #: NCCL_DEBUG=INFO and torch.distributed debug output in the node tabs
     debug: bool = _gang(False)
+    #: seconds a preempted node keeps running after its SIGTERM (pods'
+    #: terminationGracePeriodSeconds, Slurm's ``--signal=TERM@S``) for a checkpoint
+    grace: float = _gang(120.0)
     #: dask backend: several workers of one host may be nodes (default: one node per host)
     same_host: bool = _gang(False)
     kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
@@ -144,6 +147,7 @@ class ClusterSpec:
             "max_runtime",
             "heartbeat_timeout",
             "liveness_timeout",
+            "grace",
         ):
             value = getattr(self, name)
             if value is not None and not is_number(value, low=0, strict=True):

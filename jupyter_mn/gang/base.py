@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from ..errors import JupyterMNError, NodeUnreachable, RendezvousError, SchedulingError
-from ..events import GangState, Note, OnEvent, RankState, from_msg
+from ..events import GangState, Note, OnEvent, Preemption, RankState, from_msg
 from ..launch import Launch, Script
 from ..names import gang_id
 from ..spec import ClusterSpec
@@ -88,6 +88,8 @@ class Gang:
         self._heartbeat = Heartbeat(lambda: self._agents, spec.liveness_timeout, self._unreachable)
         self._recovery: Recovery | None = None
         self._closer: threading.Thread | None = None
+        #: the first node told to go (SIGTERM), while its grace period runs
+        self.preemption: Preemption | None = None
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -135,9 +137,24 @@ class Gang:
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         msg = from_msg(event[1])
         self.hub.dispatch(msg)
+        if isinstance(msg, Preemption):
+            self._preempted(msg)
         if isinstance(msg, RankState) and msg.state == "lost-idle" and self.status.idle:
             note = f"{msg.detail}\n{restarted_note(self.spec, {msg.node}, done=True)}"
             self.recover({msg.node}, [note], if_dead=True)
+
+    def _preempted(self, notice: Preemption) -> None:
+        """A node is being preempted: every node's ranks hear it (``checkpoint.preempted()``);
+        a running cell goes on (its loop saves and returns, or the deadline stops it) and then
+        ends with ``Preempted``; an idle gang is given up at once."""
+        with self._lock:
+            if self.preemption is None:
+                self.preemption = notice
+            running = bool(self._running)
+        for node in range(self.nodes):
+            self.ask(node, lambda agent: agent.preempt(notice))
+        if not running:
+            self.close(broken=f"node {notice.node} was preempted", wait=False)
 
     @property
     def device(self) -> str:
@@ -264,6 +281,7 @@ class Gang:
             env=dict(self.spec.env),
             start_timeout=self.spec.start_timeout,
             heartbeat_timeout=self.spec.heartbeat_timeout,
+            grace=self.spec.grace,
             memory_limit=self.spec.memory_limit,
             rdma=self.spec.rdma,
             require_rdma=self.spec.require_rdma,

@@ -24,7 +24,7 @@ import cloudpickle
 from ..cell import CellPayload
 from ..errors import NodeUnreachable, TransportError
 from ..events import CellDone, NodeReply, OnEvent, RankError, RankReply, Stacks
-from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
+from ..result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
 from .base import Gang
 from .inbox import Reply
 from .job import Job
@@ -133,6 +133,8 @@ class CellJob(Job[CellResult]):
         _drain_events(gang, self.on_event)  # the settled state (READY, BROKEN) reaches the view
         cause = result.root_cause
         error = f"{cause.label}: {cause.error.line()}" if cause and cause.error else ""
+        if result.preemption is not None:
+            error = result.preemption.text()
         done = CellDone(self.payload.cell_id, result.ok, result.elapsed, result.timings(), error)
         gang.hub.announce(done, self.on_event)
         if gang.spec.require_rdma and (problem := violation(gang.hub.transport.values())):
@@ -174,6 +176,7 @@ def _assemble(job: CellJob, elapsed: float) -> CellResult:
             result.values = [_value(raw[rank]) for rank in sorted(raw)]
         result.displays = list(first.displays)
         result.pulled = {k: cloudpickle.loads(v) for k, v in (first.pulled or {}).items()}
+    result.preemption = _preemption(job.gang, first)  # after the value: kept, though not ok
     return result
 
 
@@ -213,6 +216,17 @@ def rank_outcomes(
     return outcomes, raw
 
 
+def _preemption(gang: Gang, first: RankReply | None) -> PreemptionOutcome | None:
+    """The notice the gang got while the cell ran, with the checkpoint rank 0 (``first``) saw
+    completed after it (every rank saves the same one)."""
+    notice = gang.preemption
+    if notice is None:
+        return None
+    if first is None or not first.checkpoint:
+        return PreemptionOutcome(notice)
+    return PreemptionOutcome(notice, first.checkpoint, first.checkpoint_after_s)
+
+
 def _value(reply: RankReply) -> Any:
     if reply.value is not None:
         return cloudpickle.loads(reply.value)
@@ -226,6 +240,10 @@ def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
     ranks: in the background, they take seconds), or give the gang up."""
     if gang.status != GangStatus.RUNNING or (result.ok and not interrupted):
         return  # closed meanwhile (``%cluster down``, max runtime), or nothing to re-form
+    if result.preemption is not None:  # its node is going: no gang to re-form
+        gang.close(broken=f"node {result.preemption.notice.node} was preempted", wait=False)
+        result.notes.append("the gang was torn down; the next cell starts a fresh one")
+        return
     agents_lost = {o.node for o in result.ranks if o.error and o.error.ename == "NodeLost"}
     if agents_lost:
         nodes = ", ".join(f"node {n}" for n in sorted(agents_lost))

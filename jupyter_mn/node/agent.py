@@ -30,6 +30,7 @@ from ..events import (
     GangState,
     LogLines,
     NodeReply,
+    Preemption,
     RankState,
     to_msg,
 )
@@ -40,6 +41,7 @@ from .displaybatch import DisplayBatch
 from .gpu import RankProcess
 from .netif import socket_ifname
 from .ports import listen_port
+from .preemption import GracePeriod
 from .process import STOP_GRACE_S, RankHandle, describe_exit, pack, rank_command
 from .script import ScriptRun
 from .telemetry import SAMPLE_S, NodeTelemetry
@@ -104,6 +106,7 @@ class NodeAgent:
         self._run_id = 0
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
+        self._grace: GracePeriod | None = None
         self.script: ScriptRun | None = None
 
     # ---- called from the loop (``call_soon`` from telemetry's thread too)
@@ -254,9 +257,42 @@ class NodeAgent:
         self._loop_thread = threading.get_ident()
         self._guard = asyncio.create_task(self._keep_watch())
 
+    def _hear_sigterm(self, launch: Launch) -> None:
+        """From now on a SIGTERM to this node is a preemption notice (``preemption.py``)."""
+        if self._grace is None:
+            self._grace = GracePeriod(self.node, launch.grace, self._preempted, self._grace_over)
+            self._grace.install()
+
+    def _preempted(self, notice: Preemption) -> None:
+        """This node was told to go: the kernel (which tells every node) and its ranks hear."""
+        log.warning("%s; stopping in %.0f s", notice.text, notice.left())
+        self._publish(notice)
+        self._tell_ranks(notice)
+
+    async def preempt(self, notice: Preemption) -> None:
+        """From the kernel: a node of the gang is being preempted (on the loop, as every send to
+        the ranks is)."""
+        self._tell_ranks(notice)
+
+    def _tell_ranks(self, notice: Preemption) -> None:
+        """The notice, and nothing else, to this node's ranks: they decide when to stop."""
+        for r in self._ranks:
+            r.notify(notice)
+
+    async def _grace_over(self) -> None:
+        """The deadline of the notice: stop the ranks (a busy one is killed) and the worker."""
+        self._publish(GangState("BROKEN", f"node {self.node}: the preemption's grace period ended"))
+        for r in self._ranks:
+            if r.running is not None:
+                r.kill("the preemption's grace period ended")
+        await self.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._worker.close(reason="jupyter_mn: preempted"), STOP_GRACE_S)
+
     async def start(self, launch: Launch) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._begin()
+        self._hear_sigterm(launch)
         self._launch = launch
         self._command = rank_command()  # a bad JUPYTER_MN_RANK_PYTHON: refused before any rank
         self._telemetry = NodeTelemetry(self.node, launch, self._publish)
@@ -494,6 +530,7 @@ class NodeAgent:
     async def run_script(self, launch: Launch) -> bytes:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
+        self._hear_sigterm(launch)
         self.script = ScriptRun(self, launch)
         outcomes = await self.script.wait()
         return NodeReply.build(self.node, self.flush(), outcomes).packed()
@@ -505,6 +542,8 @@ class NodeAgent:
     async def stop(self) -> int:
         """Stop everything of this node; return the sequence number of its last event."""
         self._closing = True
+        if self._grace is not None:  # a SIGTERM stops the worker again, as before the agent
+            self._grace.close()
         if self._guard is not None and self._guard is not asyncio.current_task():
             self._wake.set()  # its look in a thread, if any, ends before telemetry closes
             await asyncio.wait([self._guard], timeout=2 * SAMPLE_S)

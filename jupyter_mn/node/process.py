@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import RendezvousError
+from ..events import Preemption
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
 from .frames import Frames, Undecodable
@@ -325,6 +326,11 @@ class RankHandle:
 
     def signal(self, signum: int) -> None:
         signal_session(self.proc.pid, signum)
+
+    def notify(self, notice: Preemption) -> None:
+        """Forward a preemption notice: the rank's stacks thread keeps it (``rank/preemption``)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.stacks_conn.send(notice)
 
     def kill(self, reason: str) -> None:
         if self.proc.poll() is None:

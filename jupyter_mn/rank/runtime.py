@@ -3,7 +3,8 @@
 Started by the node agent as ``python -m jupyter_mn.rank.runtime`` in its own session, with stdout
 and stderr on pipes to the agent, a control socket (fd ``JUPYTER_MN_CONTROL_FD``) for cells, read
 by the main thread between cells (a reader thread handing them over cost a wake-up per cell), and
-a stacks socket (``JUPYTER_MN_STACKS_FD``) answered by a thread while the main thread is busy.
+a stacks socket (``JUPYTER_MN_STACKS_FD``) answered by a thread while the main thread is busy (it
+also brings a preemption notice: ``preemption.py``).
 Its environment follows the contract in ``env.py``; the group lives in ``group.py``, a cell's run
 in ``execute.py``.
 """
@@ -17,8 +18,9 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..events import Preemption
 from . import env as contract
-from . import execute, stacks
+from . import execute, preemption, stacks
 from .group import ProcessGroup
 from .info import cluster_info
 from .parent import exit_with_parent
@@ -39,10 +41,14 @@ class _Control:
 
 
 def _answer_stacks(conn: Connection, shell: Any, signals: execute.CellSignals) -> None:
-    """Stacks thread: where the main thread is, at once (it may be blocked in a collective)."""
+    """Stacks thread: where the main thread is, at once (it may be blocked in a collective);
+    a preemption notice is kept for ``checkpoint.preempted()`` (no answer)."""
     while True:
         try:
-            conn.recv()
+            msg = conn.recv()
+            if isinstance(msg, Preemption):
+                preemption.hear(msg)
+                continue
             conn.send({"op": "stacks", "busy": signals.active, "stack": stacks.main_thread(shell)})
         except (EOFError, OSError):
             return
