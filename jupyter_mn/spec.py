@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+import math
 import os
 import re
 import reprlib
@@ -35,6 +36,8 @@ ENV_PREFIX = "JUPYTER_MN_"
 #: Patterns are used with ``fullmatch``: ``$`` would let a trailing newline through.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_WORLD_SIZE = 65536
+#: Seconds a node takes after its grace period to stop its ranks (3 s before a kill) and close.
+STOP_MARGIN_S = 10
 _SCHEDULER = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}")
 
 
@@ -170,6 +173,13 @@ class ClusterSpec:
         if self.preflight is not None:
             return self.preflight
         return self.backend != "local" or bool(self.check_paths)
+
+    @property
+    def kill_after(self) -> int:
+        """Whole seconds a scheduler must wait after a node's SIGTERM before it kills it (pods'
+        terminationGracePeriodSeconds, Slurm's ``--signal=TERM@S``): the grace period, then
+        the node's own stop."""
+        return math.ceil(self.grace) + STOP_MARGIN_S
 
     @property
     def world_size(self) -> int:
