@@ -22,6 +22,7 @@ from ..events import (
     LogLines,
     NodesWaiting,
     Note,
+    Preemption,
     Stacks,
     TransportReport,
 )
@@ -94,6 +95,8 @@ class CellState:
         self.notices: list[str] = []
         #: why each node (-1: the gang) is not up yet, while the gang comes up
         self.waiting: dict[int, NodesWaiting] = {}
+        #: a node told to go while the cell runs (its grace period counts down in the header)
+        self.preemption: Preemption | None = None
         self.dirty: set[str] = {"header"}
         self.lock = threading.Lock()
 
@@ -119,6 +122,11 @@ class CellState:
                 for rank, stream, text in live:
                     log.redraw(rank, stream, text)
                 self.dirty.add(f"log{event.node}")
+                if self.preemption is not None:  # the countdown moves on with the output
+                    self.dirty.add("header")
+        elif isinstance(event, Preemption):
+            self.preemption = self.preemption or event
+            self.dirty.add("header")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail
             if event.state not in ("PENDING", "SCHEDULING"):
@@ -148,6 +156,15 @@ class CellState:
         elif isinstance(event, Stacks):
             self.notices.append(format_stacks(event))
             self.dirty.add("summary")
+
+    @property
+    def label(self) -> str:
+        """The state the header shows: ``PREEMPTING node 2 (94 s left)`` while a node's grace
+        period runs and the cell is not done, else the gang's state."""
+        notice = self.preemption
+        if notice is None or self.done is not None or self.state in ("BROKEN", "CLOSED"):
+            return self.state
+        return f"PREEMPTING node {notice.node} ({notice.left():.0f} s left)"
 
     def waiting_lines(self) -> list[str]:
         """The current pending reasons, one line per reason naming its nodes."""

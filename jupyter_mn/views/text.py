@@ -13,7 +13,15 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..events import CellDone, Displays, GangState, LogLines, Stacks, TransportReport
+from ..events import (
+    CellDone,
+    Displays,
+    GangState,
+    LogLines,
+    Preemption,
+    Stacks,
+    TransportReport,
+)
 from ..spec import ClusterSpec
 from .displays import RankDisplays
 from .stacks import format_stacks
@@ -75,6 +83,12 @@ class TextView:
             self._transport(event)
         elif isinstance(event, CellDone):
             self._final()
+        elif isinstance(event, Preemption):
+            self._note(
+                f"{self.state.label}: {event.cause.text}; checkpoint.preempted() returns "
+                "True on every rank from its next call",
+                stream="err",
+            )
         elif isinstance(event, Stacks):
             out = self._out("err")
             out.write(format_stacks(event) + "\n")

@@ -38,6 +38,7 @@ BYTES_PER_S = 400_000
 #: The GPU panel's share: it is redrawn at most once a second, less often when it is large.
 GPU_BYTES_PER_S = BYTES_PER_S // 4
 _STATE_COLORS = {"RUNNING": "#1a73e8", "READY": "#188038", "BROKEN": "#d93025"}
+_PREEMPTING_COLOR = "#e37400"
 
 STYLE = """<style>
 .jp-mn-log { max-height: 22em; overflow-y: auto; display: flex; flex-direction: column-reverse;
@@ -254,13 +255,15 @@ class ClusterWidget:
 
     def _header_html(self) -> str:
         state = self.state
+        label = state.label
         color = _STATE_COLORS.get(state.state, "#5f6368")
+        if label != state.state:
+            color = _PREEMPTING_COLOR
         text = html.escape(header(state))
-        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(state.state)}</b>'
+        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(label)}</b>'
         waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())
-        return (
-            f'<span class="jp-mn-header">{text.replace(html.escape(state.state), badge, 1)}</span>'
-            + (f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else "")
+        return f'<span class="jp-mn-header">{text.replace(html.escape(label), badge, 1)}</span>' + (
+            f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else ""
         )
 
     def _log_html(self, node: int) -> str:
