@@ -8,8 +8,10 @@ completed, so the rank's reply tells the kernel whether the grace period was use
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from typing import Any
 
 from ..events import Preemption
 
@@ -20,6 +22,18 @@ _notice: Preemption | None = None
 _heard_at = 0.0
 #: the newest checkpoint completed after the notice, and seconds after it
 _saved: tuple[str, float] | None = None
+
+
+def shield() -> None:
+    """Keep running on SIGTERM: Slurm signals every process of a job's step, ranks included,
+    when it preempts or requeues the job; the notice reaches the rank through its agent, and the
+    agent stops it at the deadline. (A handler, not SIG_IGN, which the rank's own children would
+    inherit through exec.)"""
+    signal.signal(signal.SIGTERM, _noted_elsewhere)
+
+
+def _noted_elsewhere(signum: int, frame: Any) -> None:
+    """The node's agent got the same signal and sends the notice."""
 
 
 def hear(notice: Preemption) -> None:

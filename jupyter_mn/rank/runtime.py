@@ -68,6 +68,7 @@ def main() -> None:
     _line_buffered()
     control = _Control(Connection(int(os.environ[contract.CONTROL_FD])))
     exit_with_parent()
+    preemption.shield()
     signals = execute.CellSignals()
     info = cluster_info()
     try:
