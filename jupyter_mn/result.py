@@ -39,7 +39,7 @@ class PreemptionOutcome:
     after_s: float | None = None
 
     def text(self) -> str:
-        head = f"node {self.notice.node} was preempted ({self.notice.cause.text})"
+        head = f"node {self.notice.node} was preempted: {self.notice.cause.text}"
         if not self.checkpoint:
             return f"{head}; no checkpoint was completed after the notice"
         after = f", written {self.after_s:.1f} s after the notice" if self.after_s else ""

@@ -4,6 +4,7 @@ honoured, the cell ends with ``Preempted``, and ``--retries`` resumes it from th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -11,12 +12,14 @@ import time
 import psutil
 import pytest
 import torch
-from procs import ours, rank_processes
+from polling import wait_until
+from procs import ours
 
 from jupyter_mn import Cluster
 from jupyter_mn.checkpoint import latest
 from jupyter_mn.errors import Preempted
 from jupyter_mn.events import LogLines, Note, PreemptCause, Preemption
+from jupyter_mn.gang.script import run_script
 
 #: A loop that saves and stops when the gang agrees it is preempted; deterministic, so a run
 #: resumed from the preemption checkpoint ends with an uninterrupted run's parameters.
@@ -51,10 +54,13 @@ seen if seen else [p.detach().clone() for p in model.parameters()]
 
 
 def worker_of(rank: int) -> psutil.Process:
-    """The node process (its dask worker) that runs ``rank``."""
-    for proc in rank_processes(ours()):
-        if proc.environ().get("RANK") == str(rank):
-            return proc.parent()
+    """The node process (its dask worker) that runs ``rank`` (a cell's or a script's)."""
+    for proc in ours():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("RANK") == str(rank) and "dask_spec" in " ".join(
+                proc.parent().cmdline()
+            ):
+                return proc.parent()
     raise AssertionError(f"rank {rank} is not running")
 
 
@@ -107,13 +113,14 @@ def test_every_rank_sees_the_notice_at_the_same_step_and_the_cell_ends_preempted
         assert (error.node, error.cause) == (1, "signal")
         assert error.checkpoint == str(latest(ckpt)) and (latest(ckpt) / "COMPLETE").exists()
         assert str(error).startswith(
-            f"node 1 was preempted (its process got SIGTERM); checkpoint {latest(ckpt)} "
+            f"node 1 was preempted: its process got SIGTERM; checkpoint {latest(ckpt)} "
             "is COMPLETE, written "
         )
         assert cluster.status()["state"] in ("BROKEN", "CLOSED")
 
 
 def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, no_leftovers):
+    """Ends with an uninterrupted run's parameters; then an idle gang's notice gives it up."""
     sigterm = SigtermAt("step 30")
     steps = {"STEPS": 120}
     with Cluster(nodes=2, gpus=2, retries=1) as cluster:
@@ -125,7 +132,12 @@ def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, 
         starts = {int(t.split()[-1]) for t in sigterm.lines if t.startswith("resumed from step")}
         assert len(starts) == 1 and 30 < min(starts) < 120, sigterm.lines  # not from step 0
         reference = cluster.run(TRAIN, namespace={"CKPT": str(tmp_path / "b"), **steps})
-    assert all(torch.equal(a, b) for a, b in zip(resumed.value, reference.value, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(resumed.value, reference.value, strict=True))
+
+        idle = cluster.gang
+        os.kill(worker_of(2).pid, signal.SIGTERM)
+        wait_until(lambda: not idle.status.usable, 30, "the idle gang to be given up")
+        assert cluster.run("1 + 1").unwrap() == 2 and cluster.gang is not idle
 
 
 IGNORES_NOTICES = """
@@ -147,3 +159,34 @@ def test_a_loop_that_never_asks_is_stopped_at_the_deadline_not_before(no_leftove
         assert grace <= took < grace + 15, took
         with pytest.raises(Preempted, match="no checkpoint was completed after the notice"):
             result.unwrap()
+
+
+#: A torchrun-style script that handles SIGTERM itself, as Lightning does: a flag agreed across
+#: ranks each step, then a clean exit.
+SCRIPT = """
+import signal, time
+import torch, torch.distributed as dist
+heard = torch.zeros(1)
+signal.signal(signal.SIGTERM, lambda *_: heard.fill_(1))
+dist.init_process_group()
+print("looping", flush=True)
+for step in range(100_000):
+    flag = heard.clone()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        print(f"rank {dist.get_rank()} stops at step {step}", flush=True)
+        break
+    time.sleep(0.02)
+dist.destroy_process_group()
+"""
+
+
+def test_a_scripts_ranks_get_the_notice_as_sigterm(tmp_path, no_leftovers):
+    script = tmp_path / "handles_sigterm.py"
+    script.write_text(SCRIPT)
+    sigterm = SigtermAt("looping")
+    with Cluster(nodes=2, gpus=2) as cluster, cluster.nodes() as gang:
+        result = run_script(gang, str(script), (), sigterm)
+    assert result.ok, result.unwrap()
+    stops = {line.split()[-1] for line in sigterm.lines if " stops at step " in line}
+    assert len(stops) == 1 and len([t for t in sigterm.lines if " stops at " in t]) == 4

@@ -107,6 +107,8 @@ class NodeAgent:
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
         self._grace: GracePeriod | None = None
+        #: the preemption notice this node's ranks were given (once)
+        self._told: Preemption | None = None
         self.script: ScriptRun | None = None
 
     # ---- called from the loop (``call_soon`` from telemetry's thread too)
@@ -275,9 +277,15 @@ class NodeAgent:
         self._tell_ranks(notice)
 
     def _tell_ranks(self, notice: Preemption) -> None:
-        """The notice, and nothing else, to this node's ranks: they decide when to stop."""
+        """The notice, and nothing else, to this node's ranks, once: they decide when to stop.
+        A script's ranks get it as a script run by torchrun or Slurm would: SIGTERM."""
+        if self._told is not None:
+            return
+        self._told = notice
         for r in self._ranks:
             r.notify(notice)
+        if self.script is not None:
+            self.script.notify()
 
     async def _grace_over(self) -> None:
         """The deadline of the notice: stop the ranks (a busy one is killed) and the worker."""
