@@ -24,6 +24,7 @@ from .events import (
     GpuSample,
     LogLines,
     NodesWaiting,
+    Preemption,
     RankState,
     TransportReport,
 )
@@ -100,6 +101,9 @@ class JobRecord:
             model.nodes[event.node].gpu_util = sum(utils) / len(utils) if utils else None
         elif isinstance(event, TransportReport) and event.node >= 0:
             model.nodes[event.node].transport = event.summary
+        elif isinstance(event, Preemption):  # the panel polls: a deadline, not a countdown
+            deadline = time.strftime("%H:%M:%S", time.localtime(event.deadline))
+            model.error = f"PREEMPTING node {event.node} (until {deadline}): {event.cause.text}"
         elif isinstance(event, CellDone):
             model.cells += 1
             model.last_cell = {"id": event.cell_id, "ok": event.ok, "elapsed": event.elapsed}

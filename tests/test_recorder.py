@@ -13,6 +13,7 @@ from polling import wait_until
 from tmpfs import small_tmpfs
 
 from jupyter_mn import Cluster
+from jupyter_mn.events import PreemptCause, Preemption
 from jupyter_mn.joblogs import read_logs
 from jupyter_mn.recorder import Recorder
 from jupyter_mn.registry import JobModel, Registry
@@ -52,6 +53,18 @@ def test_job_has_state_nodes_and_rank_labelled_logs(registry, cluster):
         "[node 0 rank 0] hello from 0",
         "[node 1 rank 1] hello from 1",
     }
+
+
+def test_a_preemption_notice_shows_in_the_panel_with_its_deadline(registry, cluster):
+    deadline = time.time() + 100
+    cluster.gang.hub.dispatch(Preemption(1, PreemptCause.POD, deadline))  # as from node 1
+    until = time.strftime("%H:%M:%S", time.localtime(deadline))
+    expected = (
+        f"PREEMPTING node 1 (until {until}): its pod is being deleted (eviction or preemption)"
+    )
+    _when(registry, cluster, lambda j: j.error == expected, "the notice in the job")
+    cluster.run("1")  # the next cell's outcome replaces it
+    _when(registry, cluster, lambda j: j.error is None, "the notice replaced")
 
 
 def test_a_failed_cell_records_its_root_cause(registry, cluster):
