@@ -288,14 +288,13 @@ class NodeAgent:
             self.script.notify()
 
     async def _grace_over(self) -> None:
-        """The deadline of the notice: stop the ranks (a busy one is killed) and the worker."""
+        """The deadline of the notice: stop the ranks (a busy one is killed), then the worker
+        (``stop`` hands the SIGTERM on to its own handler)."""
         self._publish(GangState("BROKEN", f"node {self.node}: the preemption's grace period ended"))
         for r in self._ranks:
             if r.running is not None:
                 r.kill("the preemption's grace period ended")
         await self.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._worker.close(reason="jupyter_mn: preempted"), STOP_GRACE_S)
 
     async def start(self, launch: Launch) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
@@ -550,7 +549,7 @@ class NodeAgent:
     async def stop(self) -> int:
         """Stop everything of this node; return the sequence number of its last event."""
         self._closing = True
-        if self._grace is not None:  # a SIGTERM stops the worker again, as before the agent
+        if self._grace is not None:  # a SIGTERM stops the worker again
             self._grace.close()
         if self._guard is not None and self._guard is not asyncio.current_task():
             self._wake.set()  # its look in a thread, if any, ends before telemetry closes
@@ -564,4 +563,7 @@ class NodeAgent:
         if self._partial_timer is not None:  # the ranks' lines ended with them
             self._partial_timer.cancel()
         self.send_displays()
-        return self.flush(always=True)  # last: once the kernel has it, the topic can be dropped
+        last = self.flush(always=True)  # last: once the kernel has it, the topic can be dropped
+        if self._grace is not None:  # a preempted node goes now
+            asyncio.get_running_loop().call_soon(self._grace.hand_on)
+        return last

@@ -86,3 +86,9 @@ class GracePeriod:
             self._installed = False
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signal.SIGTERM, self._previous)
+
+    def hand_on(self) -> None:
+        """Once the node has stopped: a SIGTERM heard meanwhile goes to the handler it was meant
+        for (the worker closes, as it would have at once without an agent)."""
+        if self.notice is not None and not self._installed:
+            signal.raise_signal(signal.SIGTERM)
