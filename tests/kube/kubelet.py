@@ -9,7 +9,8 @@ as files in a per-pod directory (no mount namespaces here, so environment values
 mount path are pointed at that directory), cluster DNS for ``<hostname>.<subdomain>`` names (a
 hosts table the pod processes read through ``dns/sitecustomize.py``), the readiness probe
 (TCP), and the pod lifecycle: Running → Ready → Succeeded/Failed with the exit code; a deleted
-pod's process is stopped with SIGTERM, then SIGKILL after its grace period.
+pod's process is stopped with SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds``;
+the pod's environment has the API service's variables, as a kubelet sets them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class ProcessKubelet:
     def __init__(self, server: Any, root: Path, net: HostNet | None = None) -> None:
         self.server, self.root, self.net = server, root, net
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: each pod's terminationGracePeriodSeconds: SIGTERM, then SIGKILL that much later
+        self.graces: dict[str, float] = {}
         #: each pod's host, with test hosts
         self.pod_hosts: dict[str, Host] = {}
         self.hosts: dict[str, str] = {}
@@ -89,6 +92,7 @@ class ProcessKubelet:
                 self.hosts[host] = ip
             self.hosts_file.write_text(json.dumps(self.hosts))
         log = (workdir / "container.log").open("wb")
+        self.graces[name] = spec.get("terminationGracePeriodSeconds", 30)
         self.procs[name] = subprocess.Popen(
             command,
             env=env,
@@ -135,6 +139,7 @@ class ProcessKubelet:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DNS_DIR), env.get("PYTHONPATH")]))
         env["JUPYTER_MN_TEST_HOSTS"] = str(self.hosts_file)
         env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = "10.96.0.1", "443"
         for item in container.get("env") or []:
             value = item["value"] if "value" in item else self._field(pod, item["valueFrom"])
             env[item["name"]] = mounts.get(value, value)
@@ -182,7 +187,8 @@ class ProcessKubelet:
 
     async def reap(self, live: set[str]) -> None:
         for name in set(self.procs) - live:
-            await asyncio.to_thread(self._stop, self.procs.pop(name))
+            grace = self.graces.pop(name, 30)
+            await asyncio.to_thread(self._stop, self.procs.pop(name), grace)
             await asyncio.to_thread(self._unplug, name)
 
     def _unplug(self, name: str) -> None:
