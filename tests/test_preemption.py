@@ -185,8 +185,11 @@ def test_a_scripts_ranks_get_the_notice_as_sigterm(tmp_path, no_leftovers):
     script = tmp_path / "handles_sigterm.py"
     script.write_text(SCRIPT)
     sigterm = SigtermAt("looping")
-    with Cluster(nodes=2, gpus=2) as cluster, cluster.nodes() as gang:
-        result = run_script(gang, str(script), (), sigterm)
+    with Cluster(nodes=2, gpus=2) as cluster:
+        cluster.up()  # the warm gang's agents run it
+        with cluster.nodes() as gang:
+            result = run_script(gang, str(script), (), sigterm)
+        assert not gang.status.usable  # its node is going: the next cell starts a fresh gang
     assert result.ok, result.unwrap()
     stops = {line.split()[-1] for line in sigterm.lines if " stops at step " in line}
     assert len(stops) == 1 and len([t for t in sigterm.lines if " stops at " in t]) == 4

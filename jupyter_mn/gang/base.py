@@ -336,6 +336,8 @@ class Gang:
                 self._running = 0
                 if self.status == GangStatus.RUNNING:
                     self._transition(GangStatus.READY)
+                if self.preemption is not None:  # any job (a script, a command): its node goes
+                    self.close(broken=f"node {self.preemption.node} was preempted", wait=False)
 
     def run(self, job: Job[T], timeout: float | None = None) -> T:
         """Run ``job`` on the nodes until it is done: the one loop that applies interrupt
