@@ -162,7 +162,7 @@ def test_a_loop_that_never_asks_is_stopped_at_the_deadline_not_before(no_leftove
 
 
 #: A torchrun-style script that handles SIGTERM itself, as Lightning does: a flag agreed across
-#: ranks each step, then a clean exit.
+#: ranks each step (node 1's ranks get the SIGTERM, node 0's learn it from them), a clean exit.
 SCRIPT = """
 import signal, time
 import torch, torch.distributed as dist
@@ -181,7 +181,7 @@ dist.destroy_process_group()
 """
 
 
-def test_a_scripts_ranks_get_the_notice_as_sigterm(tmp_path, no_leftovers):
+def test_a_scripts_ranks_on_the_preempted_node_get_its_sigterm(tmp_path, no_leftovers):
     script = tmp_path / "handles_sigterm.py"
     script.write_text(SCRIPT)
     sigterm = SigtermAt("looping")
@@ -190,6 +190,6 @@ def test_a_scripts_ranks_get_the_notice_as_sigterm(tmp_path, no_leftovers):
         with cluster.nodes() as gang:
             result = run_script(gang, str(script), (), sigterm)
         assert not gang.status.usable  # its node is going: the next cell starts a fresh gang
-    assert result.ok, result.unwrap()
+    assert result.ok, (sigterm.lines, result.error())
     stops = {line.split()[-1] for line in sigterm.lines if " stops at step " in line}
     assert len(stops) == 1 and len([t for t in sigterm.lines if " stops at " in t]) == 4

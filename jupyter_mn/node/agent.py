@@ -266,10 +266,15 @@ class NodeAgent:
             self._grace.install()
 
     def _preempted(self, notice: Preemption) -> None:
-        """This node was told to go: the kernel (which tells every node) and its ranks hear."""
+        """This node was told to go: the kernel (which tells every node) and its ranks hear. A
+        script's ranks here get the SIGTERM itself, as under torchrun or Slurm (the other nodes'
+        learn it from them, as Lightning's agreed flag does: a SIGTERM to a rank already exiting
+        would kill it)."""
         log.warning("%s; stopping in %.0f s", notice.text, notice.left())
         self._publish(notice)
         self._tell_ranks(notice)
+        if self.script is not None:
+            self.script.notify()
 
     async def preempt(self, notice: Preemption) -> None:
         """From the kernel: a node of the gang is being preempted (on the loop, as every send to
@@ -277,15 +282,13 @@ class NodeAgent:
         self._tell_ranks(notice)
 
     def _tell_ranks(self, notice: Preemption) -> None:
-        """The notice, and nothing else, to this node's ranks, once: they decide when to stop.
-        A script's ranks get it as a script run by torchrun or Slurm would: SIGTERM."""
+        """The notice, and nothing else, to this node's cell ranks, once: they decide when to
+        stop."""
         if self._told is not None:
             return
         self._told = notice
         for r in self._ranks:
             r.notify(notice)
-        if self.script is not None:
-            self.script.notify()
 
     async def _grace_over(self) -> None:
         """The deadline of the notice: stop the ranks (a busy one is killed), then the worker

@@ -200,8 +200,8 @@ class ScriptRun:
         return [r.outcome() for r in self.ranks]
 
     def notify(self) -> None:
-        """A preemption notice: SIGTERM to the processes still running (a script's own handler,
-        Lightning's for one, saves); the agent kills what is left at the deadline."""
+        """This node's preemption notice: SIGTERM to the processes still running (a script's own
+        handler, Lightning's for one, saves); the agent kills what is left at the deadline."""
         for r in self.ranks:
             if r.proc.poll() is None:
                 r.signal(signal.SIGTERM)
