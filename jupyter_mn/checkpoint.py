@@ -12,9 +12,11 @@ Use them inside ``%%cluster`` cells (or any torch.distributed program)::
             checkpoint.save({"model": model, "opt": opt}, "ckpt", step + 1, async_=True)
     checkpoint.wait()
 
-With ``%%cluster --retries 1`` such a cell finishes after a rank is killed: the retry resumes
-from the last complete checkpoint. For bit-identical results after a resume, prime a freshly
-wrapped DDP model with ``prime_ddp`` before the first step.
+To save when the gang is preempted, end each step with
+``if checkpoint.preempted(): checkpoint.save(...); break`` (README, "Preemption and time
+limits"). With ``%%cluster --retries 1`` such a cell finishes after a rank is killed or a node
+preempted: the retry resumes from the last complete checkpoint. For bit-identical results after
+a resume, prime a freshly wrapped DDP model with ``prime_ddp`` before the first step.
 
 Why DCP rather than one ``torch.save`` per rank: a DDP model's replicated tensors are written
 once, not once per rank; FSDP2/DTensor shards are saved as shards; and a checkpoint loads at
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .rank import preemption
 
 FORMAT = 2
 MARKER = "COMPLETE"
@@ -122,7 +125,9 @@ def save(
                 for old in _complete(directory)[:-keep]:
                     fs.rm(_fs(old)[1], recursive=True)
         _barrier(group)  # nobody goes on (or dies) believing a checkpoint is complete before it is
-        return _location(directory, path)
+        done = _location(directory, path)
+        preemption.saved(str(done))
+        return done
 
     checkpoint_id = _location(directory, path)
     if not async_:
@@ -131,6 +136,18 @@ def save(
     written = dcp.async_save(flat, checkpoint_id=str(checkpoint_id), process_group=group)
     _process.start(written, finish)
     return checkpoint_id
+
+
+def preempted() -> bool:
+    """True on every rank, at the same call, once a node of the gang has been told to go
+    (SIGTERM: a Slurm preemption or time limit, a pod's deletion): save now, then stop.
+
+    Call it once per step on every rank: it is a collective (an all-reduce of one flag), so all
+    ranks agree on the step. ``cluster_info().preemption`` says which node, why, and the
+    deadline; nothing is killed before it. Outside a process group it says whether this process
+    heard a notice.
+    """
+    return preemption.agree()
 
 
 def wait() -> Location | None:

@@ -523,13 +523,17 @@ def _preflight(spec: ClusterSpec) -> Preflight | None:
 
 def _retry_text(attempt: int, retries: int, result: CellResult) -> str:
     cause = result.root_cause
-    who = cause.label if cause else "a rank"
-    return f"retry {attempt}/{retries}: {who} was lost; running the cell again"
+    what = f"{cause.label if cause else 'a rank'} was lost"
+    if result.preemption is not None:
+        what = f"node {result.preemption.notice.node} was preempted"
+    return f"retry {attempt}/{retries}: {what}; running the cell again"
 
 
 def _retryable(result: CellResult) -> bool:
+    if result.interrupted:
+        return False
     cause = result.root_cause
-    return cause is not None and cause.status == LOST and not result.interrupted
+    return result.preemption is not None or (cause is not None and cause.status == LOST)
 
 
 # ---- one current cluster per kernel, for the magics

@@ -111,5 +111,24 @@ class NodeUnreachable(JupyterMNError):
     link is cut or its host is frozen (no FIN, no RST: nothing else would tell for minutes)."""
 
 
+class Preempted(CellError):
+    """A node of the gang was told to go (SIGTERM: a Slurm preemption or time limit, a pod's
+    deletion); ``node``, ``cause`` and the ``checkpoint`` completed during the grace period
+    ("" when none was) say what happened. ``--retries`` runs the cell again on a new gang."""
+
+    def __init__(
+        self,
+        message: str,
+        result: CellResult | None = None,
+        *,
+        node: int,
+        cause: str,
+        checkpoint: str = "",
+        notes: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, result=result, notes=notes)
+        self.node, self.cause, self.checkpoint = node, cause, checkpoint
+
+
 class CellInterrupted(CellError):
     """The cell was interrupted (Ctrl-C / stop button) or hit ``--timeout``."""

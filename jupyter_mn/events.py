@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import functools
 import pickle
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -339,6 +340,45 @@ def number_ranges(numbers: tuple[int, ...]) -> str:
     return ", ".join(parts)
 
 
+class PreemptCause(_Text):
+    """Who asked a node to go: a Slurm job's signal (preemption, requeue, ``--signal=TERM@S``
+    before its time limit), a pod's deletion (eviction, preemption), or a SIGTERM to a node
+    process elsewhere."""
+
+    SLURM = "slurm"
+    POD = "pod"
+    SIGNAL = "signal"
+
+    @property
+    def text(self) -> str:
+        return {
+            PreemptCause.SLURM: "Slurm sent SIGTERM (preemption, requeue or time limit)",
+            PreemptCause.POD: "its pod is being deleted (eviction or preemption)",
+            PreemptCause.SIGNAL: "its process got SIGTERM",
+        }[self]
+
+
+@_event
+@dataclass(frozen=True)
+class Preemption:
+    """Node ``node`` was told to go and will be stopped at ``deadline`` (wall-clock seconds):
+    its agent tells the kernel, the kernel every node, each node its ranks
+    (``checkpoint.preempted()``, ``cluster_info().preemption``)."""
+
+    node: int
+    cause: PreemptCause
+    deadline: float
+    signal: str = "SIGTERM"
+
+    def left(self, now: float | None = None) -> float:
+        """Seconds of the grace period left."""
+        return max(self.deadline - (time.time() if now is None else now), 0.0)
+
+    @property
+    def text(self) -> str:
+        return f"node {self.node}: {self.cause.text}"
+
+
 @_event
 @dataclass(frozen=True)
 class RankError:
@@ -378,6 +418,10 @@ class RankReply:
     notes: tuple[str, ...] = ()
     #: a script's exit status
     exit_code: int | None = None
+    #: the newest checkpoint this rank saw COMPLETE after a preemption notice, and how many
+    #: seconds after the notice (``checkpoint.save``)
+    checkpoint: str = ""
+    checkpoint_after_s: float | None = None
 
     @classmethod
     def of(cls, reply: dict[str, Any]) -> RankReply:
@@ -432,6 +476,7 @@ Event = (
     | NodesWaiting
     | Stacks
     | Hung
+    | Preemption
 )
 #: What views, listeners and the run protocol are called with.
 OnEvent = Callable[[Event], None]
@@ -448,6 +493,7 @@ _ENUMS: dict[type, dict[str, type[enum.Enum]]] = {
     GangState: {"state": GangStatus},
     RankState: {"state": RankStatus},
     RankReply: {"status": RankStatus},
+    Preemption: {"cause": PreemptCause},
 }
 
 

@@ -58,6 +58,7 @@ def add_spec_flags(parser: Parser) -> Parser:
     add("--start-timeout", type=float, help="seconds allowed to bring the gang up")
     add("--max-runtime", type=float, help="tear the gang down after S seconds (a cost cap)")
     add("--local-limit", type=int, help="local backend: most ranks a gang may have (512)")
+    add("--grace", type=float, help="seconds a preempted node keeps running (default 120)")
     add("--memory-limit", help="kill a rank whose resident memory exceeds this (e.g. 8GB)")
     add("--rdma", action="store_true", default=None, help="use the RDMA fabric (IB/RoCE/EFA)")
     add(

@@ -53,3 +53,5 @@ class Launch:
     #: the worker is this gang's alone: an orphaned agent ends it too
     exit_when_orphaned: bool = False
     script: Script | None = None
+    #: seconds a node keeps running after a SIGTERM (the preemption notice) before it stops
+    grace: float = 120.0

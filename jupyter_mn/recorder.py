@@ -26,6 +26,7 @@ from .events import (
     Hung,
     LogLines,
     NodesWaiting,
+    Preemption,
     RankState,
     RunStarted,
     TransportReport,
@@ -109,6 +110,9 @@ class JobRecord:
             model.state, model.detail, model.error = self.gang.status.value, self.gang.detail, None
         elif isinstance(event, Hung):  # until it is over or the gang's next state (the cell ends)
             model.state, model.detail, model.error = HUNG, event.verdict, event.verdict
+        elif isinstance(event, Preemption):  # the panel polls: a deadline, not a countdown
+            deadline = time.strftime("%H:%M:%S", time.localtime(event.deadline))
+            model.error = f"PREEMPTING node {event.node} (until {deadline}): {event.cause.text}"
         elif isinstance(event, CellDone):
             model.last_cell = {
                 "id": event.cell_id,

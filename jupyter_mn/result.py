@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CellError, CellInterrupted, NodeLost, RankLost
-from .events import RankError, RankStatus, RankTiming
+from .errors import CellError, CellInterrupted, NodeLost, Preempted, RankLost
+from .events import Preemption, RankError, RankStatus, RankTiming
 
 #: a rank's outcome of a cell
 OK, ERROR, LOST, INTERRUPTED = (
@@ -35,6 +35,23 @@ class RankOutcome:
         return f"rank {self.rank} (node {self.node})"
 
 
+@dataclass(frozen=True)
+class PreemptionOutcome:
+    """A cell during which a node was preempted: the notice, and the newest checkpoint the
+    ranks completed after it (``""``: none) with how many seconds after the notice."""
+
+    notice: Preemption
+    checkpoint: str = ""
+    after_s: float | None = None
+
+    def text(self) -> str:
+        head = f"node {self.notice.node} was preempted: {self.notice.cause.text}"
+        if not self.checkpoint:
+            return f"{head}; no checkpoint was completed after the notice"
+        after = f", written {self.after_s:.1f} s after the notice" if self.after_s else ""
+        return f"{head}; checkpoint {self.checkpoint} is COMPLETE{after}"
+
+
 @dataclass
 class CellResult:
     """What a cell run produced. ``unwrap()`` gives rank 0's value or raises the root cause."""
@@ -50,10 +67,13 @@ class CellResult:
     interrupted: str = ""
     #: the hang verdict when it was stopped while ranks waited in a collective (``verdict.py``)
     verdict: str = ""
+    #: a node was preempted while the cell ran: the cell did not finish its work (its loop
+    #: saved and stopped, or the deadline stopped it), even when every rank returned
+    preemption: PreemptionOutcome | None = None
 
     @property
     def ok(self) -> bool:
-        return all(r.status == OK for r in self.ranks)
+        return self.preemption is None and all(r.status == OK for r in self.ranks)
 
     @property
     def root_cause(self) -> RankOutcome | None:
@@ -101,12 +121,13 @@ class CellResult:
 
     def unwrap(self) -> Any:
         """Return rank 0's value (every rank's with ``--all``) or raise a ``CellError``."""
-        cause = self.root_cause
-        if cause is None:
+        if self.ok:
             return self.values if self.values is not None else self.value
         raise self.error()
 
     def error(self) -> CellError:
+        if self.preemption is not None:
+            return self._preempted(self.preemption)
         cause = self.root_cause
         assert cause is not None and cause.error is not None
         others = [r for r in self.ranks if r.status != OK and r is not cause]
@@ -129,6 +150,21 @@ class CellResult:
         if self.interrupted:
             cls, message = CellInterrupted, f"{self.interrupted}: {message}"
         return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)
+
+    def _preempted(self, outcome: PreemptionOutcome) -> Preempted:
+        failed = [r for r in self.ranks if r.status != OK]
+        notes = list(self.notes)
+        if failed:
+            notes.append(f"{_ranks(failed)} stopped with it")
+        notice = outcome.notice
+        return Preempted(
+            outcome.text(),
+            self,
+            node=notice.node,
+            cause=notice.cause.value,
+            checkpoint=outcome.checkpoint,
+            notes=notes,
+        )
 
 
 def _ranks(outcomes: list[RankOutcome]) -> str:

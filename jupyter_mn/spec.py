@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 import reprlib
@@ -46,6 +47,8 @@ LOCAL_LIMIT = 512
 MAX_SECONDS = 14 * 24 * 3600.0
 #: numpy takes seeds below 2**32, and rank r is seeded with SEED + r.
 SEED_LIMIT = 2**32
+#: Seconds a node takes after its grace period to stop its ranks (3 s before a kill) and close.
+STOP_MARGIN_S = 10
 _SCHEDULER = re.compile(r"(tcp|tls)://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):\d{1,5}")
 
 
@@ -82,6 +85,9 @@ class ClusterSpec:
     require_rdma: bool = _gang(False)
     #: NCCL_DEBUG=INFO and torch.distributed debug output in the node tabs
     debug: bool = _gang(False)
+    #: seconds a preempted node keeps running after its SIGTERM (pods'
+    #: terminationGracePeriodSeconds, Slurm's ``--signal=TERM@S``) for a checkpoint
+    grace: float = _gang(120.0)
     #: dask backend: several workers of one host may be nodes (default: one node per host)
     same_host: bool = _gang(False)
     kubernetes: KubeOptions = _gang(KubeOptions())  # noqa: RUF009 (frozen, and _gang is a field)
@@ -182,6 +188,7 @@ class ClusterSpec:
             "max_runtime",
             "heartbeat_timeout",
             "liveness_timeout",
+            "grace",
         ):
             value = getattr(self, name)
             if value is not None:
@@ -218,6 +225,13 @@ class ClusterSpec:
         if self.preflight is not None:
             return self.preflight
         return self.backend != "local" or bool(self.check_paths)
+
+    @property
+    def kill_after(self) -> int:
+        """Whole seconds a scheduler must wait after a node's SIGTERM before it kills it (pods'
+        terminationGracePeriodSeconds, Slurm's ``--signal=TERM@S``): the grace period, then
+        the node's own stop."""
+        return math.ceil(self.grace) + STOP_MARGIN_S
 
     @property
     def world_size(self) -> int:

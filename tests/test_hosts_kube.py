@@ -9,9 +9,15 @@ from collections.abc import Iterator
 import pytest
 from hosts import HostNet
 from kube.cluster import FakeCluster
+from kubernetes import client, config
+from polling import wait_until
 from test_hosts_dask import CHECK
+from test_hosts_slurm import SAVES_WHEN_PREEMPTED
 
 from jupyter_mn import Cluster
+from jupyter_mn.checkpoint import latest
+from jupyter_mn.errors import Preempted
+from jupyter_mn.gang.kubernetes.podstate import node_index
 from jupyter_mn.kubespec import KubeOptions
 from jupyter_mn.spec import ClusterSpec
 
@@ -33,6 +39,10 @@ def pods(
             yield fake, host_net
 
 
+def kube_client(fake: FakeCluster) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(str(fake.kubeconfig)))
+
+
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_a_gang_on_pods_reduces_on_the_pod_network(nodes, pods, no_leftovers):
     fake, net = pods
@@ -48,4 +58,22 @@ def test_a_gang_on_pods_reduces_on_the_pod_network(nodes, pods, no_leftovers):
     assert {r["host"] for r in rows} == {h.hostname for h in hosts}
     (master,) = {r["master"] for r in rows}
     assert master in pod_ips.values()
+    assert fake.ours() == []
+
+
+def test_a_deleted_pod_is_a_preemption_its_loop_saves_in(pods, tmp_path, no_leftovers):
+    fake, _ = pods
+    ckpt = tmp_path / "ckpt"  # the pods' hosts share this machine's filesystem
+    options = KubeOptions(image="registry.example/jupyter-mn-agent:1")
+    spec = ClusterSpec(nodes=2, gpus=1, backend="kubernetes", kubernetes=options, grace=20)
+    with Cluster(spec) as cluster:
+        cell = cluster.submit(SAVES_WHEN_PREEMPTED, namespace={"CKPT": str(ckpt)})
+        wait_until(lambda: "looping" in cell.output, 180, "the loop to run")
+        (pod,) = (p for p in fake.live("pods") if node_index(p) == 1)
+        meta = pod["metadata"]  # kubectl delete pod: SIGTERM, SIGKILL after its grace period
+        kube_client(fake).delete_namespaced_pod(meta["name"], meta["namespace"])
+        with pytest.raises(Preempted) as preempted:
+            cell.result(timeout=60)
+        assert (preempted.value.node, preempted.value.cause) == (1, "pod"), preempted.value
+        assert preempted.value.checkpoint == str(latest(ckpt)), preempted.value
     assert fake.ours() == []

@@ -23,7 +23,8 @@ from slurm import SlurmCluster
 from test_hosts_dask import CHECK
 
 from jupyter_mn import Cluster
-from jupyter_mn.errors import NodeLost, RankLost, SchedulingError
+from jupyter_mn.checkpoint import latest
+from jupyter_mn.errors import Preempted, SchedulingError
 from jupyter_mn.events import NodesWaiting
 from jupyter_mn.gang.slurm import commands
 from jupyter_mn.gang.slurm.provision import dry_run, output_dir
@@ -104,20 +105,35 @@ def test_a_job_that_cannot_start_shows_why_and_is_cancelled_at_the_schedule_time
     wait_until(lambda: not slurm.jobs(), 30, "the held job to leave squeue")
 
 
-def test_a_requeued_job_loses_its_nodes_mid_cell_and_the_next_cell_gets_a_new_job(
-    slurm, no_leftovers
+#: A loop that saves when the gang is preempted; DCP is imported first, as a warm training loop
+#: has it (the test Slurm's KillWait is 5 s, and the import alone takes seconds on a loaded host).
+SAVES_WHEN_PREEMPTED = """
+import time, torch.distributed.checkpoint
+from jupyter_mn import checkpoint
+model = torch.nn.Linear(2, 1)
+print("looping")
+for step in range(6000):
+    if checkpoint.preempted():
+        checkpoint.save({"model": model}, CKPT, step)
+        break
+    time.sleep(0.1)
+"""
+
+
+def test_a_requeued_job_is_a_preemption_its_loop_saves_in_and_the_next_cell_gets_a_new_job(
+    slurm, tmp_path, no_leftovers
 ):
+    ckpt = tmp_path / "ckpt"  # the test hosts share this machine's filesystem
     with Cluster(nodes=2, gpus=1, backend="slurm", preflight=False) as cluster:
         cluster.up()
         (first,) = (line.split()[0] for line in slurm.jobs())
-        cell = cluster.submit("import time\nfor _ in range(600):\n    time.sleep(0.1)")
-        wait_until(lambda: cluster.gang.status.value == "RUNNING", 30, "the cell to run")
-        slurm.run("scontrol", "requeue", first)
-        # NodeLost, or (when slurmd's SIGTERM to the step reaches a rank before its agent
-        # stops answering) that rank lost to the SIGTERM: the cell fails either way
-        with pytest.raises(RankLost, match="lost") as lost:
+        cell = cluster.submit(SAVES_WHEN_PREEMPTED, namespace={"CKPT": str(ckpt)})
+        wait_until(lambda: "looping" in cell.output, 60, "the loop to run")
+        slurm.run("scontrol", "requeue", first)  # SIGTERM to every process of the job
+        with pytest.raises(Preempted) as preempted:
             cell.result(timeout=60)
-        assert isinstance(lost.value, NodeLost) or "SIGTERM" in str(lost.value)
+        assert preempted.value.cause == "slurm", preempted.value
+        assert preempted.value.checkpoint == str(latest(ckpt)), preempted.value
         assert cluster.run("1 + 1").unwrap() == 2
         (second,) = (line.split()[0] for line in slurm.jobs() if "RUNNING" in line)
         assert second != first

@@ -182,6 +182,14 @@ def test_rdma_and_every_option_reach_the_pod():
     ]
 
 
+@pytest.mark.parametrize(("grace", "seconds"), [(None, 130), (0.5, 11), (600, 610)])
+def test_pods_are_given_the_grace_period_and_the_nodes_stop_before_it_ends(grace, seconds):
+    spec = spec_for(2, rdma=False).replace(grace=grace) if grace else spec_for(2, rdma=False)
+    objects = build(spec, GANG, Target())
+    assert pod_of(objects)["spec"]["terminationGracePeriodSeconds"] == seconds
+    validate(job_of(objects), LATEST_MINOR)
+
+
 def test_cpu_pods_and_custom_resource_names():
     spec = spec_for(2, rdma=True, gpu_resource="", rdma_resource="nvidia.com/hostdev")
     container = pod_of(build(spec, GANG, Target()))["spec"]["containers"][0]

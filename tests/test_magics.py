@@ -25,7 +25,7 @@ DRY = "--dry-run --k8s-version 1.30 "
 FLAGS = [
     "--nodes", "--gpus", "--backend", "--scheduler", "--env", "--name", "--timeout",
     "--retries", "--seed", "--idle-timeout", "--start-timeout", "--max-runtime",
-    "--memory-limit", "--rdma", "--require-rdma", "--debug", "--view", "--same-host",
+    "--grace", "--memory-limit", "--rdma", "--require-rdma", "--debug", "--view", "--same-host",
     "--preflight", "--no-preflight", "--check-path", "--min-shm-gb", "--min-disk-gb",
     "--image", "--namespace", "--gang", "--queue", "--node-selector", "--toleration",
     "--volume", "--cpu", "--memory", "--shm-size", "--schedule-timeout", "--lifetime",
@@ -102,6 +102,7 @@ def test_quoted_values_lose_their_quotes_as_in_a_shell(shell):
         ("--timeout nan", "timeout must be a positive number"),
         ("--hang-timeout -5", "hang_timeout must be 0 \\(off\\) or a positive number"),
         ("--max-runtime inf", "max_runtime must be a positive number"),
+        ("--grace inf", "grace must be a positive number"),
         ("--min-shm-gb nan", "min_shm_gb must be a number of GiB"),
         ("--schedule-timeout inf", "--schedule-timeout must be positive"),
         ("--name 'train\n'", "name 'train\\\\n' contains control characters"),

@@ -13,6 +13,7 @@ from polling import wait_until
 from tmpfs import small_tmpfs
 
 from jupyter_mn import Cluster
+from jupyter_mn.events import PreemptCause, Preemption
 from jupyter_mn.joblogs import read_logs
 from jupyter_mn.recorder import Recorder
 from jupyter_mn.registry import JobModel, Registry
@@ -62,6 +63,18 @@ def test_a_cell_is_counted_when_it_starts(registry, cluster):
     cell = cluster.submit("import time\ntime.sleep(2)")
     _when(registry, cluster, lambda j: j.cells == before + 1 and j.state == "RUNNING", "counted")
     cell.result()
+
+
+def test_a_preemption_notice_shows_in_the_panel_with_its_deadline(registry, cluster):
+    deadline = time.time() + 100
+    cluster.gang.hub.dispatch(Preemption(1, PreemptCause.POD, deadline))  # as from node 1
+    until = time.strftime("%H:%M:%S", time.localtime(deadline))
+    expected = (
+        f"PREEMPTING node 1 (until {until}): its pod is being deleted (eviction or preemption)"
+    )
+    _when(registry, cluster, lambda j: j.error == expected, "the notice in the job")
+    cluster.run("1")  # the next cell's outcome replaces it
+    _when(registry, cluster, lambda j: j.error is None, "the notice replaced")
 
 
 def test_a_failed_cell_records_its_root_cause(registry, cluster):

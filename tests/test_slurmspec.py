@@ -94,7 +94,7 @@ def test_the_batch_script_is_one_task_per_node_running_the_node_entrypoint():
     options = SlurmOptions(
         partition="gpu", time="1:00:00", exclusive=True, sbatch_args=("--mem=0",)
     )
-    spec = ClusterSpec(nodes=4, gpus=8, backend="slurm", slurm=options)
+    spec = ClusterSpec(nodes=4, gpus=8, backend="slurm", slurm=options, grace=295.5)
     batch = Batch("jmn-1234abcd", "/opt/py/bin/python", 23456, "/home/u/out/%x-%j.out", "gpu:8")
     script = batch_script(spec, batch)
     sbatch = [line.removeprefix("#SBATCH ") for line in script.splitlines() if "#SBATCH" in line]
@@ -103,6 +103,7 @@ def test_the_batch_script_is_one_task_per_node_running_the_node_entrypoint():
         "--nodes=4",
         "--ntasks-per-node=1",
         "--output=/home/u/out/%x-%j.out",
+        "--signal=TERM@306",  # the grace period, rounded up, and 10 s for the nodes to stop
         "--gres=gpu:8",
         "--partition=gpu",
         "--time=1:00:00",

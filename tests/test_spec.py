@@ -22,6 +22,7 @@ from jupyter_mn.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"env": (("1BAD", "x"),)}, "not a valid environment variable name"),
         ({"nodes": 1000, "gpus": 1000}, "exceeds"),
         ({"max_runtime": -5}, "max_runtime must be a positive number"),
+        ({"grace": 0}, "grace must be a positive number"),
         ({"heartbeat_timeout": 0}, "heartbeat_timeout must be a positive number"),
         ({"memory_limit": "lots"}, "memory_limit 'lots' is not a size"),
         ({"memory_limit": 0}, "memory_limit must be ≥ 1"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from test_nccl import FIXTURES
 
@@ -17,6 +18,8 @@ from jupyter_mn.events import (
     LogLines,
     NodesWaiting,
     Note,
+    PreemptCause,
+    Preemption,
     RankPaused,
     RankResumed,
     RankTiming,
@@ -128,6 +131,25 @@ def test_widget_parts_and_its_text_plain_carry_the_same_facts():
     text = plain["text/plain"]
     assert text == summary(widget.state)
     assert "[rank 0] line 499" in text and "node 1: inter-node NET/Socket" in text
+
+
+def test_both_views_count_down_a_preemption_until_the_cell_is_done():
+    notice = Preemption(2, PreemptCause.SLURM, time.time() + 94.4)
+    out, err = io.StringIO(), io.StringIO()
+    text_view = TextView(out, err, spec=SPEC, title="train")
+    widget = ClusterWidget(SPEC, title="train")
+    for event in (GangState("RUNNING"), notice, LogLines(0, 1, ((0, "out", ("step 9",)),))):
+        text_view(event)
+        widget.state.apply(event)
+    assert err.getvalue() == (
+        "jupyter_mn: PREEMPTING node 2 (94 s left): Slurm sent SIGTERM (preemption, requeue or "
+        "time limit); checkpoint.preempted() returns True on every rank from its next call\n"
+    )
+    widget._draw(widget.state.take_dirty())
+    assert ">PREEMPTING node 2 (94 s left)</b>" in widget._header.value
+    assert "train · PREEMPTING node 2 (94 s left) · 2×2" in summary(widget.state)
+    widget.state.apply(CellDone(1, False, 3.0))
+    assert "train · RUNNING · 2×2" in summary(widget.state)  # the cell's outcome says the rest
 
 
 def test_auto_view_is_text_without_a_widget_frontend():

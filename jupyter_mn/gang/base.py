@@ -23,7 +23,7 @@ from ..errors import (
     RendezvousError,
     SchedulingError,
 )
-from ..events import GangState, Note, OnEvent, RankState, RankStatus, from_msg
+from ..events import GangState, Note, OnEvent, Preemption, RankState, RankStatus, from_msg
 from ..launch import Launch, Script
 from ..names import gang_id
 from ..spec import ClusterSpec
@@ -99,6 +99,8 @@ class Gang:
         self._closer: threading.Thread | None = None
         #: the notebook's working directory on the nodes (seen, or a copy kept up to date)
         self.files = FileSync(self)
+        #: the first node told to go (SIGTERM), while its grace period runs
+        self.preemption: Preemption | None = None
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -146,9 +148,24 @@ class Gang:
     def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
         msg = from_msg(event[1])
         self.hub.dispatch(msg)
+        if isinstance(msg, Preemption):
+            self._preempted(msg)
         if isinstance(msg, RankState) and msg.state == RankStatus.LOST_IDLE and self.status.idle:
             note = f"{msg.detail}\n{restarted_note(self.spec, {msg.node}, done=True)}"
             self.recover({msg.node}, [note], if_dead=True)
+
+    def _preempted(self, notice: Preemption) -> None:
+        """A node is being preempted: every node's ranks hear it (``checkpoint.preempted()``);
+        a running cell goes on (its loop saves and returns, or the deadline stops it) and then
+        ends with ``Preempted``; an idle gang is given up at once."""
+        with self._lock:
+            if self.preemption is None:
+                self.preemption = notice
+            running = bool(self._running)
+        for node in range(self.nodes):
+            self.ask(node, lambda agent: agent.preempt(notice))
+        if not running:
+            self.close(broken=f"node {notice.node} was preempted", wait=False)
 
     @property
     def device(self) -> str:
@@ -278,6 +295,7 @@ class Gang:
             env=dict(self.spec.env),
             start_timeout=self.spec.start_timeout,
             heartbeat_timeout=self.spec.heartbeat_timeout,
+            grace=self.spec.grace,
             memory_limit=self.spec.memory_limit,
             rdma=self.spec.rdma,
             require_rdma=self.spec.require_rdma,
@@ -337,6 +355,8 @@ class Gang:
                 self._running = 0
                 if self.status == GangStatus.RUNNING:
                     self._transition(GangStatus.READY)
+                if self.preemption is not None:  # any job (a script, a command): its node goes
+                    self.close(broken=f"node {self.preemption.node} was preempted", wait=False)
 
     def run(self, job: Job[T], timeout: float | None = None) -> T:
         """Run ``job`` on the nodes until it is done: the one loop that applies interrupt

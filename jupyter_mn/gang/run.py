@@ -36,7 +36,7 @@ from ..events import (
     RunStarted,
 )
 from ..payload import CellPayload
-from ..result import ERROR, INTERRUPTED, LOST, CellResult, RankOutcome
+from ..result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
 from ..verdict import Verdict, explain
 from .base import Gang
 from .debugger import converse
@@ -195,6 +195,8 @@ class CellJob(Job[CellResult]):
         _drain_events(gang, self.on_event)  # the settled state (READY, BROKEN) reaches the view
         cause = result.root_cause
         error = f"{cause.label}: {cause.error.line()}" if cause and cause.error else ""
+        if result.preemption is not None:
+            error = result.preemption.text()
         done = CellDone(
             self.payload.cell_id,
             result.ok,
@@ -248,6 +250,7 @@ def _assemble(job: CellJob, elapsed: float) -> CellResult:
             result.values = [_value(raw[rank]) for rank in sorted(raw)]
         result.displays = list(first.displays)
         result.pulled = {k: cloudpickle.loads(v) for k, v in (first.pulled or {}).items()}
+    result.preemption = _preemption(job.gang, first)  # after the value: kept, though not ok
     return result
 
 
@@ -299,6 +302,17 @@ def rank_outcomes(
     return outcomes, raw
 
 
+def _preemption(gang: Gang, first: RankReply | None) -> PreemptionOutcome | None:
+    """The notice the gang got while the cell ran, with the checkpoint rank 0 (``first``) saw
+    completed after it (every rank saves the same one)."""
+    notice = gang.preemption
+    if notice is None:
+        return None
+    if first is None or not first.checkpoint:
+        return PreemptionOutcome(notice)
+    return PreemptionOutcome(notice, first.checkpoint, first.checkpoint_after_s)
+
+
 def _value(reply: RankReply) -> Any:
     if reply.value is not None:
         return cloudpickle.loads(reply.value)
@@ -312,6 +326,10 @@ def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
     ranks: in the background, they take seconds), or give the gang up."""
     if gang.status != GangStatus.RUNNING or (result.ok and not interrupted):
         return  # closed meanwhile (``%cluster down``, max runtime), or nothing to re-form
+    if result.preemption is not None:  # its node is going: no gang to re-form
+        gang.close(broken=f"node {result.preemption.notice.node} was preempted", wait=False)
+        result.notes.append("the gang was torn down; the next cell starts a fresh one")
+        return
     agents_lost = {o.node for o in result.ranks if o.error and o.error.node_lost}
     if agents_lost:
         nodes = ", ".join(f"node {n}" for n in sorted(agents_lost))

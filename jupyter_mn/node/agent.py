@@ -34,6 +34,7 @@ from ..events import (
     GangStatus,
     LogLines,
     NodeReply,
+    Preemption,
     RankPaused,
     RankState,
     RankStatus,
@@ -48,6 +49,7 @@ from .files import NodeFiles, sees
 from .gpu import RankProcess
 from .netif import socket_ifname
 from .ports import listen_port
+from .preemption import GracePeriod
 from .process import STOP_GRACE_S, RankHandle, describe_exit, pack, rank_command
 from .script import ScriptRun
 from .telemetry import SAMPLE_S, NodeTelemetry
@@ -113,6 +115,9 @@ class NodeAgent:
         self._run_id = 0
         self._watchdog: Watchdog | None = None
         self._guard: asyncio.Task[None] | None = None
+        self._grace: GracePeriod | None = None
+        #: the preemption notice this node's ranks were given (once)
+        self._told: Preemption | None = None
         self.script: ScriptRun | None = None
         #: this gang's copy of the notebook's directory, where the node does not see it
         self.files = NodeFiles(job)
@@ -273,9 +278,52 @@ class NodeAgent:
         self._loop_thread = threading.get_ident()
         self._guard = asyncio.create_task(self._keep_watch())
 
+    def _hear_sigterm(self, launch: Launch) -> None:
+        """From now on a SIGTERM to this node is a preemption notice (``preemption.py``)."""
+        if self._grace is None:
+            self._grace = GracePeriod(self.node, launch.grace, self._preempted, self._grace_over)
+            self._grace.install()
+
+    def _preempted(self, notice: Preemption) -> None:
+        """This node was told to go: the kernel (which tells every node) and its ranks hear. A
+        script's ranks here get the SIGTERM itself, as under torchrun or Slurm (the other nodes'
+        learn it from them, as Lightning's agreed flag does: a SIGTERM to a rank already exiting
+        would kill it)."""
+        log.warning("%s; stopping in %.0f s", notice.text, notice.left())
+        self._publish(notice)
+        self._tell_ranks(notice)
+        if self.script is not None:
+            self.script.notify()
+
+    async def preempt(self, notice: Preemption) -> None:
+        """From the kernel: a node of the gang is being preempted (on the loop, as every send to
+        the ranks is)."""
+        self._tell_ranks(notice)
+
+    def _tell_ranks(self, notice: Preemption) -> None:
+        """The notice, and nothing else, to this node's cell ranks, once: they decide when to
+        stop."""
+        if self._told is not None:
+            return
+        self._told = notice
+        for r in self._ranks:
+            r.notify(notice)
+
+    async def _grace_over(self) -> None:
+        """The deadline of the notice: stop the ranks (a busy one is killed), then the worker
+        (``stop`` hands the SIGTERM on to its own handler)."""
+        self._publish(
+            GangState(GangStatus.BROKEN, f"node {self.node}: the preemption's grace period ended")
+        )
+        for r in self._ranks:
+            if r.running is not None:
+                r.kill("the preemption's grace period ended")
+        await self.stop()
+
     async def start(self, launch: Launch) -> list[dict[str, Any]]:
         """Launch this node's ranks and wait until every one has joined the process group."""
         self._begin()
+        self._hear_sigterm(launch)
         self._launch = self._placed(launch)
         self._command = rank_command()  # a bad JUPYTER_MN_RANK_PYTHON: refused before any rank
         self._check_gpus(launch)  # too few GPUs: said now, not once the ranks fail to find them
@@ -553,6 +601,7 @@ class NodeAgent:
     async def run_script(self, launch: Launch) -> bytes:
         """Run a training script on this node's ranks (``%cluster run``); see node/script.py."""
         self._begin()
+        self._hear_sigterm(launch)
         self.script = ScriptRun(self, self._placed(launch))
         outcomes = await self.script.wait()
         return NodeReply.build(self.node, self.flush(), outcomes).packed()
@@ -564,6 +613,8 @@ class NodeAgent:
     async def stop(self) -> int:
         """Stop everything of this node; return the sequence number of its last event."""
         self._closing = True
+        if self._grace is not None:  # a SIGTERM stops the worker again
+            self._grace.close()
         if self._guard is not None and self._guard is not asyncio.current_task():
             self._wake.set()  # its look in a thread, if any, ends before telemetry closes
             await asyncio.wait([self._guard], timeout=2 * SAMPLE_S)
@@ -577,4 +628,7 @@ class NodeAgent:
             self._partial_timer.cancel()
         self.send_displays()
         self.files.remove()
-        return self.flush(always=True)  # last: once the kernel has it, the topic can be dropped
+        last = self.flush(always=True)  # last: once the kernel has it, the topic can be dropped
+        if self._grace is not None:  # a preempted node goes now
+            asyncio.get_running_loop().call_soon(self._grace.hand_on)
+        return last

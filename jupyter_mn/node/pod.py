@@ -169,7 +169,14 @@ async def serve_node(
         ready = None
         if ready_port is not None:
             ready = await asyncio.start_server(_hang_up, host, ready_port)
-        loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(worker.close()))
+        # a plain handler, which the node agent replaces while it lives (node/preemption.py)
+        closing: list[asyncio.Future[Any]] = []
+        signal.signal(
+            signal.SIGTERM,
+            lambda *_: loop.call_soon_threadsafe(
+                lambda: closing.append(asyncio.ensure_future(worker.close()))
+            ),
+        )
         try:
             await worker.finished()
         finally:

@@ -30,7 +30,7 @@ import psutil
 from ..collectives import AbortRequest, RankWhere, WhereRequest
 from ..debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..errors import RendezvousError
-from ..events import RankStatus
+from ..events import Preemption, RankStatus
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
 from .frames import Frames, Undecodable
@@ -415,6 +415,11 @@ class RankHandle:
 
     def signal(self, signum: int) -> None:
         signal_session(self.proc.pid, signum)
+
+    def notify(self, notice: Preemption) -> None:
+        """Forward a preemption notice: the rank's stacks thread keeps it (``rank/preemption``)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.stacks_conn.send(notice)
 
     def kill(self, reason: str) -> None:
         if self.proc.poll() is None:

@@ -202,6 +202,13 @@ class ScriptRun:
             shutil.rmtree(self.folder, ignore_errors=True)
         return [r.outcome() for r in self.ranks]
 
+    def notify(self) -> None:
+        """This node's preemption notice: SIGTERM to the processes still running (a script's own
+        handler, Lightning's for one, saves); the agent kills what is left at the deadline."""
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                r.signal(signal.SIGTERM)
+
     async def stop(self, signum: int = signal.SIGTERM, why: str = "stopped by the kernel") -> None:
         """``signum`` to the processes still running, SIGKILL after a grace period."""
         running = [r for r in self.ranks if r.proc.poll() is None]

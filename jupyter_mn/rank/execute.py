@@ -28,7 +28,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from . import stacks, timing
+from . import preemption, stacks, timing
 from .causes import is_secondary
 from .displays import LiveDisplayPublisher, figures_as_png
 from .info import cluster_info
@@ -287,7 +287,7 @@ def run(
         group.destroy()
     elif info.rank == 0 or payload.return_all:
         reply.update(_outputs(shell, result.result if result else None, payload, info))
-    reply.update(status=status, error=error, finished_at=time.time())
+    reply.update(status=status, error=error, finished_at=time.time(), **preemption.report())
     if reloaded and info.rank == 0:
         reply["notes"] = [reloaded_note(reloaded), *reply.get("notes", ())]
     return reply

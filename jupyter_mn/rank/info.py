@@ -9,7 +9,9 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ..events import Preemption
 from . import env as contract
+from . import preemption
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class ClusterInfo:
     backend: str = "local"
     job: str = ""
     device: str = "cpu"
+    #: which node is being preempted, why, and its deadline, once this rank has heard
+    #: (``checkpoint.preempted()`` says when every rank agrees); None otherwise
+    preemption: Preemption | None = None
 
 
 def cluster_info() -> ClusterInfo:
@@ -50,6 +55,7 @@ def cluster_info() -> ClusterInfo:
         backend=env.get(contract.BACKEND, "local"),
         job=env[contract.JOB],
         device=_device_label(int(env["LOCAL_RANK"])),
+        preemption=preemption.notice(),
     )
 
 

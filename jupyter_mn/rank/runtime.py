@@ -3,7 +3,8 @@
 Started by the node agent as ``python -m jupyter_mn.rank.runtime`` in its own session, with stdout
 and stderr on pipes to the agent, a control socket (fd ``JUPYTER_MN_CONTROL_FD``) for cells, read
 by the main thread between cells (a reader thread handing them over cost a wake-up per cell), and
-a stacks socket (``JUPYTER_MN_STACKS_FD``) answered by a thread while the main thread is busy.
+a stacks socket (``JUPYTER_MN_STACKS_FD``) answered by a thread while the main thread is busy (it
+also brings a preemption notice: ``preemption.py``).
 Its environment follows the contract in ``env.py``; the group lives in ``group.py``, a cell's run
 in ``execute.py``.
 """
@@ -20,8 +21,9 @@ from typing import Any
 
 from ..collectives import AbortRequest, RankWhere
 from ..debugwire import DebugStart
+from ..events import Preemption
 from . import env as contract
-from . import execute, flight, stacks
+from . import execute, flight, preemption, stacks
 from .debugger import RankDebugger
 from .group import ProcessGroup
 from .info import cluster_info
@@ -54,11 +56,15 @@ def _answer_stacks(
     conn: Connection, shell: Any, signals: execute.CellSignals, group: ProcessGroup
 ) -> None:
     """Stacks thread: where the main thread is, at once (it may be blocked in a collective),
-    and the connections closed when an interrupt finds it blocked there."""
+    the connections closed when an interrupt finds it blocked there, and a preemption notice
+    kept for ``checkpoint.preempted()`` (no answer)."""
     info = group.info
     while True:
         try:
             msg = conn.recv()
+            if isinstance(msg, Preemption):
+                preemption.hear(msg)
+                continue
             if isinstance(msg, AbortRequest):
                 group.abort(msg.generation)
                 continue
@@ -86,6 +92,7 @@ def main() -> None:
     _line_buffered()
     control = _Control(Connection(int(os.environ[contract.CONTROL_FD])))
     exit_with_parent()
+    preemption.shield()
     signals = execute.CellSignals()
     info = cluster_info()
     try:

@@ -24,6 +24,7 @@ from ..events import (
     LogLines,
     NodesWaiting,
     Note,
+    Preemption,
     RankPaused,
     RankResumed,
     Stacks,
@@ -102,19 +103,13 @@ class CellState:
         self.hung = ""
         #: why each node (-1: the gang) is not up yet, while the gang comes up
         self.waiting: dict[int, NodesWaiting] = {}
+        #: a node told to go while the cell runs (its grace period counts down in the header)
+        self.preemption: Preemption | None = None
         self.dirty: set[str] = {"header"}
         self.lock = threading.Lock()
 
     def shows(self, rank: int) -> bool:
         return not self.ranks or rank in self.ranks
-
-    @property
-    def shown_state(self) -> str:
-        """The gang's state, or the rank whose prompt is open and where it stopped."""
-        paused = self.paused
-        if paused is None:
-            return str(self.state)
-        return f"PAUSED at rank {paused.rank}" + (f", {paused.where}" if paused.where else "")
 
     @property
     def elapsed(self) -> float:
@@ -135,6 +130,11 @@ class CellState:
                 for rank, stream, text in live:
                     log.redraw(rank, stream, text)
                 self.dirty.add(f"log{event.node}")
+                if self.preemption is not None:  # the countdown moves on with the output
+                    self.dirty.add("header")
+        elif isinstance(event, Preemption):
+            self.preemption = self.preemption or event
+            self.dirty.add("header")
         elif isinstance(event, GangState):
             self.state, self.detail = event.state, event.detail
             if event.state not in (GangStatus.PENDING, GangStatus.SCHEDULING):
@@ -170,6 +170,22 @@ class CellState:
         elif isinstance(event, Stacks):
             self.notices.append(format_stacks(event))
             self.dirty.add("summary")
+
+    @property
+    def label(self) -> str:
+        """The state the header shows: the rank whose pdb prompt is open and where it stopped
+        (``PAUSED at rank 1, Cell In[4], line 7``), ``PREEMPTING node 2 (94 s left)`` while a
+        node's grace period runs and the cell is not done, else the gang's state."""
+        paused, notice = self.paused, self.preemption
+        if paused is not None:
+            return f"PAUSED at rank {paused.rank}" + (f", {paused.where}" if paused.where else "")
+        if (
+            notice is None
+            or self.done is not None
+            or self.state in (GangStatus.BROKEN, GangStatus.CLOSED)
+        ):
+            return str(self.state)
+        return f"PREEMPTING node {notice.node} ({notice.left():.0f} s left)"
 
     def waiting_lines(self) -> list[str]:
         """The current pending reasons, one line per reason naming its nodes."""

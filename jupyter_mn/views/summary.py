@@ -19,7 +19,7 @@ def header(state: CellState) -> str:
     if state.done is not None:
         outcome = " · ok" if state.done.ok else " · failed"
     return (
-        f"{state.title} · {state.shown_state} · {state.shape} {state.backend} · "
+        f"{state.title} · {state.label} · {state.shape} {state.backend} · "
         f"{state.elapsed:.1f} s{outcome}"
     )
 

@@ -22,6 +22,7 @@ from ..events import (
     LogLines,
     NodesWaiting,
     Note,
+    Preemption,
     Stacks,
     TransportReport,
 )
@@ -88,6 +89,12 @@ class TextView:
             self._final()
         elif isinstance(event, Hung) and event.over:  # its verdict came with its stacks
             self._note("the ranks progress again (the hang is over)")
+        elif isinstance(event, Preemption):
+            self._note(
+                f"{self.state.label}: {event.cause.text}; checkpoint.preempted() returns "
+                "True on every rank from its next call",
+                stream="err",
+            )
         elif isinstance(event, Stacks):
             out = self._out("err")
             out.write(format_stacks(event) + "\n")

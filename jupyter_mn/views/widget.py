@@ -41,7 +41,8 @@ GPU_BYTES_PER_S = BYTES_PER_S // 4
 #: its place while the widget cannot be shown (a page reloaded while the kernel runs the cell
 #: cannot ask the kernel for the widget's state until the cell ends).
 JOB_MIME = "application/vnd.jupyter-mn.job+json"
-_PAUSED_COLOR = "#e37400"
+#: a paused rank, a preempted node: the cell waits for something
+_WAITING_COLOR = "#e37400"
 _STATE_COLORS = {
     GangStatus.RUNNING: "#1a73e8",
     GangStatus.READY: "#188038",
@@ -273,14 +274,16 @@ class ClusterWidget:
 
     def _header_html(self) -> str:
         state = self.state
-        shown = state.shown_state
-        color = _PAUSED_COLOR if state.paused else _STATE_COLORS.get(state.state, "#5f6368")
+        label = state.label
+        color = _STATE_COLORS.get(state.state, "#5f6368")
+        if label != state.state:  # paused at a breakpoint, or preempting
+            color = _WAITING_COLOR
         text = html.escape(header(state))
-        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(shown)}</b>'
+        badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(label)}</b>'
         waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())
         hung = html.escape(state.hung)
         return (
-            f'<span class="jp-mn-header">{text.replace(html.escape(shown), badge, 1)}</span>'
+            f'<span class="jp-mn-header">{text.replace(html.escape(label), badge, 1)}</span>'
             + (f'<ul class="jp-mn-waiting">{waiting}</ul>' if waiting else "")
             + (f'<div class="jp-mn-alarm jp-mn-hung">HUNG: {hung}</div>' if hung else "")
         )

@@ -152,3 +152,32 @@ def test_silent_kernel_is_abandoned_by_its_agents(monkeypatch, no_leftovers):
     assert not left, left
     # the last beat came up to HEARTBEAT_S before the stop
     assert 3 - HEARTBEAT_S <= gone_after < ORPHAN_S
+
+
+def test_a_preempted_cell_resumes_on_a_new_gang_with_retries(tmp_path, no_leftovers):
+    """SIGTERM to node 1's process mid-training, through a real kernel: the text view counts
+    the grace period down, every rank saves at one step, and ``--retries 1`` resumes there."""
+    from test_preemption import TRAIN, worker_of
+
+    kernel = Kernel()
+    sent: list[int] = []
+
+    def preempt_at_step_30(stdout: str) -> None:
+        if not sent and "] step 30\n" in stdout:
+            sent.append(worker_of(2).pid)  # rank 2 lives on node 1
+            os.kill(sent[0], signal.SIGTERM)
+
+    try:
+        kernel.run(f"CKPT, STEPS = {str(tmp_path / 'ckpt')!r}, 120")
+        reply = kernel.run(
+            "%%cluster --nodes 2 --gpus 2 --retries 1\n" + TRAIN,
+            timeout=600,
+            on_stream=preempt_at_step_30,
+        )
+    finally:
+        kernel.shutdown()
+    assert sent and reply.status == "ok", reply.error_text
+    assert "jupyter_mn: PREEMPTING node 1 (" in reply.stderr
+    assert "retry 1/1: node 1 was preempted; running the cell again" in reply.stdout
+    resumed = [line for line in reply.stdout.splitlines() if "resumed from step" in line]
+    assert len(resumed) == 4 and 30 < int(resumed[0].split()[-1]) < 120, resumed  # every rank

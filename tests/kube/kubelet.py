@@ -10,7 +10,8 @@ as files in a per-pod directory (no mount namespaces here, so environment values
 mount path are pointed at that directory), cluster DNS for ``<hostname>.<subdomain>`` names (a
 hosts table the pod processes read through ``dns/sitecustomize.py``), the readiness probe
 (TCP), and the pod lifecycle: Running → Ready → Succeeded/Failed with the exit code; a deleted
-pod's process is stopped with SIGTERM, then SIGKILL after its grace period.
+pod's process is stopped with SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds``;
+the pod's environment has the API service's variables, as a kubelet sets them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class ProcessKubelet:
         #: directories a pod does not see (on test hosts): its filesystem is not the kernel's
         self.hidden = tuple(hidden)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: each pod's terminationGracePeriodSeconds: SIGTERM, then SIGKILL that much later
+        self.graces: dict[str, float] = {}
         #: each pod's host, with test hosts
         self.pod_hosts: dict[str, Host] = {}
         self.hosts: dict[str, str] = {}
@@ -95,6 +98,7 @@ class ProcessKubelet:
                 self.hosts[host] = ip
             self.hosts_file.write_text(json.dumps(self.hosts))
         log = (workdir / "container.log").open("wb")
+        self.graces[name] = spec.get("terminationGracePeriodSeconds", 30)
         self.procs[name] = subprocess.Popen(
             command,
             env=env,
@@ -143,6 +147,7 @@ class ProcessKubelet:
         env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
         if self.hidden:  # the container's own filesystem keeps its cache (not the machine's home)
             env["JUPYTER_MN_FILE_CACHE"] = str(self.root / pod["metadata"]["name"] / "files")
+        env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = "10.96.0.1", "443"
         for item in container.get("env") or []:
             value = item["value"] if "value" in item else self._value_from(pod, item["valueFrom"])
             env[item["name"]] = mounts.get(value, value)
@@ -193,7 +198,8 @@ class ProcessKubelet:
 
     async def reap(self, live: set[str]) -> None:
         for name in set(self.procs) - live:
-            await asyncio.to_thread(self._stop, self.procs.pop(name))
+            grace = self.graces.pop(name, 30)
+            await asyncio.to_thread(self._stop, self.procs.pop(name), grace)
             await asyncio.to_thread(self._unplug, name)
 
     def _unplug(self, name: str) -> None:

@@ -213,7 +213,7 @@ def _pod_spec(spec: ClusterSpec, gang_id: str, group: gangs.GangParts) -> dict[s
     pod: dict[str, Any] = {
         "subdomain": names.service,
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": spec.kill_after,  # a deletion is a preemption notice
         "enableServiceLinks": False,
         "automountServiceAccountToken": bool(opts.service_account),
         "affinity": {  # one pod per machine: a "node" of the gang is a Kubernetes node

@@ -50,6 +50,8 @@ def sbatch_options(spec: ClusterSpec, batch: Batch) -> list[str]:
         f"--nodes={spec.nodes}",
         "--ntasks-per-node=1",
         f"--output={batch.output}",
+        # SIGTERM to the steps this long before --time runs out: the nodes' preemption notice
+        f"--signal=TERM@{spec.kill_after}",
     ]
     if batch.gres:
         out.append(f"--gres={batch.gres}")
