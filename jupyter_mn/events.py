@@ -26,6 +26,9 @@ class _Text(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:  # a list of statuses prints as the strings it compares equal to
+        return repr(self.value)
+
     __format__ = str.__format__
 
 

@@ -46,6 +46,7 @@ def test_states_cross_the_event_channel_as_their_enum_members(event):
     assert again == event
     assert type(again.state) is type(event.state)
     assert f"{again.state}" == str(again.state) == again.state.value  # views print the text
+    assert repr([again.state]) == repr([again.state.value])  # and so does a user's print
 
 
 def test_a_node_that_waited_in_vain_is_not_the_cause_of_a_failed_start():

@@ -44,7 +44,8 @@ def test_batch_run_writes_output_registry_and_logs(tmp_path, no_leftovers):
         text=True,
         check=True,
     ).stdout
-    assert logs.startswith("[node 1 rank 1] step 10/10 loss")
+    mark, first, *_ = logs.splitlines()  # where the cell started, then its lines
+    assert mark.startswith("──── In[") and first.startswith("[node 1 rank 1] step 10/10 loss")
 
 
 def test_a_failing_rank_fails_the_batch_run_and_the_job_says_why(tmp_path, no_leftovers):
