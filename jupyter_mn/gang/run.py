@@ -24,6 +24,7 @@ from typing import Any
 
 import cloudpickle
 
+from ..credentials import holds_secret
 from ..errors import NodeUnreachable, TransportError
 from ..events import (
     CellDone,
@@ -255,9 +256,12 @@ def _assemble(job: CellJob, elapsed: float) -> CellResult:
 
 
 def value_text(value: Any) -> str:
-    """``value`` as the notebook's ``Out[]`` would print it, cut to ``VALUE_TEXT_MAX``."""
+    """``value`` as the notebook's ``Out[]`` would print it, cut to ``VALUE_TEXT_MAX``; never a
+    credential's text, since the registry keeps it and serves it to the panel."""
     if value is None:
         return ""
+    if holds_secret("value", value):
+        return "<hidden: it looks like a credential>"
     short = reprlib.Repr()  # a long list or dict is summarized, never printed whole
     short.maxstring = short.maxother = VALUE_TEXT_MAX
     text = short.repr(value)  # a repr that raises gives "<T instance at …>"
