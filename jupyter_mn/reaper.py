@@ -2,8 +2,9 @@
 
 A kernel that dies without closing its gang leaves an ORPHANED job. Its ranks normally follow
 within a second (they watch their node agent, which watches the kernel), but a rank that is
-stopped or stuck in C code can hold a GPU forever; ``gc`` kills those. It only touches a process
-that still carries the job's ``JUPYTER_MN_JOB`` mark, so a recycled pid is never hit. On this
+stopped or stuck in C code can hold a GPU forever; ``gc`` kills those. It finds them by the job's
+``JUPYTER_MN_JOB`` mark in their environment, not by the pids the registry holds: a kernel killed
+just after its ranks started may not have recorded them, and a recycled pid is never hit. On this
 host a job is ORPHANED only once its kernel process is gone (``registry.kernel_alive``): a kernel
 busy in C code stops beating but keeps its gang.
 """
@@ -46,12 +47,7 @@ def _local(job: JobModel, dry_run: bool) -> list[str]:
 
     if job.host != HOST:
         return [f"{job.id}: ran on {job.host}; run jupyter mn gc there"]
-    left = []
-    for pid in (p for node in job.nodes for p in node.pids):
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            if proc.environ().get("JUPYTER_MN_JOB") == job.gang:
-                left.append(proc)
+    left = _marked(job.gang)
     if not left:
         return []
     pids = ", ".join(str(p.pid) for p in left)
@@ -64,6 +60,27 @@ def _local(job: JobModel, dry_run: bool) -> list[str]:
     report = [f"{job.id}: killed {len(left) - len(alive)} leftover rank process(es): {pids}"]
     report += [f"{job.id}: pid {p.pid} survived SIGKILL (uninterruptible?)" for p in alive]
     return report
+
+
+def _marked(gang: str) -> list:
+    """This user's processes that carry the gang's mark and whose parent does not: the ranks
+    themselves (each leads its session), not the children that ``killpg`` ends with them."""
+    import psutil
+
+    def mark(proc: psutil.Process) -> str | None:
+        with contextlib.suppress(psutil.Error):
+            if proc.uids().real == os.getuid():
+                return proc.environ().get("JUPYTER_MN_JOB")
+        return None
+
+    found = []
+    for proc in psutil.process_iter():
+        if mark(proc) == gang:
+            with contextlib.suppress(psutil.Error):
+                parent = proc.parent()
+                if parent is None or mark(parent) != gang:
+                    found.append(proc)
+    return found
 
 
 def _kubernetes(job: JobModel, dry_run: bool) -> list[str]:
