@@ -63,8 +63,9 @@ def _local(job: JobModel, dry_run: bool) -> list[str]:
 
 
 def _marked(gang: str) -> list:
-    """This user's processes that carry the gang's mark and whose parent does not: the ranks
-    themselves (each leads its session), not the children that ``killpg`` ends with them."""
+    """This user's processes that carry the gang's mark and lead their session or have a parent
+    that does not: the ranks themselves (each leads its session; one forked from its node's
+    rank template has a marked parent), not the children that ``killpg`` ends with them."""
     import psutil
 
     def mark(proc: psutil.Process) -> str | None:
@@ -76,9 +77,9 @@ def _marked(gang: str) -> list:
     found = []
     for proc in psutil.process_iter():
         if mark(proc) == gang:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error, OSError):
                 parent = proc.parent()
-                if parent is None or mark(parent) != gang:
+                if os.getsid(proc.pid) == proc.pid or parent is None or mark(parent) != gang:
                     found.append(proc)
     return found
 

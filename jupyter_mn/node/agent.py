@@ -43,6 +43,7 @@ from ..events import (
 from ..launch import Launch
 from ..manifest import FileUpdate
 from ..rank.env import rank_env
+from . import template
 from .cellserver import CellServer
 from .displaybatch import DisplayBatch
 from .files import NodeFiles, sees
@@ -50,7 +51,7 @@ from .gpu import RankProcess
 from .netif import socket_ifname
 from .ports import listen_port
 from .preemption import GracePeriod
-from .process import STOP_GRACE_S, RankHandle, describe_exit, pack, rank_command
+from .process import STOP_GRACE_S, RankHandle, describe_exit, pack, rank_command, start_in_session
 from .script import ScriptRun
 from .telemetry import SAMPLE_S, NodeTelemetry
 from .visible import VISIBLE, check_count, gpu_uuids, visible
@@ -110,6 +111,7 @@ class NodeAgent:
         self._telemetry: NodeTelemetry | None = None
         self._launch: Launch  # set by start(), before anything reads it
         self._command: list[str] = []  # how a cell rank starts (set by start())
+        self._start: template.Start = start_in_session  # forked from the template, once ready
         self._generation = 0
         self._cells: CellServer | None = None
         self._run_id = 0
@@ -121,6 +123,7 @@ class NodeAgent:
         self.script: ScriptRun | None = None
         #: this gang's copy of the notebook's directory, where the node does not see it
         self.files = NodeFiles(job)
+        template.prestart(job)  # its imports overlap the rest of the gang's start
 
     # ---- called from the loop (``call_soon`` from telemetry's thread too)
     def call_soon(self, fn: Any, *args: Any) -> None:
@@ -362,7 +365,7 @@ class NodeAgent:
         )
         assert self._telemetry is not None
         env.update(self._telemetry.rank_env(rank, env))
-        proc = RankHandle(self, local, rank, env, launch.cwd, self._command)
+        proc = RankHandle(self, local, rank, env, launch.cwd, self._command, self._start)
         self.rank_state(rank, RankStatus.STARTED, f"pid {proc.proc.pid}")
         return proc
 
@@ -370,6 +373,7 @@ class NodeAgent:
         """Start every rank of this node and wait until they joined group ``generation``."""
         self._generation = generation
         self._ranks = []
+        self._start = await template.starter(self.job)
         timeout = self._launch.start_timeout
         try:
             for local in range(self._launch.gpus):  # the ones started before a failure stop too
@@ -620,6 +624,7 @@ class NodeAgent:
             await asyncio.wait([self._guard], timeout=2 * SAMPLE_S)
         await self.stop_script()
         await self._stop_ranks()
+        await asyncio.to_thread(template.release, self.job)
         if self._cells is not None:  # a run in progress has its reply now (its ranks stopped)
             await self._cells.close(STOP_GRACE_S)
         if self._telemetry is not None:

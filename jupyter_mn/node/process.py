@@ -141,7 +141,10 @@ class RankHandle:
         env: dict[str, str],
         cwd: str | None,
         command: list[str],
+        start: Callable[..., Any] = start_in_session,
     ) -> None:
+        """``start``: how its process starts (``start_in_session``'s signature and result:
+        a ``Popen``, or one forked from the node's template, ``template.py``)."""
         self.agent = agent
         self.local_rank = local_rank
         self.rank = rank
@@ -171,9 +174,7 @@ class RankHandle:
         #: named in a start failure when it is not the usual one (``JUPYTER_MN_RANK_PYTHON``)
         self.command = "" if command == _DEFAULT_COMMAND else shlex.join(command)
         try:
-            self.proc = start_in_session(
-                command, env, cwd, pass_fds=(child.fileno(), stacks_child.fileno())
-            )
+            self.proc = start(command, env, cwd, pass_fds=(child.fileno(), stacks_child.fileno()))
         except OSError as exc:
             parent.close()
             stacks_parent.close()

@@ -1,0 +1,205 @@
+"""A node's rank template: a process that imports what every rank imports (torch and the rank
+runtime, ~3.6 s of a rank's 4.6 s start-up) once, then forks each rank from that state.
+
+The node agent (``node/template.py``) starts it as ``python -m jupyter_mn.rank.prefork`` (a
+command as long as a rank's: ``procview.py``) as soon as the node knows its job. It imports the
+modules ``JUPYTER_MN_TEMPLATE_PRELOAD`` names, checks that CUDA is still uninitialized (a
+forked child cannot use a CUDA context its parent made), says ``TemplateReady`` on the socket
+``JUPYTER_MN_TEMPLATE_FD`` names, then forks on each ``ForkRank`` (``forkwire.py``). The child
+becomes what ``Popen([python, "-m", module], start_new_session=True, pass_fds=…)`` would start
+(``_become``): its own session, only the descriptors it was given (at the agent's numbers),
+exactly the environment it was sent (``/proc`` shows it, and its command line), ``cwd`` first
+on ``sys.path``, the signal dispositions the template started with. The template reaps its
+children and reports each exit (``Exited``): only a parent gets a child's exit status. It exits
+when the agent's end of the socket closes (the agent, or its node, is gone); its ranks follow
+(``parent.py``). multiprocessing's forkserver does the same job but also re-runs the parent's
+``__main__`` in each child, gives it the parent's ``sys.argv`` and working directory and leaves
+its own descriptors (resource tracker, forkserver liveness) open in every child.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import importlib
+import os
+import pickle
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+from . import procview
+from .forkwire import (
+    MAX_MESSAGE,
+    PRELOAD,
+    SOCKET_FD,
+    Exited,
+    Forked,
+    ForkFailed,
+    ForkRank,
+    TemplateFailed,
+    TemplateReady,
+)
+
+#: The dispositions a fresh process inherits, as this one found them at its start.
+_STARTED_WITH = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGCHLD)}
+
+
+def _send(sock: socket.socket, msg: Any) -> None:
+    sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _preload(modules: list[str]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("an import initialized CUDA: forked ranks could not use the GPU")
+
+
+def _move_fds(given: list[int], targets: list[int]) -> None:
+    """Put each descriptor of ``given`` at its number in ``targets`` and close every other one
+    (stdin, stdout and stderr are among the targets)."""
+    above = max(given + targets) + 1  # parked where no target is, then moved
+    parked = [fcntl.fcntl(fd, fcntl.F_DUPFD, above) for fd in given]
+    for fd in given:
+        os.close(fd)
+    for fd, target in zip(parked, targets, strict=True):
+        os.dup2(fd, target)  # a dup2 target is inheritable, as pass_fds makes it
+    low = 0
+    for fd in [*sorted(targets), os.sysconf("SC_OPEN_MAX")]:
+        if fd > low:  # an empty range would close them all (close_range(low, low - 1))
+            os.closerange(low, fd)
+        low = fd + 1
+
+
+def _fresh_state(module: str, env: dict[str, str], cwd: str | None) -> None:
+    """What a new interpreter would have, where the template's own differs."""
+    os.environ.clear()
+    procview.show([sys.executable, "-m", module], env)
+    os.environ.update(env)
+    if cwd:
+        os.chdir(cwd)
+    sys.path[0] = os.getcwd()  # ``python -m`` puts the working directory first
+    del sys.argv[1:]  # runpy sets argv[0]; the template's own arguments go
+    if "numpy" in sys.modules:  # its global generator was seeded in the template
+        sys.modules["numpy"].random.seed()
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and "torch" in sys.modules:  # OpenMP read it when torch loaded
+        sys.modules["torch"].set_num_threads(int(threads))
+
+
+def _become(request: ForkRank, given: list[int], led: int) -> None:
+    """In the child: turn into the process ``request`` describes and run its module; never
+    returns. Closing ``led`` tells the template it leads its session (``_fork`` waits for that,
+    as ``Popen`` returns once its child has run, so a ``killpg`` right away reaches it)."""
+    code = 1
+    try:
+        os.setsid()
+        os.close(led)
+        signal.set_wakeup_fd(-1)
+        for sig, handler in _STARTED_WITH.items():
+            signal.signal(sig, handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        _move_fds([null, *given], [0, 1, 2, *request.fds])
+        _fresh_state(request.module, request.env, request.cwd)
+        code = _run(request.module)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _run(module: str) -> int:
+    """``python -m module``: its exit code, its uncaught exception printed, atexit run."""
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return code
+
+
+def _fork(sock: socket.socket) -> bool:
+    """Serve one request; False once the agent is gone."""
+    data, given, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 64)
+    if not data:
+        return False
+    request: ForkRank = pickle.loads(data)
+    try:
+        if threading.active_count() > 1:  # only the forking thread would live on in the child
+            raise RuntimeError(f"the template runs {threading.active_count()} threads")
+        waiting, led = os.pipe()
+        pid = os.fork()
+    except (OSError, RuntimeError) as exc:
+        _send(sock, ForkFailed(f"{type(exc).__name__}: {exc}"))
+    else:
+        if pid == 0:
+            sock.close()
+            os.close(waiting)
+            _become(request, given, led)
+        os.close(led)
+        os.read(waiting, 1)  # its end: the child leads its session (or died trying)
+        os.close(waiting)
+        _send(sock, Forked(pid))
+    for fd in given:
+        os.close(fd)
+    return True
+
+
+def _reap(sock: socket.socket) -> None:
+    """Report every child that ended."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, Exited(pid, os.waitstatus_to_exitcode(status)))
+
+
+def serve(sock: socket.socket) -> None:
+    """Fork on request and report exits until the agent closes its end."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd hears it
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is sock and not _fork(sock):
+                return
+            if key.fileobj == wake_r:
+                os.read(wake_r, 4096)
+        _reap(sock)
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(os.environ.pop(SOCKET_FD)))
+    try:
+        _preload(os.environ.pop(PRELOAD).split(","))
+    except BaseException as exc:
+        _send(sock, TemplateFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    _send(sock, TemplateReady(os.getpid()))
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()

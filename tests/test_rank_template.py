@@ -1,0 +1,184 @@
+"""The node's rank template (``node/template.py``, ``rank/prefork.py``): a real template process
+forks real processes; each must be what a new ``python -m module`` process in its own session
+would be, its exit seen as a ``Popen``'s; when the template cannot serve, ranks start anew."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jupyter_mn.node.process import start_in_session
+from jupyter_mn.node.template import ForkedRank, RankTemplate
+from jupyter_mn.rank.env import CONTROL_FD
+
+#: What a process is: the parts a template must give its children as a new process has them.
+PROBE = """
+import json, os, sys, threading
+def kind(fd):
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # the listing's own descriptor, closed by now
+        return None
+    return target.split(":")[0] if ":" in target else target
+fds = {fd: k for fd in os.listdir("/proc/self/fd") if (k := kind(fd))}
+print(json.dumps({
+    "pid": os.getpid(), "sid": os.getsid(0), "pgid": os.getpgid(0), "ppid": os.getppid(),
+    "fds": fds, "threads": sorted(t.name for t in threading.enumerate()),
+    "env": dict(os.environ), "name": __name__, "argv0": os.path.basename(sys.argv[0]),
+    "argc": len(sys.argv), "path0": sys.path[0], "cwd": os.getcwd(),
+    "cuda": "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized(),
+    "group": "torch" in sys.modules and sys.modules["torch"].distributed.is_initialized(),
+    "sigint": str(__import__("signal").getsignal(__import__("signal").SIGINT)),
+}))
+print("to stderr", file=sys.stderr)
+"""
+MODULES = {
+    "probe": PROBE,
+    "exits3": "import sys\nsys.exit(3)",
+    "raises": "raise ValueError('from the forked module')",
+    "killsself": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    "sleeps": "import time\ntime.sleep(120)",
+}
+JOB = "jmn-template-test"
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("modules")
+    for name, code in MODULES.items():
+        (folder / f"{name}.py").write_text(textwrap.dedent(code))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def template() -> Iterator[RankTemplate]:
+    started = RankTemplate(JOB)
+    assert started.wait_ready(), started.failed
+    yield started
+    started.close()
+    assert started.proc.returncode is not None  # it ended with its socket
+
+
+def argv(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
+def outputs(proc: ForkedRank | subprocess.Popen[bytes]) -> tuple[str, str, int]:
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    return out, err, proc.wait(10)
+
+
+def probe(start, env: dict[str, str], cwd: Path) -> dict:
+    """What the probe module saw of itself, started by ``start`` with a control socket."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        proc = start(
+            argv("probe"),
+            {**env, CONTROL_FD: str(theirs.fileno())},
+            str(cwd),
+            pass_fds=(theirs.fileno(),),
+        )
+    out, err, code = outputs(proc)
+    assert (code, err) == (0, "to stderr\n")
+    return {**json.loads(out), "proc": proc}
+
+
+def test_a_forked_process_is_what_a_new_process_would_be(template, modules):
+    env = {**template.env, "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}
+    forked = probe(template.start, env, modules)
+    fresh = probe(start_in_session, env, modules)
+    assert isinstance(forked["proc"], ForkedRank)  # it did come from the template
+    assert forked["ppid"] == template.proc.pid != fresh["ppid"]
+    assert forked["pid"] == forked["sid"] == forked["pgid"]  # it leads its own session
+    same = ("fds", "threads", "env", "name", "argv0", "argc", "path0", "cwd", "sigint")
+    assert {k: forked[k] for k in same} == {k: fresh[k] for k in same}
+    assert forked["fds"] == {"0": "/dev/null", "1": "pipe", "2": "pipe", env_fd(forked): "socket"}
+    assert forked["threads"] == ["MainThread"]
+    assert forked["cuda"] is False and forked["group"] is False  # torch is there, unused
+    assert forked["env"]["RANK"] == "3" and forked["env"]["JUPYTER_MN_JOB"] == JOB
+
+
+def env_fd(seen: dict) -> str:
+    return seen["env"][CONTROL_FD]
+
+
+def test_proc_shows_its_own_command_line_and_environment(template, modules):
+    """As a new process's: ``ps``, psutil and ``jupyter mn gc`` (the job's mark) read them."""
+    env = {**template.env, "RANK": "5", "HF_TOKEN": "s3cr3t", "JUPYTER_MN_JOB": "jmn-own"}
+    proc = template.start(argv("sleeps"), env, str(modules))
+    assert isinstance(proc, ForkedRank)
+    try:
+        seen = psutil.Process(proc.pid)
+        assert seen.environ() == env
+        assert seen.cmdline() == argv("sleeps")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert outputs(proc)[2] == -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    ("module", "code", "said"),
+    [
+        ("exits3", 3, ""),
+        ("raises", 1, "ValueError: from the forked module"),
+        ("killsself", -signal.SIGKILL, ""),
+    ],
+)
+def test_its_exit_is_seen_as_a_new_process_exit(template, modules, module, code, said):
+    forked = template.start(argv(module), template.env, str(modules))
+    fresh = start_in_session(argv(module), template.env, str(modules))
+    assert isinstance(forked, ForkedRank)
+    (_, err, got), (_, fresh_err, fresh_code) = outputs(forked), outputs(fresh)
+    assert got == fresh_code == code
+    assert said in err and said in fresh_err
+    assert not psutil.pid_exists(forked.pid)  # reaped by the template: no zombie left
+
+
+def test_an_environment_the_template_cannot_stand_for_starts_a_new_process(template, modules):
+    """A variable read at start-up (here by OpenMP, at torch's import) needs a new process."""
+    env = {**template.env, "OMP_PROC_BIND": "true"}
+    proc = template.start(argv("exits3"), env, str(modules))
+    assert isinstance(proc, subprocess.Popen)
+    assert outputs(proc)[2] == 3
+
+
+def test_failed_imports_leave_ranks_starting_anew_with_a_warning(modules, caplog, no_leftovers):
+    broken = RankTemplate(JOB, preload=("torch", "jupyter_mn_no_such_module"))
+    try:
+        assert not broken.wait_ready()
+        assert "ModuleNotFoundError" in broken.failed
+        with caplog.at_level(logging.WARNING, logger="jupyter_mn.agent"):
+            proc = broken.start(argv("exits3"), broken.env, str(modules))
+        assert isinstance(proc, subprocess.Popen) and outputs(proc)[2] == 3
+        assert "ranks start as new processes" in caplog.text
+    finally:
+        broken.close()
+
+
+def test_a_template_that_dies_takes_its_ranks_and_later_ones_start_anew(modules, no_leftovers):
+    doomed = RankTemplate(JOB)
+    try:
+        assert doomed.wait_ready(), doomed.failed
+        rank = doomed.start(argv("sleeps"), doomed.env, str(modules))
+        assert isinstance(rank, ForkedRank)
+        doomed.proc.kill()
+        assert outputs(rank)[2] == -signal.SIGKILL  # ended by its agent: nobody reports it
+        assert "its process ended" in doomed.failed
+        later = doomed.start(argv("exits3"), doomed.env, str(modules))
+        assert isinstance(later, subprocess.Popen) and outputs(later)[2] == 3
+    finally:
+        doomed.close()
