@@ -135,3 +135,36 @@ def test_nccl_hang_names_the_rank_that_never_entered_the_all_reduce(no_leftovers
     assert "rank 1 (node 0) never entered all_reduce #" in text, text
     assert "float32[1024]); the other 1 rank has waited in it" in text, text
     assert "rank 1 is at Cell In[" in text and "time.sleep(60)" in text, text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_count() == 0, reason="needs a CUDA GPU")
+def test_a_cuda_rank_forked_from_the_template_works_and_the_template_holds_no_gpu(no_leftovers):
+    """The template never initializes CUDA (no driver library mapped, no GPU context), so a rank
+    forked from it initializes CUDA itself; a restarted rank does too."""
+    code = """
+import os, psutil
+template = psutil.Process().parent()
+maps = open(f"/proc/{template.pid}/maps").read()
+t = torch.ones(1, device="cuda")
+dist.all_reduce(t)
+(t.item(), torch.cuda.is_initialized(), template.cmdline()[-1], "libcuda.so" in maps)
+"""
+    forked = (1.0, True, "jupyter_mn.rank.prefork", False)
+    with Cluster(nodes=1, gpus=1) as cluster:
+        assert cluster.run(code).unwrap() == forked
+        template, rank = cluster.run("template.pid, os.getpid()").unwrap()
+        holders = _gpu_holders()
+        assert not holders or (rank in holders and template not in holders), holders
+        assert not cluster.run("os.kill(os.getpid(), 9)").ok
+        assert cluster.run(code).unwrap() == forked
+        assert cluster.run("template.pid").unwrap() == template  # the same template
+
+
+def _gpu_holders() -> set[int]:
+    """The pids NVML sees holding a GPU context (empty where it shows none: a container)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    return {p.pid for h in handles for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}

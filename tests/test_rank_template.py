@@ -21,6 +21,7 @@ import pytest
 from jupyter_mn.node.process import start_in_session
 from jupyter_mn.node.template import ForkedRank, RankTemplate
 from jupyter_mn.rank.env import CONTROL_FD
+from jupyter_mn.rank.procview import ROOM_BYTES
 
 #: What a process is: the parts a template must give its children as a new process has them.
 PROBE = """
@@ -151,6 +152,14 @@ def test_its_exit_is_seen_as_a_new_process_exit(template, modules, module, code,
 def test_an_environment_the_template_cannot_stand_for_starts_a_new_process(template, modules):
     """A variable read at start-up (here by OpenMP, at torch's import) needs a new process."""
     env = {**template.env, "OMP_PROC_BIND": "true"}
+    proc = template.start(argv("exits3"), env, str(modules))
+    assert isinstance(proc, subprocess.Popen)
+    assert outputs(proc)[2] == 3
+
+
+def test_an_environment_larger_than_the_templates_room_starts_a_new_process(template, modules):
+    """``/proc`` could not show it (``procview.py``): the rank starts as a new process."""
+    env = {**template.env, "JUPYTER_MN_LARGE": "x" * 2 * ROOM_BYTES}
     proc = template.start(argv("exits3"), env, str(modules))
     assert isinstance(proc, subprocess.Popen)
     assert outputs(proc)[2] == 3
