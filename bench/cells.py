@@ -8,8 +8,9 @@ Measured through real kernels (execute request → idle reply, what a notebook u
   ``torchrun --nnodes 1 --nproc-per-node 4`` of a script that initializes gloo and runs a barrier.
 
 Rounds interleave the tools (A, B, C, A, B, C, …) so load changes hit all of them alike.
-* where a cold 2×2 start goes (``--phases N``): nodes, rank start-up, the first cell, next to
-  what one rank's imports cost alone; and a rank's restart (SIGKILL → the next cell's value).
+* where a cold 2×2 start goes (``--phases N``): nodes, rank start-up, the first cell and a rank's
+  restart (SIGKILL → the next cell's value), with the nodes' rank templates and without
+  (``JUPYTER_MN_RANK_TEMPLATE=0``), next to torchrun and to what one rank's imports cost alone.
 
 Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N] [--phases N]``.
 """
@@ -17,6 +18,7 @@ Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N] [--phases N]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import statistics
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from jupyter_client.manager import KernelManager
@@ -35,6 +37,10 @@ MN_TRIVIAL, IPP_TRIVIAL = "jupyter_mn %%cluster 2×2, x = 1", "ipyparallel %%px 
 MN_REDUCE, IPP_REDUCE = "jupyter_mn %%cluster 2×2, all_reduce", "ipyparallel %%px 4, all_reduce"
 MN_COLD, TORCHRUN = "jupyter_mn 2×2 gang up + first cell", "torchrun 4 procs, init + barrier"
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)"
+TEMPLATE, NO_TEMPLATE = "template", "no template"
+TEMPLATE_VAR = "JUPYTER_MN_RANK_TEMPLATE"
+COLD_ROWS = {how: f"total: up + first cell ({how})" for how in (TEMPLATE, NO_TEMPLATE)}
+RESTART_ROWS = {how: f"rank 3 SIGKILL → next value ({how})" for how in (TEMPLATE, NO_TEMPLATE)}
 KILL_RANK_3 = (
     "import os, signal\nif dist.get_rank() == 3:\n    os.kill(os.getpid(), signal.SIGKILL)"
 )
@@ -127,25 +133,21 @@ def warm(rounds: int) -> dict[str, list[float]]:
             kernel.close()
 
 
-def cold(rounds: int) -> dict[str, list[float]]:
-    from jupyter_mn import Cluster
-
+def torchrun_once() -> float:
+    """``torchrun`` of 4 processes that initialize gloo and pass a barrier, start to end."""
     script = Path(tempfile.mkdtemp()) / "init.py"
     script.write_text(TORCHRUN_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+    command += ["--nproc-per-node", "4", "--master-port", str(_free_port()), str(script)]
+    started = time.perf_counter()
+    subprocess.run(
+        command, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    return time.perf_counter() - started
 
-    def torchrun() -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "4",
-            "--master-port",
-            str(_free_port()),
-            str(script),
-        ]
+
+def cold(rounds: int) -> dict[str, list[float]]:
+    from jupyter_mn import Cluster
 
     def jupyter_mn() -> float:
         started = time.perf_counter()
@@ -154,26 +156,29 @@ def cold(rounds: int) -> dict[str, list[float]]:
             elapsed = time.perf_counter() - started
         return elapsed
 
-    def torchrun_once() -> float:
-        started = time.perf_counter()
-        subprocess.run(
-            torchrun(), check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
-        )
-        return time.perf_counter() - started
+    return interleave({MN_COLD: jupyter_mn, TORCHRUN: torchrun_once}, rounds)
 
-    return interleave(
-        {
-            MN_COLD: jupyter_mn,
-            TORCHRUN: torchrun_once,
-        },
-        rounds,
-    )
+
+@contextlib.contextmanager
+def rank_template(on: bool) -> Iterator[None]:
+    """Local nodes start their ranks from a template or not (they inherit this environment)."""
+    before = os.environ.get(TEMPLATE_VAR)
+    os.environ[TEMPLATE_VAR] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[TEMPLATE_VAR]
+        else:
+            os.environ[TEMPLATE_VAR] = before
 
 
 def phases(rounds: int) -> dict[str, list[float]]:
-    """Where a cold 2×2 gang's time goes: its nodes alone (scheduler, workers, agents: a gang
-    brought up without ranks), the whole gang up, its first cell; next to what one rank's imports
-    cost alone (``python -c "import torch, jupyter_mn.rank.runtime"``)."""
+    """Where a cold 2×2 gang's time goes, with its nodes' rank templates and without
+    (``JUPYTER_MN_RANK_TEMPLATE=0``: every rank imports torch itself), next to torchrun: its
+    nodes alone (scheduler, workers, agents: a gang brought up without ranks), the whole gang up,
+    its first cell, a rank's restart (SIGKILL → the next cell's value); and what one rank's
+    imports cost alone (``python -c "import torch, jupyter_mn.rank.runtime"``)."""
     from jupyter_mn import Cluster
 
     steps: dict[str, list[float]] = {}
@@ -183,21 +188,27 @@ def phases(rounds: int) -> dict[str, list[float]]:
         steps.setdefault(name, []).append(now - started)
         return now
 
+    def gang(how: str) -> None:
+        started = time.perf_counter()
+        with Cluster(nodes=2, gpus=2) as cluster:
+            cluster.up()
+            up = timed(f"gang up: nodes + 4 ranks in their group ({how})", started)
+            cluster.run("dist.barrier()").unwrap()
+            timed(f"first cell (barrier) once up ({how})", up)
+            timed(COLD_ROWS[how], started)
+            killed = time.perf_counter()
+            assert not cluster.run(KILL_RANK_3).ok
+            cluster.run("dist.barrier()").unwrap()
+            timed(RESTART_ROWS[how], killed)
+
     for _ in range(rounds):
         started = time.perf_counter()
         with Cluster(nodes=2, gpus=2).nodes():
             timed("nodes alone: scheduler + 2 workers + agents", started)
-        started = time.perf_counter()
-        with Cluster(nodes=2, gpus=2) as cluster:
-            cluster.up()
-            up = timed("gang up: nodes + 4 ranks in their process group", started)
-            cluster.run("dist.barrier()").unwrap()
-            timed("first cell (barrier) once up", up)
-            timed("total: up + first cell", started)
-            killed = time.perf_counter()
-            assert not cluster.run(KILL_RANK_3).ok
-            cluster.run("dist.barrier()").unwrap()
-            timed("rank 3 SIGKILLed → the next cell's value", killed)
+        for how, on in ((TEMPLATE, True), (NO_TEMPLATE, False)):
+            with rank_template(on):
+                gang(how)
+        steps.setdefault(TORCHRUN, []).append(torchrun_once())
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import torch, jupyter_mn.rank.runtime"], check=True)
         timed("one python -c 'import torch, …rank.runtime'", started)
@@ -215,10 +226,11 @@ def table(
     """One row per tool: p50, p95, samples, the p50 above ``floor``'s (``+ms over plain``)
     and the ratio of p50s to the tool's baseline."""
     over = f"+{unit_name.strip()} over plain" if floor else ""
+    width = max(46, *(len(name) for name in samples))
     rows = [
         f"\n{title}",
-        f"{'':46} {'p50':>9} {'p95':>9}  {'n':>4}  {over:>16}  ratio (p50)",
-        "-" * 106,
+        f"{'':{width}} {'p50':>9} {'p95':>9}  {'n':>4}  {over:>16}  ratio (p50)",
+        "-" * (width + 60),
     ]
     medians = {name: summarize(v)[0] for name, v in samples.items()}
     for name, values in samples.items():
@@ -227,7 +239,7 @@ def table(
         ratio = f"{p50 / medians[base]:.2f}× {base.split(',')[0]}" if base else ""
         above = f"{(p50 - medians[floor]) * unit:+.1f}" if floor and name != floor else ""
         rows.append(
-            f"{name:46} {p50 * unit:8.1f}{unit_name} {p95 * unit:8.1f}{unit_name}"
+            f"{name:{width}} {p50 * unit:8.1f}{unit_name} {p95 * unit:8.1f}{unit_name}"
             f"  {len(values):4}  {above:>16}  {ratio}"
         )
     return "\n".join(rows)
@@ -271,7 +283,13 @@ def main() -> None:
             flush=True,
         )
     if args.phases:
-        print(table("Where a cold 2×2 start goes", phases(args.phases), 1, "s ", {}), flush=True)
+        baselines = {
+            COLD_ROWS[TEMPLATE]: TORCHRUN,
+            COLD_ROWS[NO_TEMPLATE]: TORCHRUN,
+            RESTART_ROWS[TEMPLATE]: RESTART_ROWS[NO_TEMPLATE],
+        }
+        p = phases(args.phases)
+        print(table("Where a cold 2×2 start goes", p, 1, "s ", baselines), flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 
