@@ -57,10 +57,11 @@ def node_process(rank: int) -> psutil.Process:
     """The worker process (``dask spec``) running ``rank``."""
     for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.environ().get("RANK") == str(rank) and "dask_spec" in " ".join(
-                proc.parent().cmdline()
-            ):
-                return proc.parent()
+            node = proc.parent()  # a rank forked from its node's template: the template's
+            if "jupyter_mn.rank.prefork" in node.cmdline():
+                node = node.parent()
+            if proc.environ().get("RANK") == str(rank) and "dask_spec" in " ".join(node.cmdline()):
+                return node
         except psutil.Error:
             continue
     raise RuntimeError(f"rank {rank} is not running")

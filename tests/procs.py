@@ -71,3 +71,12 @@ def rank_processes(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def node_of(rank: psutil.Process) -> psutil.Process:
+    """The node process (its dask worker) a rank runs under: its parent, or, for a rank forked
+    from its node's rank template, its template's parent."""
+    parent = rank.parent()
+    if "jupyter_mn.rank.prefork" in parent.cmdline():
+        return parent.parent()
+    return parent

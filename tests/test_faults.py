@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 import torch
-from procs import TOKEN, ours, processes, rank_processes, wait_gone
+from procs import TOKEN, node_of, ours, processes, rank_processes, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, CellInterrupted, ClusterBusy, NodeLost, RankLost
@@ -329,7 +329,7 @@ def test_background_cell_stacks_and_cancel(gang):
 def test_lost_node_agent_breaks_the_gang_and_the_next_cell_brings_a_fresh_one(gang):
     pids = ready(gang)
     old_id = gang.gang.id
-    worker = psutil.Process(pids[3]).parent()
+    worker = node_of(psutil.Process(pids[3]))
     assert worker.environ()["JUPYTER_MN_TEST_TOKEN"] == TOKEN
     code = "import time\nif dist.get_rank() == 3:\n    time.sleep(60)\n" + ALL_REDUCE
     handle = gang.submit(code)
@@ -359,7 +359,7 @@ def test_a_frozen_node_is_named_within_the_liveness_window(no_leftovers):
 
     def freeze(event: object) -> None:
         if not frozen and isinstance(event, LogLines) and event.node == 1:
-            worker = psutil.Process(rank_pids()[1]).parent()
+            worker = node_of(psutil.Process(rank_pids()[1]))
             worker.suspend()
             frozen.append((worker, time.monotonic()))
 

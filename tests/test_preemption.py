@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 from polling import wait_until
-from procs import ours
+from procs import node_of, ours
 
 from jupyter_mn import Cluster
 from jupyter_mn.checkpoint import latest
@@ -58,9 +58,9 @@ def worker_of(rank: int) -> psutil.Process:
     for proc in ours():
         with contextlib.suppress(psutil.Error):
             if proc.environ().get("RANK") == str(rank) and "dask_spec" in " ".join(
-                proc.parent().cmdline()
+                node_of(proc).cmdline()
             ):
-                return proc.parent()
+                return node_of(proc)
     raise AssertionError(f"rank {rank} is not running")
 
 

@@ -50,6 +50,8 @@ MODULES = {
     "raises": "raise ValueError('from the forked module')",
     "killsself": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "sleeps": "import time\ntime.sleep(120)",
+    "pkg/__init__": "",
+    "pkg/quiet": "if __name__ == '__main__':\n    print('ran as main')",
 }
 JOB = "jmn-template-test"
 
@@ -58,7 +60,9 @@ JOB = "jmn-template-test"
 def modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("modules")
     for name, code in MODULES.items():
-        (folder / f"{name}.py").write_text(textwrap.dedent(code))
+        path = folder / f"{name}.py"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(textwrap.dedent(code))
     return folder
 
 
@@ -147,6 +151,21 @@ def test_its_exit_is_seen_as_a_new_process_exit(template, modules, module, code,
     assert got == fresh_code == code
     assert said in err and said in fresh_err
     assert not psutil.pid_exists(forked.pid)  # reaped by the template: no zombie left
+
+
+def test_a_preloaded_module_runs_as_main_without_a_word(modules, no_leftovers):
+    """As ``python -m``: runpy would warn that the module was imported already (the rank
+    runtime is: the template preloads it)."""
+    preloaded = RankTemplate(
+        JOB, preload=("pkg.quiet",), environ={**os.environ, "PYTHONPATH": str(modules)}
+    )
+    try:
+        assert preloaded.wait_ready(), preloaded.failed
+        proc = preloaded.start(argv("pkg.quiet"), preloaded.env, str(modules))
+        assert isinstance(proc, ForkedRank)
+        assert outputs(proc) == ("ran as main\n", "", 0)
+    finally:
+        preloaded.close()
 
 
 def test_an_environment_the_template_cannot_stand_for_starts_a_new_process(template, modules):

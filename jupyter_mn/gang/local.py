@@ -93,6 +93,7 @@ class LocalProvisioner:
                     env if node_gpus is None else {**env, VISIBLE: node_gpus[i]},
                     "worker",
                     {
+                        "job": gang_id,
                         "name": str(i),
                         "host": "127.0.0.1",
                         "nthreads": 1,

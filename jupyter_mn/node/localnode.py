@@ -19,6 +19,7 @@ from typing import Any
 from distributed import Scheduler, Worker
 from distributed.security import Security
 
+from . import template
 from .pod import OrphanGuard
 
 
@@ -42,9 +43,11 @@ def scheduler(connect_timeout: float, **options: Any) -> Scheduler:
     )
 
 
-def worker(**options: Any) -> Worker:
+def worker(job: str, **options: Any) -> Worker:
     """``dask spec``'s worker class: the scheduler's address and the TLS files' contents from
-    stdin (which the kernel writes, and closes, once the scheduler listens)."""
+    stdin (which the kernel writes, and closes, once the scheduler listens). ``job``'s rank
+    template starts first: its imports overlap the worker's start and the gang's."""
+    template.prestart(job)
     given = json.load(sys.stdin)
     address = given.pop("scheduler")
     return Worker(address, security=Security(require_encryption=True, **given), **options)

@@ -117,6 +117,7 @@ def _become(request: ForkRank, given: list[int], led: int) -> None:
 
 def _run(module: str) -> int:
     """``python -m module``: its exit code, its uncaught exception printed, atexit run."""
+    sys.modules.pop(module, None)  # as under ``-m``: the module runs as ``__main__`` alone
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import rank_processes
+from procs import node_of, rank_processes
 
 from kernels import Kernel
 
@@ -178,7 +178,7 @@ def test_rank_zero_plots_and_tables_show_while_the_cell_runs(kernel, tmp_path, v
 
 def test_a_line_of_100_mb_without_newline_is_cut_with_bounded_memory(kernel):
     rank0 = min(rank_processes(kernel.descendants()), key=lambda p: int(p.environ()["RANK"]))
-    watched = {"agent": rank0.parent().pid, "kernel": kernel.pid}
+    watched = {"agent": node_of(rank0).pid, "kernel": kernel.pid}
     before = {name: peak_rss_mib(pid) for name, pid in watched.items()}
     reply = kernel.run(FLOOD)
     assert reply.status == "ok", reply.error_text
