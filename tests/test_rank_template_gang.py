@@ -8,6 +8,7 @@ import sys
 
 import psutil
 
+from jupyter_mn import Cluster
 from jupyter_mn.node import template
 from jupyter_mn.node.process import start_in_session
 
@@ -71,3 +72,11 @@ def test_the_template_is_off_where_the_node_says_so(monkeypatch):
     assert asyncio.run(template.starter("jmn-off")) is start_in_session
     template.prestart("jmn-off")
     assert not [p for p in psutil.Process().children() if p.cmdline() == TEMPLATE]
+
+
+def test_nodes_closed_while_their_templates_import_end_them_without_a_word(capfd, no_leftovers):
+    """A gang brought up without ranks and closed at once (``%cluster doctor`` does): its
+    templates are still importing, and end quietly with their nodes."""
+    with Cluster(nodes=2, gpus=1).nodes():
+        pass
+    assert "Traceback" not in capfd.readouterr().err

@@ -259,6 +259,8 @@ class RankTemplate:
         """End the template (its ranks are stopped already); it exits at its socket's end."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+        if not self._ready.is_set():  # still importing: nothing of it is needed any more
+            self.proc.kill()
         self._listener.join(_CLOSE_WAIT_S)
         if self.proc.poll() is None:
             self.proc.kill()

@@ -194,12 +194,15 @@ def serve(sock: socket.socket) -> None:
 def main() -> None:
     sock = socket.socket(fileno=int(os.environ.pop(SOCKET_FD)))
     try:
-        _preload(os.environ.pop(PRELOAD).split(","))
-    except BaseException as exc:
-        _send(sock, TemplateFailed(f"{type(exc).__name__}: {exc}"))
+        try:
+            _preload(os.environ.pop(PRELOAD).split(","))
+        except Exception as exc:
+            _send(sock, TemplateFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        _send(sock, TemplateReady(os.getpid()))
+        serve(sock)
+    except ConnectionError:  # the agent went first (a gang closed while this one imported)
         return
-    _send(sock, TemplateReady(os.getpid()))
-    serve(sock)
 
 
 if __name__ == "__main__":
