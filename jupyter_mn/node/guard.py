@@ -22,8 +22,7 @@ log = logging.getLogger("jupyter_mn.agent")
 
 
 class NodeGuard:
-    """The watch over one node agent (``keep_watch``), from its first call that starts
-    processes to its stop."""
+    """The watch over one node agent, from its first call that starts processes to its stop."""
 
     def __init__(
         self,
