@@ -22,8 +22,8 @@ package's ``__init__`` that runs because a submodule is imported is not counted 
      judge, nor is anything reached from an import from outside ``jupyter_mn`` (``os._exit``,
      ``t = multiprocessing.resource_tracker; t._stop``).
 4. Messages are types, not tagged dicts: no dict literal with an ``"op"`` key (``{"op": …}``,
-   ``dict(op=…)``) and no ``x["op"]`` anywhere in ``jupyter_mn`` (the agent ↔ rank wire is
-   ``rankwire.py``'s frozen dataclasses).
+   ``dict(op=…)``) and no ``x["op"]`` anywhere in ``jupyter_mn`` or the stand-in rank (the agent
+   ↔ rank wire is ``rankwire.py``'s frozen dataclasses).
 5. No class over ``MAX_CLASS_LINES`` lines in ``jupyter_mn`` (from ``class`` to its last line),
    except those in ``OVERSIZED``, which must shrink below it and leave the list.
 
@@ -348,25 +348,30 @@ def private_uses(scans: list[ModuleScan]) -> list[str]:
 
 def op_dicts(root: Path, package: str) -> list[str]:
     """Every dict built or read with an ``"op"`` key: the tagged messages ``rankwire`` replaced."""
-    found = []
-    for path in discover(root, package).values():
-        file = path.relative_to(root).as_posix()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Dict) and any(_is_op(k) for k in node.keys):
-                found.append(f'{file}:{node.lineno}: a dict with an "op" key')
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id == "dict"
-                and any(k.arg == "op" for k in node.keywords)
-            ):
-                found.append(f"{file}:{node.lineno}: dict(op=…)")
-            elif isinstance(node, ast.Subscript) and _is_op(node.slice):
-                found.append(f"{file}:{node.lineno}: {ast.unparse(node)}")
-    return found
+    return [line for path in discover(root, package).values() for line in op_dicts_in(root, path)]
+
+
+def op_dicts_in(root: Path, path: Path) -> list[str]:
+    """``op_dicts`` of one file, in line order."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Dict | ast.MatchMapping) and any(_is_op(k) for k in node.keys):
+            found.append((node.lineno, 'a dict with an "op" key'))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "dict"
+            and any(k.arg == "op" for k in node.keywords)
+        ):
+            found.append((node.lineno, "dict(op=…)"))
+        elif isinstance(node, ast.Subscript) and _is_op(node.slice):
+            found.append((node.lineno, ast.unparse(node)))
+    file = path.relative_to(root).as_posix()
+    return [f"{file}:{line}: {what}" for line, what in sorted(found)]
 
 
 def _is_op(node: ast.expr | None) -> bool:
+    """``"op"``, as a dict's key, a subscript or a key of a ``case {"op": …}`` pattern."""
     return isinstance(node, ast.Constant) and node.value == "op"
 
 
@@ -495,7 +500,8 @@ def test_every_message_of_the_rank_wire_has_a_sample_above():
 
 
 def test_no_message_is_a_dict_tagged_with_op():
-    offenders = op_dicts(ROOT, "jupyter_mn")
+    """In the package, and in the stand-in rank that speaks its wire (``tests/standin_rank.py``)."""
+    offenders = op_dicts(ROOT, "jupyter_mn") + op_dicts_in(ROOT, ROOT / "tests" / "standin_rank.py")
     assert not offenders, "\n".join(offenders)
 
 
@@ -510,7 +516,8 @@ def test_no_class_is_over_the_limit_but_those_known():
 def test_the_op_and_class_checks_see_offenders(tmp_path):
     files = {
         "__init__.py": "",
-        "a.py": 'def f(m):\n    return {"op": "run"}, dict(op="x"), m["op"], {"kind": 1}\n',
+        "a.py": 'def f(m):\n    return {"op": "run"}, dict(op="x"), m["op"], {"kind": 1}\n'
+        'match 1:\n    case {"op": "stop"}:\n        pass\n',
         "b.py": "class Big:\n" + "    x = 1\n" * 5 + "class Small:\n    y = 2\n",
     }
     for name, text in files.items():
@@ -520,6 +527,7 @@ def test_the_op_and_class_checks_see_offenders(tmp_path):
         'pkg/a.py:2: a dict with an "op" key',
         "pkg/a.py:2: dict(op=…)",
         "pkg/a.py:2: m['op']",
+        'pkg/a.py:4: a dict with an "op" key',
     ]
     assert long_classes(tmp_path, "pkg", 5) == {"pkg.b.Big": 6}
 
