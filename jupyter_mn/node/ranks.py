@@ -35,7 +35,7 @@ class NodeRanks:
         self.node = output.node
         self.handles: list[RankHandle] = []
         self.generation = 0
-        self._launch: Launch  # set by start(), before anything reads it
+        self._launch: Launch  # set by prepare(), before anything reads it
         self._command: list[str] = []
         self._telemetry: NodeTelemetry | None = None
         #: the preemption notice these ranks were given (once)
