@@ -284,6 +284,6 @@ def load_ipython_extension(ipython: Any) -> None:
     if getattr(ipython, "kernel", None) is not None:
         import ipywidgets  # noqa: F401  (registers the comm a widget frontend opens on connect)
 
-        from .shutdown import close_gangs_first
+        from .kernelshutdown import close_gangs_first
 
         close_gangs_first(ipython.kernel)

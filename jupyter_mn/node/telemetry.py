@@ -22,7 +22,7 @@ from ..launch import Launch
 from ..rank.flight import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess
-from .nccl import NcclLog
+from .nccllog import NcclLog
 
 SAMPLE_S = 1.0
 DEBUG_ENV = {
