@@ -146,8 +146,8 @@ def _with_outputs(reply: RankReply, value: Any, payload: Any, ns: dict[str, Any]
         for name in payload.pull:
             if name not in ns:
                 notes.append(f"--pull {name}: not defined on rank 0")
-            elif (data_ := _dumps(ns[name], notes, f"--pull {name}")) is not None:
-                pulled[name] = data_
+            elif (blob := _dumps(ns[name], notes, f"--pull {name}")) is not None:
+                pulled[name] = blob
     return dataclasses.replace(
         reply,
         value=data,
