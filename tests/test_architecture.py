@@ -25,7 +25,8 @@ package's ``__init__`` that runs because a submodule is imported is not counted 
    ``dict(op=…)``) and no ``x["op"]`` anywhere in ``jupyter_mn`` or the stand-in rank (the agent
    ↔ rank wire is ``rankwire.py``'s frozen dataclasses).
 5. No class over ``MAX_CLASS_LINES`` lines in ``jupyter_mn`` (from ``class`` to its last line),
-   except those in ``OVERSIZED``, which must shrink below it and leave the list.
+   except those in ``OVERSIZED``, which must shrink below it and leave the list; no function
+   over ``MAX_FUNCTION_LINES`` in the node and rank sides, except those in ``OVERLONG``.
 
 Besides the source, what crosses processes pickled is checked: the modules that unpickling each
 message imports are ones its receiving side may import (``SHARED``, and the rank or node side's
@@ -62,6 +63,10 @@ SHARED = (
 MAX_CLASS_LINES = 250
 #: Classes known to be longer (module.Class), each to be split and then removed from here.
 OVERSIZED = frozenset({"jupyter_mn.cluster.Cluster", "jupyter_mn.gang.base.Gang"})
+#: The longest a function of the node and rank sides may be, in lines ("about 50").
+MAX_FUNCTION_LINES = 55
+#: Functions known to be longer (module.function), each to be split and then removed from here.
+OVERLONG = frozenset({"jupyter_mn.rank.env.rank_env"})
 #: Each side, and the packages it may import.
 SIDES = {
     "jupyter_mn.node": ("jupyter_mn.node", "jupyter_mn.rank"),
@@ -375,12 +380,15 @@ def _is_op(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Constant) and node.value == "op"
 
 
-def long_classes(root: Path, package: str, limit: int) -> dict[str, int]:
-    """``{module.Class: lines}`` of the classes longer than ``limit`` lines."""
+def long_definitions(
+    root: Path, package: str, kinds: tuple[type, ...], limit: int
+) -> dict[str, int]:
+    """``{module.name: lines}`` of the definitions of ``kinds`` (``ast.ClassDef``,
+    ``ast.FunctionDef``…) longer than ``limit`` lines, methods named by their own name."""
     found = {}
     for name, path in discover(root, package).items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ClassDef):
+            if isinstance(node, kinds):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
                 if lines > limit:
                     found[f"{name}.{node.name}"] = lines
@@ -505,12 +513,24 @@ def test_no_message_is_a_dict_tagged_with_op():
     assert not offenders, "\n".join(offenders)
 
 
-def test_no_class_is_over_the_limit_but_those_known():
-    long = long_classes(ROOT, "jupyter_mn", MAX_CLASS_LINES)
-    new = {name: lines for name, lines in long.items() if name not in OVERSIZED}
-    assert not new, f"classes over {MAX_CLASS_LINES} lines: {new}"
-    shrunk = sorted(OVERSIZED - set(long))
-    assert not shrunk, f"no longer over {MAX_CLASS_LINES} lines, drop from OVERSIZED: {shrunk}"
+@pytest.mark.parametrize(
+    ("package", "kinds", "limit", "known"),
+    [
+        ("jupyter_mn", (ast.ClassDef,), MAX_CLASS_LINES, OVERSIZED),
+        *(
+            (side, (ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES, OVERLONG)
+            for side in SIDES
+        ),
+    ],
+    ids=["classes", "node functions", "rank functions"],
+)
+def test_no_definition_is_over_the_limit_but_those_known(package, kinds, limit, known):
+    long = long_definitions(ROOT, package.replace(".", "/"), kinds, limit)
+    new = {name: lines for name, lines in long.items() if name not in known}
+    assert not new, f"over {limit} lines: {new}"
+    mine = {name for name in known if within(name, package)}
+    shrunk = sorted(mine - set(long))
+    assert not shrunk, f"no longer over {limit} lines, drop from the known list: {shrunk}"
 
 
 def test_the_op_and_class_checks_see_offenders(tmp_path):
@@ -529,7 +549,7 @@ def test_the_op_and_class_checks_see_offenders(tmp_path):
         "pkg/a.py:2: m['op']",
         'pkg/a.py:4: a dict with an "op" key',
     ]
-    assert long_classes(tmp_path, "pkg", 5) == {"pkg.b.Big": 6}
+    assert long_definitions(tmp_path, "pkg", (ast.ClassDef,), 5) == {"pkg.b.Big": 6}
 
 
 def test_the_pickle_check_sees_a_kernel_side_class():
