@@ -24,7 +24,7 @@ from ..errors import (
     SchedulingError,
 )
 from ..events import GangState, Note, OnEvent, Preemption, RankState, RankStatus, from_msg
-from ..launch import Launch, Script
+from ..launchspec import Launch, Script
 from ..names import gang_id
 from ..rankwire import RankReady
 from ..spec import ClusterSpec

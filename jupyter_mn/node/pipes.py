@@ -25,7 +25,7 @@ from typing import IO
 
 from ..rank import stacks
 from .lines import LineBuffer
-from .link import NodeLink
+from .nodelink import NodeLink
 
 TAIL_LINES = 20
 #: Characters kept of one line (its head); the rest is counted and said when the line ends.
