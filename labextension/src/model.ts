@@ -70,6 +70,9 @@ export interface ILogPage {
   state: string;
 }
 
+/** The rank of a line that marks where a cell, script or command starts (`joblogs.MARK_RANK`). */
+export const MARK_RANK = -1;
+
 /** Job states the panel groups under "running", "idle" and "finished". */
 export const FINISHED_STATES = ['CLOSED', 'ORPHANED'];
 export const IDLE_STATES = ['READY'];

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import time
 
-from conftest import ARTIFACTS, run_command, wait_kernel_idle
+from conftest import ARTIFACTS, job_item, open_panel, run_command, wait_kernel_idle
 from playwright.sync_api import expect
 
 from jupyter_mn.views.widget import JOB_MIME
@@ -107,4 +107,39 @@ def test_cancel_from_a_reloaded_page_stops_the_cell(lab, page):
     expect(view.locator(".jp-mn-JobView-outcome")).to_contain_text(
         "the cell failed: ", timeout=60_000
     )
+    take_the_gang_down(page)
+
+
+def test_a_notebook_not_saved_since_the_cell_started_reloads_without_it_and_view_follows_it(
+    lab, page
+):
+    go = "go-unsaved"
+    cell = LIVE.replace("--gpus 2", "--gpus 2 --name unsaved").replace(GO, go)
+    page.goto(lab.notebook("unsaved.ipynb", [cell, "%cluster down"]))
+    wait_kernel_idle(page)
+    run_command(page, "notebook:run-cell")
+    expect(page.locator(".jp-mn-state").first).to_have_text("RUNNING", timeout=120_000)
+    page.reload()  # the file on disk has no output: the cell comes back empty
+    first = page.locator(".jp-Notebook .jp-Cell").first
+    expect(first).to_be_visible(timeout=120_000)
+    expect(first.locator(".jp-InputPrompt")).to_have_text("[ ]:")
+    expect(first.locator(".jp-OutputArea-output")).to_have_count(0)
+    item = job_item(open_panel(page), "unsaved")
+    page.wait_for_function(  # the notebook is open (it becomes current when it is)
+        "() => window.jupyterapp.shell.currentWidget?.context?.path === 'unsaved.ipynb'"
+    )
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.context.ready")
+    item.get_by_role("button", name="View").click()
+    expect(page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")).to_have_text(
+        "Job: unsaved"
+    )
+    view = page.locator(".jp-mn-JobPage")
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("RUNNING", timeout=10_000)
+    expect(view.locator(".jp-mn-JobView-log")).to_contain_text("step")
+    (lab.root / go).touch()
+    expect(view.locator(".jp-mn-JobView-outcome")).to_have_text(
+        re.compile(r"^Out\[(\d+)\]: 'done' .*Out\[\1\] in the kernel"), timeout=60_000
+    )
+    expect(first.locator(".jp-OutputArea-output")).to_have_count(0)  # the page never gets it
+    page.locator(".lm-TabBar-tab", has_text="unsaved.ipynb").click()
     take_the_gang_down(page)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import psutil
 from conftest import ARTIFACTS, job_item, open_panel, run_command, wait_kernel_idle
 from playwright.sync_api import expect
@@ -156,6 +157,78 @@ def test_a_papermill_run_from_a_terminal_appears_in_the_panel(lab, page, tmp_pat
         expect(item.locator(".jp-mn-Job-origin")).to_contain_text("papermill")
         assert papermill.wait(120) == 0
         expect(item).to_have_attribute("data-state", "CLOSED", timeout=10_000)
+    finally:
+        papermill.kill()
+        papermill.wait()
+
+
+#: A papermill run's cell: the ranks print until this file exists in papermill's --cwd.
+PM_GO = "go-view"
+PM_CELL = (
+    "%%cluster --nodes 1 --gpus 2 --name pmview\nimport os, time\ni = 0\n"
+    f"while not os.path.exists({PM_GO!r}):\n"
+    "    print(f'rank {dist.get_rank()} step {i}', flush=True)\n"
+    "    i += 1\n    time.sleep(0.2)\n'pm-done'"
+)
+NEWEST_STEP = """() => { const v = document.querySelector('.jp-mn-JobPage');
+  const m = [...v.innerText.matchAll(/step (\\d+)/g)].map(x => Number(x[1]));
+  return m.length ? Math.max(...m) : -1; }"""
+
+
+def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_its_value(
+    lab, page, tmp_path
+):
+    notebook = tmp_path / "view.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PM_CELL)]), notebook)
+    page.goto(lab.fresh())
+    panel = open_panel(page)
+    papermill = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("papermill")),
+            *("-k", "jupyter_mn", "--cwd", str(tmp_path), "--no-progress-bar"),
+            *(str(notebook), str(tmp_path / "out.ipynb")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        item = job_item(panel, "pmview")
+        expect(item).to_have_attribute("data-state", "RUNNING", timeout=120_000)
+        item.get_by_role("button", name="View").click()
+        view = page.locator(".jp-mn-JobPage")
+        expect(view.locator(".jp-mn-JobView-state")).to_have_text("RUNNING", timeout=10_000)
+        expect(page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")).to_have_text(
+            "Job: pmview"
+        )
+        expect(view.locator(".jp-mn-JobView-log")).to_contain_text("[rank 1] rank 1 step")
+        expect(view.locator(".jp-mn-JobView-cancel")).to_be_visible()
+        before = page.evaluate(NEWEST_STEP)
+        page.wait_for_function(f"() => ({NEWEST_STEP})() >= {before + 5}", timeout=15_000)
+
+        # The server fails the view's log reads for 10 s: the view backs off, then catches up.
+        asked = []
+        logs = "**/jupyter-mn/api/jobs/*/logs?*"
+        page.route(logs, lambda route: (asked.append(1), route.abort()))
+        page.wait_for_timeout(10_000)  # an observation window: the count is the check
+        page.unroute(logs)
+        ARTIFACTS.mkdir(exist_ok=True)  # evidence: reads while failing (1 a second without backoff)
+        (ARTIFACTS / "job-view-backoff.txt").write_text(f"{len(asked)} reads in 10 s\n")
+        assert 2 <= len(asked) <= 6, f"{len(asked)} reads in 10 s while they failed"
+        before = page.evaluate(NEWEST_STEP)
+        page.wait_for_function(f"() => ({NEWEST_STEP})() > {before}", timeout=40_000)
+
+        (tmp_path / PM_GO).touch()
+        assert papermill.wait(120) == 0
+        expect(view.locator(".jp-mn-JobView-state")).to_have_text("CLOSED", timeout=30_000)
+        expect(view.locator(".jp-mn-JobView-outcome")).to_have_text(
+            re.compile(r"^Out\[\d+\]: 'pm-done'$")  # the kernel is gone: no object to point to
+        )
+        expect(view.locator(".jp-mn-JobView-cancel")).to_have_count(0)
+        page.screenshot(path=str(ARTIFACTS / "papermill-job-view.png"))
+        polled = []
+        page.on("request", lambda r: polled.append(r.url) if "/logs?" in r.url else None)
+        page.wait_for_timeout(3_000)  # the job is over: the view asks for nothing more
+        assert polled == []
     finally:
         papermill.kill()
         papermill.wait()
