@@ -16,7 +16,7 @@ const RUNNING_STATES = ['RUNNING', 'HUNG'];
  * cell, a papermill run, a script's `Cluster`, another tab's notebook. It follows the job by its
  * id as the cell's own stand-in (`jobview.ts`) does: state and elapsed time, each node's ranks,
  * GPU and transport and its newest lines, Cancel while a cell runs, and the last cell's value or
- * root cause once it has ended. It polls once a second while shown, backs off while the server
+ * root cause once it has ended (as text: where the object is depends on how the cell ran). It polls once a second while shown, backs off while the server
  * fails, and stops once the job has finished (its gang closed).
  */
 export class JobPage extends Widget {
@@ -64,7 +64,7 @@ export class JobPage extends Widget {
     const finished = FINISHED_STATES.includes(job.state);
     const parts = liveParts(job, this._tails, list.now, job.state);
     if (!RUNNING_STATES.includes(job.state) && job.last_cell) {
-      parts.push(outcome(job.last_cell, !finished)); // the last cell's, while none runs
+      parts.push(outcome(job.last_cell, false)); // a --bg cell's object is in its handle
     } else if (job.error && !job.last_cell) {
       parts.push(el('div', 'jp-mn-JobView-outcome jp-mn-JobView-error', job.error));
     }

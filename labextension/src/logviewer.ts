@@ -21,6 +21,7 @@ export class LogViewer extends Widget {
   ) {
     super();
     this.addClass('jp-mn-LogViewer');
+    this.title.label = `Logs: ${_job.name}`;
     const bar = el('div', 'jp-mn-LogViewer-toolbar');
     this._node = this._select('node', 'All nodes');
     this._options(this._node, 'Node', _job.nodes.map(n => n.node));

@@ -8,7 +8,14 @@ from __future__ import annotations
 import re
 import time
 
-from conftest import ARTIFACTS, job_item, open_panel, run_command, wait_kernel_idle
+from conftest import (
+    ARTIFACTS,
+    failed_log_reads,
+    job_item,
+    open_panel,
+    run_command,
+    wait_kernel_idle,
+)
 from playwright.sync_api import expect
 
 from jupyter_mn.views.widget import JOB_MIME
@@ -103,6 +110,10 @@ def test_cancel_from_a_reloaded_page_stops_the_cell(lab, page):
     page.reload()
     view = page.locator(".jp-mn-JobView").first
     expect(view.locator(".jp-mn-JobView-log")).to_contain_text("tick", timeout=120_000)
+    reads = failed_log_reads(page)  # the view backs off while the server fails, then catches up
+    assert 2 <= reads <= 6, f"{reads} reads in 10 s while they failed"
+    ticks = view.locator(".jp-mn-JobView-log").inner_text()
+    expect(view.locator(".jp-mn-JobView-log")).not_to_have_text(ticks, timeout=40_000)
     view.locator(".jp-mn-JobView-cancel").click()
     expect(view.locator(".jp-mn-JobView-outcome")).to_contain_text(
         "the cell failed: ", timeout=60_000
@@ -125,20 +136,21 @@ def test_a_notebook_not_saved_since_the_cell_started_reloads_without_it_and_view
     expect(first.locator(".jp-InputPrompt")).to_have_text("[ ]:")
     expect(first.locator(".jp-OutputArea-output")).to_have_count(0)
     item = job_item(open_panel(page), "unsaved")
-    page.wait_for_function(  # the notebook is open (it becomes current when it is)
-        "() => window.jupyterapp.shell.currentWidget?.context?.path === 'unsaved.ipynb'"
-    )
-    page.evaluate("() => window.jupyterapp.shell.currentWidget.context.ready")
     item.get_by_role("button", name="View").click()
-    expect(page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")).to_have_text(
-        "Job: unsaved"
-    )
     view = page.locator(".jp-mn-JobPage")
     expect(view.locator(".jp-mn-JobView-state")).to_have_text("RUNNING", timeout=10_000)
     expect(view.locator(".jp-mn-JobView-log")).to_contain_text("step")
     (lab.root / go).touch()
+    expect(item).to_have_attribute("data-state", "READY", timeout=60_000)
+    # Lab brings the reloaded notebook to the front once its kernel answers again: back to the job
+    page.wait_for_function(
+        """() => [...window.jupyterapp.shell.widgets('main')].some(w =>
+        w.context?.path === 'unsaved.ipynb'
+        && w.sessionContext.session?.kernel?.status === 'idle')"""
+    )
+    page.locator(".lm-TabBar-tab", has_text="Job: unsaved").click()
     expect(view.locator(".jp-mn-JobView-outcome")).to_have_text(
-        re.compile(r"^Out\[(\d+)\]: 'done' .*Out\[\1\] in the kernel"), timeout=60_000
+        re.compile(r"^Out\[\d+\]: 'done'$"), timeout=30_000
     )
     expect(first.locator(".jp-OutputArea-output")).to_have_count(0)  # the page never gets it
     page.locator(".lm-TabBar-tab", has_text="unsaved.ipynb").click()

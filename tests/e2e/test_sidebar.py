@@ -10,7 +10,14 @@ from pathlib import Path
 
 import nbformat
 import psutil
-from conftest import ARTIFACTS, job_item, open_panel, run_command, wait_kernel_idle
+from conftest import (
+    ARTIFACTS,
+    failed_log_reads,
+    job_item,
+    open_panel,
+    run_command,
+    wait_kernel_idle,
+)
 from playwright.sync_api import expect
 from polling import wait_until
 
@@ -162,14 +169,17 @@ def test_a_papermill_run_from_a_terminal_appears_in_the_panel(lab, page, tmp_pat
         papermill.wait()
 
 
-#: A papermill run's cell: the ranks print until this file exists in papermill's --cwd.
-PM_GO = "go-view"
-PM_CELL = (
-    "%%cluster --nodes 1 --gpus 2 --name pmview\nimport os, time\ni = 0\n"
-    f"while not os.path.exists({PM_GO!r}):\n"
-    "    print(f'rank {dist.get_rank()} step {i}', flush=True)\n"
-    "    i += 1\n    time.sleep(0.2)\n'pm-done'"
-)
+def looping_cell(flags: str, go: str, value: str) -> str:
+    """A cell whose ranks print a step every 0.2 s until the file ``go`` exists in the kernel's
+    working directory (the ranks' too), then return ``value``."""
+    return (
+        f"%%cluster --nodes 1 --gpus 2 {flags}\nimport os, time\ni = 0\n"
+        f"while not os.path.exists({go!r}):\n"
+        "    print(f'rank {dist.get_rank()} step {i}', flush=True)\n"
+        f"    i += 1\n    time.sleep(0.2)\n{value!r}"
+    )
+
+
 NEWEST_STEP = """() => { const v = document.querySelector('.jp-mn-JobPage');
   const m = [...v.innerText.matchAll(/step (\\d+)/g)].map(x => Number(x[1]));
   return m.length ? Math.max(...m) : -1; }"""
@@ -179,7 +189,8 @@ def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_it
     lab, page, tmp_path
 ):
     notebook = tmp_path / "view.ipynb"
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PM_CELL)]), notebook)
+    cell = looping_cell("--name pmview", "go-view", "pm-done")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), notebook)
     page.goto(lab.fresh())
     panel = open_panel(page)
     papermill = subprocess.Popen(
@@ -206,18 +217,14 @@ def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_it
         page.wait_for_function(f"() => ({NEWEST_STEP})() >= {before + 5}", timeout=15_000)
 
         # The server fails the view's log reads for 10 s: the view backs off, then catches up.
-        asked = []
-        logs = "**/jupyter-mn/api/jobs/*/logs?*"
-        page.route(logs, lambda route: (asked.append(1), route.abort()))
-        page.wait_for_timeout(10_000)  # an observation window: the count is the check
-        page.unroute(logs)
+        reads = failed_log_reads(page)
         ARTIFACTS.mkdir(exist_ok=True)  # evidence: reads while failing (1 a second without backoff)
-        (ARTIFACTS / "job-view-backoff.txt").write_text(f"{len(asked)} reads in 10 s\n")
-        assert 2 <= len(asked) <= 6, f"{len(asked)} reads in 10 s while they failed"
+        (ARTIFACTS / "job-view-backoff.txt").write_text(f"{reads} reads in 10 s\n")
+        assert 2 <= reads <= 6, f"{reads} reads in 10 s while they failed"
         before = page.evaluate(NEWEST_STEP)
         page.wait_for_function(f"() => ({NEWEST_STEP})() > {before}", timeout=40_000)
 
-        (tmp_path / PM_GO).touch()
+        (tmp_path / "go-view").touch()
         assert papermill.wait(120) == 0
         expect(view.locator(".jp-mn-JobView-state")).to_have_text("CLOSED", timeout=30_000)
         expect(view.locator(".jp-mn-JobView-outcome")).to_have_text(
@@ -232,3 +239,31 @@ def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_it
     finally:
         papermill.kill()
         papermill.wait()
+
+
+def test_a_background_cell_opens_from_the_panel_into_a_live_view_while_the_kernel_is_free(
+    lab, page
+):
+    cell = looping_cell("--bg --name bgview", "go-bg", "bg-done")
+    page.goto(lab.notebook("bg.ipynb", [cell, "%cluster down"]))
+    wait_kernel_idle(page)
+    panel = open_panel(page)
+    run_command(page, "notebook:run-cell")
+    item = job_item(panel, "bgview")
+    expect(item).to_have_attribute("data-state", "RUNNING", timeout=120_000)
+    wait_kernel_idle(page)  # the cell returned its handle; the job runs on
+    item.get_by_role("button", name="View").click()
+    view = page.locator(".jp-mn-JobPage")
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("RUNNING", timeout=10_000)
+    expect(view.locator(".jp-mn-JobView-log")).to_contain_text("[rank 0] rank 0 step")
+    (lab.root / "go-bg").touch()
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("READY", timeout=60_000)
+    outcome = view.locator(".jp-mn-JobView-outcome")
+    expect(outcome).to_have_text(re.compile(r"^Out\[\d+\]: 'bg-done'$"))
+    page.locator(".lm-TabBar-tab", has_text="bg.ipynb").click()
+    page.locator(".jp-Notebook .jp-Cell").nth(1).click()
+    run_command(page, "notebook:run-cell")
+    expect(page.get_by_text("cluster released")).to_have_count(1, timeout=60_000)
+    page.locator(".lm-TabBar-tab", has_text="Job: bgview").click()  # shown again: it refreshes
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("CLOSED", timeout=30_000)
+    expect(outcome).to_have_text(re.compile(r"^Out\[\d+\]: 'bg-done'$"))
