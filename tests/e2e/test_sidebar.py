@@ -228,7 +228,7 @@ def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_it
         assert papermill.wait(120) == 0
         expect(view.locator(".jp-mn-JobView-state")).to_have_text("CLOSED", timeout=30_000)
         expect(view.locator(".jp-mn-JobView-outcome")).to_have_text(
-            re.compile(r"^Out\[\d+\]: 'pm-done'$")  # the kernel is gone: no object to point to
+            re.compile(r"^Out\[\d+\]: 'pm-done'$")  # the value, as text
         )
         expect(view.locator(".jp-mn-JobView-cancel")).to_have_count(0)
         page.screenshot(path=str(ARTIFACTS / "papermill-job-view.png"))
@@ -236,6 +236,14 @@ def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_it
         page.on("request", lambda r: polled.append(r.url) if "/logs?" in r.url else None)
         page.wait_for_timeout(3_000)  # the job is over: the view asks for nothing more
         assert polled == []
+        # the view comes back with the layout, once Lab has saved it (debounced)
+        wait_until(
+            lambda: "jupyter-mn-job:" in json.dumps(lab.api("/lab/api/workspaces")), 30, "save"
+        )
+        page.goto(page.url.replace("?reset&", "?"))
+        expect(page.locator(".jp-mn-JobPage .jp-mn-JobView-outcome")).to_have_text(
+            re.compile(r"^Out\[\d+\]: 'pm-done'$"), timeout=60_000
+        )
     finally:
         papermill.kill()
         papermill.wait()
