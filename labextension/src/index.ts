@@ -11,6 +11,7 @@ import { LogViewer } from './logviewer';
 import { IJobModel } from './model';
 import { ClustersPanel, clustersIcon } from './panel';
 import { requestAPI } from './request';
+import { noticeUnsavedRunningCells } from './unsaved';
 
 /** Opens a job's log viewer by its id (the layout restorer reopens viewers through it). */
 const OPEN_LOGS = 'jupyter-mn:open-logs';
@@ -77,6 +78,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     app.shell.add(panel, 'left', { rank: 950 });
     restorer?.add(panel, panel.id);
+    noticeUnsavedRunningCells(app, openJob);
   }
 };
 

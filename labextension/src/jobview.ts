@@ -4,11 +4,9 @@ import { Widget } from '@lumino/widgets';
 
 import { el } from './format';
 import { liveParts, NodeTails, outcome, POLL } from './joblive';
-import { IJobList, IJobModel } from './model';
+import { IJobList, IJobModel, JOB_MIME } from './model';
 import { requestAPI } from './request';
 
-/** A `%%cluster` cell's job reference (`jupyter_mn/views/widget.py`, `job_reference`). */
-export const JOB_MIME = 'application/vnd.jupyter-mn.job+json';
 
 /** Lines shown per node: the newest ones. */
 const TAIL = 12;
