@@ -1,6 +1,7 @@
 """The kernel status JupyterLab shows during a kernel's first ``%%cluster`` cell (real Lab, real
 kernel, chromium): Busy for as long as the cell runs, although the page opens a kernel subshell
-for the widget's comm meanwhile (``jupyter_mn/server/kernelstatus.py``)."""
+for the widget's comm meanwhile (``jupyter_mn/server/kernelstatus.py``) and sends on it when a
+node's tab is clicked."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from test_lab_reload import take_the_gang_down
 from jupyter_mn.server.kernelstatus import SUBSHELL_MESSAGES
 
 FIRST_CELL = (
-    "%%cluster --nodes 1 --gpus 2\nimport time\nfor i in range(6):\n"
+    "%%cluster --nodes 2 --gpus 1\nimport time\nfor i in range(6):\n"
     "    print('step', i, flush=True)\n    time.sleep(1)\n'done'"
 )
 #: Every 100 ms: the status bar's word for the kernel and the first cell's prompt.
@@ -35,6 +36,8 @@ def test_the_status_bar_says_busy_for_the_whole_first_cluster_cell_and_idle_afte
     wait_kernel_idle(page)
     page.evaluate(SAMPLE)
     run_command(page, "notebook:run-cell")
+    expect(page.locator(".jp-mn-state").first).to_have_text("RUNNING", timeout=120_000)
+    page.get_by_role("tab", name="node 1").click()  # a comm message on the page's subshell
     expect(page.locator(".jp-mn-state").first).to_have_text("READY", timeout=120_000)
     status = page.locator("#jp-main-statusbar")
     expect(status).to_contain_text("Idle", timeout=30_000)
