@@ -104,6 +104,8 @@ def agent_lost(cluster: Cluster) -> tuple[float, float]:
     """Kill node 1's dask worker while rank 3 sleeps: NodeLost, then the next cell's new gang."""
     cluster.run(ALL_REDUCE)
     worker = psutil.Process(rank_pids()[3]).parent()
+    if "jupyter_mn.rank.prefork" in worker.cmdline():  # the rank's template: the worker's child
+        worker = worker.parent()
     handle = cluster.submit(on_rank(3, "import time\ntime.sleep(600)"))
     while "time.sleep" not in str(cluster.stacks()):  # rank 3 is in its sleep
         time.sleep(0.02)

@@ -18,7 +18,7 @@ from typing import Any
 
 def _seconds(text: str) -> float:
     """An argparse type: a finite number ≥ 0 (``float`` alone lets ``nan`` and ``inf`` through)."""
-    from .values import is_number
+    from .specvalues import is_number
 
     try:
         value = float(text)
@@ -238,7 +238,7 @@ def _add_gc(sub: Any) -> None:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from .reaper import collect
+    from .gc import collect
     from .registry import Registry
 
     report = collect(Registry(), keep_s=args.older_than * 86400, dry_run=args.dry_run)

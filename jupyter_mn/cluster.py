@@ -24,9 +24,9 @@ from .background import BackgroundCell
 from .cell import Shipper, bound_names, compile_cell
 from .errors import ClusterBusy, DebugUnavailable
 from .events import Note, OnEvent, Stacks
-from .launcher import CALL_CELL, call_names
 from .payload import Captured, CellPayload
 from .result import LOST, OK, CellResult
+from .runfunction import CALL_CELL, call_names
 from .spec import ClusterSpec, check_seconds, check_seed
 from .verdict import explain
 from .workdir import for_spec

@@ -11,7 +11,7 @@ import enum
 import functools
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,7 +223,7 @@ class RankTiming:
 
     rank: int
     node: int
-    status: str
+    status: RankStatus
     cell_s: float | None = None
     collective: str = ""
     entered_s: float | None = None
@@ -398,11 +398,26 @@ class RankError:
     def line(self) -> str:
         return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
 
+    @classmethod
+    def raised(
+        cls, exc: BaseException, traceback: Iterable[str], secondary: bool = False
+    ) -> RankError:
+        """What a rank's cell raised, with its traceback as the rank formatted it."""
+        return cls(type(exc).__name__, str(exc), tuple(traceback), secondary)
+
+    @classmethod
+    def lost(cls, reason: str, tail: Iterable[str] = (), crash: Iterable[str] = ()) -> RankError:
+        """A rank process that ended without a reply: how it ended (``reason``), its last
+        output lines and, from a fatal signal, where it crashed."""
+        last = tuple(tail)
+        return cls("RankLost", reason, (*(("last lines:", *last) if last else ()), *crash))
+
 
 @_event
 @dataclass(frozen=True)
 class RankReply:
-    """One rank's outcome of a cell or a script, as its node agent reports it."""
+    """One rank's outcome of a cell (its process sends it: ``rankwire.py``) or a script (its
+    node agent judges it: ``node/script.py``)."""
 
     rank: int
     #: ``RankStatus.OK | ERROR | INTERRUPTED | LOST``
@@ -426,11 +441,6 @@ class RankReply:
     checkpoint: str = ""
     checkpoint_after_s: float | None = None
 
-    @classmethod
-    def of(cls, reply: dict[str, Any]) -> RankReply:
-        """From the dict a rank process (or a script's handle) reports."""
-        return _build(cls, reply)
-
 
 @_event
 @dataclass(frozen=True)
@@ -444,12 +454,7 @@ class NodeReply:
 
     @property
     def failed(self) -> bool:
-        return any(r.status != "ok" for r in self.ranks)
-
-    @classmethod
-    def build(cls, node: int, seq: int, ranks: list[dict[str, Any]]) -> NodeReply:
-        """From the ranks' own reports (dicts from their processes)."""
-        return cls(node, seq, tuple(RankReply.of(r) for r in ranks))
+        return any(r.status != RankStatus.OK for r in self.ranks)
 
     def packed(self) -> bytes:
         """What the agent returns to the kernel: the reply pickled once, as it is. Dask sizes
@@ -496,6 +501,7 @@ _ENUMS: dict[type, dict[str, type[enum.Enum]]] = {
     GangState: {"state": GangStatus},
     RankState: {"state": RankStatus},
     RankReply: {"status": RankStatus},
+    RankTiming: {"status": RankStatus},
     Preemption: {"cause": PreemptCause},
 }
 

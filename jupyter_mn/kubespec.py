@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
-from .values import check_names, env_value, is_number, options_from_environ
+from .specvalues import check_names, env_value, is_number, options_from_environ
 
 GANG_POLICIES = ("auto", "kueue", "volcano", "coscheduling", "native", "none")
 ENV_PREFIX = "JUPYTER_MN_K8S_"

@@ -230,7 +230,7 @@ class ClusterMagics(Magics):
         """``%cluster launch [flags --] train(cfg, lr=0.1)``: an existing function on every rank;
         the arguments are evaluated in the notebook."""
         from . import cluster
-        from .launcher import parse_call
+        from .runfunction import parse_call
 
         fn, fargs, fkwargs = parse_call(args.command, self.shell.user_ns)
         return cluster.session(self.spec_from(args)).launch(fn, *fargs, **fkwargs)
@@ -284,6 +284,6 @@ def load_ipython_extension(ipython: Any) -> None:
     if getattr(ipython, "kernel", None) is not None:
         import ipywidgets  # noqa: F401  (registers the comm a widget frontend opens on connect)
 
-        from .shutdown import close_gangs_first
+        from .kernelshutdown import close_gangs_first
 
         close_gangs_first(ipython.kernel)

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .node.nccl import NcclLog
+from .node.nccllog import NcclLog
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -136,12 +136,12 @@ class JobRecord:
 
     def _ranks_up(self) -> None:
         for info in self.gang.ranks:
-            node = self.model.nodes[info["rank"] // self.model.gpus]
-            node.host = info.get("host", "")
-            gpu = info["device"].startswith("cuda")
-            node.transport = f"{info['backend']} ({'GPU' if gpu else 'CPU'})"
-            if info.get("pid") and info["pid"] not in node.pids:
-                node.pids.append(info["pid"])
+            node = self.model.nodes[info.rank // self.model.gpus]
+            node.host = info.host
+            gpu = info.device.startswith("cuda")
+            node.transport = f"{info.backend} ({'GPU' if gpu else 'CPU'})"
+            if info.pid and info.pid not in node.pids:
+                node.pids.append(info.pid)
 
     def save(self) -> None:
         self.model.heartbeat = time.time()

@@ -22,7 +22,7 @@ class RankOutcome:
     rank: int
     node: int
     local_rank: int
-    status: str
+    status: RankStatus
     duration: float | None = None
     error: RankError | None = None
     #: Wall-clock time the rank finished (``time.time()``), to order failures across ranks.
@@ -172,5 +172,5 @@ def _ranks(outcomes: list[RankOutcome]) -> str:
     return f"{'rank' if len(outcomes) == 1 else 'ranks'} {numbers}"
 
 
-def _verb(status: str) -> str:
+def _verb(status: RankStatus) -> str:
     return {LOST: "was lost:", INTERRUPTED: "was interrupted:"}.get(status, "raised")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
-from .values import check_names, is_number, options_from_environ
+from .specvalues import check_names, is_number, options_from_environ
 
 ENV_PREFIX = "JUPYTER_MN_SLURM_"
 #: argparse destinations of the Slurm flags are ``slurm_<field>``.

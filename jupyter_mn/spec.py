@@ -26,7 +26,7 @@ from .kubespec import from_environ as kube_from_environ
 from .names import name_problem
 from .slurmspec import SlurmOptions
 from .slurmspec import from_environ as slurm_from_environ
-from .values import is_number
+from .specvalues import is_number
 
 BACKENDS = ("local", "dask", "kubernetes", "slurm")
 #: spec fields that hold a backend's options (merged across layers, read from their own env)

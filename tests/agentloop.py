@@ -1,5 +1,5 @@
 """A node agent's side, for tests of what runs on its loop (pipes, rank handles): the loop, on a
-thread of its own, and a recorder of what they hand the agent (``node/link.py``)."""
+thread of its own, and a recorder of what they hand the agent (``node/nodelink.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from jupyter_mn.events import DisplayOutput
 
 T = TypeVar("T")
 
@@ -37,7 +39,7 @@ class Recorder:
         self.partials.append((stream, text))
         self.changed.set()
 
-    def display(self, rank: int, output: dict[str, Any]) -> None:
+    def display(self, rank: int, output: DisplayOutput) -> None:
         raise AssertionError("no test here displays anything")
 
     def rank_state(self, rank: int, state: str, detail: str = "", **_: Any) -> None:

@@ -18,6 +18,7 @@ for peers, so a failure has no secondary errors.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import linecache
 import os
 import pickle
@@ -32,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_mn.collectives import RankWhere, WhereRequest
+from jupyter_mn.events import RankError, RankReply, RankStatus
 from jupyter_mn.rank.env import CONTROL_FD, STACKS_FD
 from jupyter_mn.rank.parent import exit_with_parent
 from jupyter_mn.rank.sync import flush_output
+from jupyter_mn.rankwire import RankReady, Reform, Reformed, RunCell, Stop
 
 BACKEND = "stand-in"
 
@@ -101,12 +104,12 @@ def _dumps(value: Any, notes: list[str], what: str) -> bytes | None:
         return None
 
 
-def run(payload: Any, ns: dict[str, Any], cell: _Cell, held: dict[str, bytes]) -> dict[str, Any]:
+def run(payload: Any, ns: dict[str, Any], cell: _Cell, held: dict[str, bytes]) -> RankReply:
     """One cell; the reply has the fields ``rank/execute.py`` sends."""
     rank = ns["rank"]
     started = time.perf_counter()
     cell.started_ns, cell.collective = time.time_ns(), None
-    value, error, status = None, None, "ok"
+    value, error, status = None, None, RankStatus.OK
     try:
         for captured in payload.names:
             if captured.data is not None:
@@ -121,44 +124,44 @@ def run(payload: Any, ns: dict[str, Any], cell: _Cell, held: dict[str, bytes]) -
         finally:
             cell.active = False
     except BaseException as exc:
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-        frames = traceback.extract_tb(exc.__traceback__)
-        error = {
-            "ename": type(exc).__name__,
-            "evalue": str(exc),
-            "traceback": [*_cell_lines(list(frames)), f"{type(exc).__name__}: {exc}"],
-            "secondary": False,
-        }
-    reply: dict[str, Any] = {
-        "op": "done",
-        "rank": rank,
-        "duration": time.perf_counter() - started,
-        "collective": cell.collective,
-        "status": status,
-        "error": error,
-        "finished_at": time.time(),
-    }
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = RankStatus.INTERRUPTED if interrupted else RankStatus.ERROR
+        frames = list(traceback.extract_tb(exc.__traceback__))
+        error = RankError.raised(exc, [*_cell_lines(frames), f"{type(exc).__name__}: {exc}"])
+    reply = RankReply(
+        rank, status, time.perf_counter() - started, error, time.time(), cell.collective
+    )
     if error is None and (rank == 0 or payload.return_all):
-        notes: list[str] = []
-        data = _dumps(value, notes, f"rank {rank}'s value") if value is not None else None
-        reply.update(value=data, value_repr=None if data or value is None else repr(value))
-        if rank == 0:
-            pulled = {}
-            for name in payload.pull:
-                if name not in ns:
-                    notes.append(f"--pull {name}: not defined on rank 0")
-                elif (data := _dumps(ns[name], notes, f"--pull {name}")) is not None:
-                    pulled[name] = data
-            reply.update(displays=[], pulled=pulled)
-        reply["notes"] = notes
+        return _with_outputs(reply, value, payload, ns)
     return reply
+
+
+def _with_outputs(reply: RankReply, value: Any, payload: Any, ns: dict[str, Any]) -> RankReply:
+    """``reply`` with the cell's value (and on rank 0 its pulled names), as ``execute.py``'s."""
+    rank, notes = reply.rank, []
+    data = _dumps(value, notes, f"rank {rank}'s value") if value is not None else None
+    value_repr = None if data or value is None else repr(value)
+    pulled = {}
+    if rank == 0:
+        for name in payload.pull:
+            if name not in ns:
+                notes.append(f"--pull {name}: not defined on rank 0")
+            elif (blob := _dumps(ns[name], notes, f"--pull {name}")) is not None:
+                pulled[name] = blob
+    return dataclasses.replace(
+        reply,
+        value=data,
+        value_repr=value_repr,
+        pulled=pulled if rank == 0 else None,
+        notes=tuple(notes),
+    )
 
 
 def main() -> None:
     conn = Connection(int(os.environ[CONTROL_FD]))
     lock = threading.Lock()
 
-    def send(msg: dict[str, Any]) -> None:
+    def send(msg: Any) -> None:
         with lock:
             conn.send(msg)
 
@@ -190,21 +193,23 @@ def main() -> None:
 
     threading.Thread(target=answer_stacks, name="standin-stacks", daemon=True).start()
     host = socket.gethostname()
-    send({"op": "ready", "pid": os.getpid(), "device": "cpu", "backend": BACKEND, "host": host})
+    rank = ns["rank"]
+    send(RankReady(rank, ns["local_rank"], os.getpid(), "cpu", BACKEND, host))
     held: dict[str, bytes] = {}
     while True:
         try:
-            msg = pickle.loads(conn.recv_bytes())  # a CellPayload: a leaf, no torch, no IPython
+            msg = pickle.loads(conn.recv_bytes())  # rankwire's leaves: no torch, no IPython
         except (EOFError, OSError):
             break
-        if msg["op"] == "run":
-            reply = run(msg["payload"], ns, cell, held)
-            flush_output()  # as a real rank: into the pipes before the reply
-            send(reply)
-        elif msg["op"] == "reinit":
-            send({"op": "reinit", "ok": True})
-        elif msg["op"] == "stop":
-            break
+        match msg:
+            case RunCell(payload=payload):
+                reply = run(payload, ns, cell, held)
+                flush_output()  # as a real rank: into the pipes before the reply
+                send(reply)
+            case Reform():
+                send(Reformed(rank, True))
+            case Stop():
+                break
     flush_output()
     os._exit(0)
 

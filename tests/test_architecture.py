@@ -21,6 +21,16 @@ package's ``__init__`` that runs because a submodule is imported is not counted 
      module's. A private of another library (a dask scheduler's ``_broker``) is not ours to
      judge, nor is anything reached from an import from outside ``jupyter_mn`` (``os._exit``,
      ``t = multiprocessing.resource_tracker; t._stop``).
+4. Messages are types, not tagged dicts: no dict literal with an ``"op"`` key (``{"op": …}``,
+   ``dict(op=…)``) and no ``x["op"]`` anywhere in ``jupyter_mn`` or the stand-in rank (the agent
+   ↔ rank wire is ``rankwire.py``'s frozen dataclasses).
+5. No class over ``MAX_CLASS_LINES`` lines in ``jupyter_mn`` (from ``class`` to its last line),
+   except those in ``OVERSIZED``, which must shrink below it and leave the list; no function
+   over ``MAX_FUNCTION_LINES`` in the node and rank sides, except those in ``OVERLONG``.
+
+Besides the source, what crosses processes pickled is checked: the modules that unpickling each
+message imports are ones its receiving side may import (``SHARED``, and the rank or node side's
+own packages).
 """
 
 from __future__ import annotations
@@ -34,18 +44,29 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_mn.events import RankStatus
+
 ROOT = Path(__file__).resolve().parent.parent
 #: What the node and rank sides may import besides their own packages.
 SHARED = (
     "jupyter_mn.collectives",
     "jupyter_mn.events",
     "jupyter_mn.errors",
-    "jupyter_mn.launch",
+    "jupyter_mn.launchspec",
     "jupyter_mn.payload",
     "jupyter_mn.manifest",
     "jupyter_mn.version",
     "jupyter_mn.debugwire",
+    "jupyter_mn.rankwire",
 )
+#: The longest a class of ``jupyter_mn`` may be, in lines.
+MAX_CLASS_LINES = 250
+#: Classes known to be longer (module.Class), each to be split and then removed from here.
+OVERSIZED = frozenset({"jupyter_mn.cluster.Cluster", "jupyter_mn.gang.base.Gang"})
+#: The longest a function of the node and rank sides may be, in lines ("about 50").
+MAX_FUNCTION_LINES = 55
+#: Functions known to be longer (module.function), each to be split and then removed from here.
+OVERLONG = frozenset({"jupyter_mn.rank.env.rank_env"})
 #: Each side, and the packages it may import.
 SIDES = {
     "jupyter_mn.node": ("jupyter_mn.node", "jupyter_mn.rank"),
@@ -330,6 +351,50 @@ def private_uses(scans: list[ModuleScan]) -> list[str]:
     return found
 
 
+def op_dicts(root: Path, package: str) -> list[str]:
+    """Every dict built or read with an ``"op"`` key: the tagged messages ``rankwire`` replaced."""
+    return [line for path in discover(root, package).values() for line in op_dicts_in(root, path)]
+
+
+def op_dicts_in(root: Path, path: Path) -> list[str]:
+    """``op_dicts`` of one file, in line order."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Dict | ast.MatchMapping) and any(_is_op(k) for k in node.keys):
+            found.append((node.lineno, 'a dict with an "op" key'))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "dict"
+            and any(k.arg == "op" for k in node.keywords)
+        ):
+            found.append((node.lineno, "dict(op=…)"))
+        elif isinstance(node, ast.Subscript) and _is_op(node.slice):
+            found.append((node.lineno, ast.unparse(node)))
+    file = path.relative_to(root).as_posix()
+    return [f"{file}:{line}: {what}" for line, what in sorted(found)]
+
+
+def _is_op(node: ast.expr | None) -> bool:
+    """``"op"``, as a dict's key, a subscript or a key of a ``case {"op": …}`` pattern."""
+    return isinstance(node, ast.Constant) and node.value == "op"
+
+
+def long_definitions(
+    root: Path, package: str, kinds: tuple[type, ...], limit: int
+) -> dict[str, int]:
+    """``{module.name: lines}`` of the definitions of ``kinds`` (``ast.ClassDef``,
+    ``ast.FunctionDef``…) longer than ``limit`` lines, methods named by their own name."""
+    found = {}
+    for name, path in discover(root, package).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, kinds):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    found[f"{name}.{node.name}"] = lines
+    return found
+
+
 @pytest.fixture(scope="module")
 def package() -> list[ModuleScan]:
     return scan(ROOT, "jupyter_mn")
@@ -361,7 +426,7 @@ def sent_to_the_nodes() -> list[object]:
     payload with a captured name, and a launch with a script."""
     from jupyter_mn.cell import Shipper, compile_cell
     from jupyter_mn.gang import make_gang
-    from jupyter_mn.launch import Script
+    from jupyter_mn.launchspec import Script
     from jupyter_mn.payload import CellPayload
     from jupyter_mn.spec import ClusterSpec
 
@@ -379,6 +444,112 @@ def test_what_the_kernel_pickles_to_the_nodes_is_defined_where_they_may_import(m
     modules = pickled_modules(message)
     assert modules, "the sample names a class of ours"
     assert modules <= set(SHARED), f"the nodes would import {sorted(modules - set(SHARED))}"
+
+
+def between_agent_and_rank() -> list[tuple[object, str]]:
+    """Every message on a rank's control and stacks sockets, with the side that unpickles it."""
+    from jupyter_mn.collectives import AbortRequest, RankWhere, WhereRequest
+    from jupyter_mn.events import DisplayOutput, PreemptCause, Preemption, RankError, RankReply
+    from jupyter_mn.payload import CellPayload
+    from jupyter_mn.rankwire import (
+        LeaveGroup,
+        RankReady,
+        Reform,
+        Reformed,
+        RunCell,
+        StartFailed,
+        Stop,
+    )
+
+    rank, node = "jupyter_mn.rank", "jupyter_mn.node"
+    error = RankError.raised(ValueError("x"), ["Cell In[1], line 1"])
+    return [
+        (RunCell(CellPayload("x + 1", 1)), rank),
+        (LeaveGroup(1), rank),
+        (Reform(2, reconnect=True), rank),
+        (Stop(), rank),
+        (WhereRequest(True), rank),
+        (AbortRequest(1), rank),
+        (Preemption(0, PreemptCause.SIGNAL, 0.0), rank),
+        (RankReady(0, 0, 1, "cpu", "gloo", "h"), node),
+        (StartFailed("E: x"), node),
+        (Reformed(0, False, "E: x"), node),
+        (DisplayOutput("display", {"text/plain": "1"}), node),
+        (RankReply(0, RankStatus.ERROR, 0.1, error), node),
+        (RankWhere(0, 0, True, ("Cell In[1], line 1",)), node),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("message", "side"), between_agent_and_rank(), ids=lambda m: type(m).__name__
+)
+def test_what_the_agent_and_its_ranks_pickle_is_defined_where_the_receiver_may_import(
+    message, side
+):
+    allowed = {*SHARED, *SIDES[side]}
+    modules = pickled_modules(message)
+    assert modules, "the sample names a class of ours"
+    outside = sorted(m for m in modules if not any(within(m, ok) for ok in allowed))
+    assert not outside, f"the {side} side would import {outside}"
+
+
+def test_every_message_of_the_rank_wire_has_a_sample_above():
+    import dataclasses
+
+    import jupyter_mn.rankwire as wire
+
+    defined = {
+        cls
+        for cls in vars(wire).values()
+        if dataclasses.is_dataclass(cls) and cls.__module__ == wire.__name__
+    }
+    sampled = {type(message) for message, _ in between_agent_and_rank()}
+    assert defined <= sampled, f"no sample of {sorted(c.__name__ for c in defined - sampled)}"
+
+
+def test_no_message_is_a_dict_tagged_with_op():
+    """In the package, and in the stand-in rank that speaks its wire (``tests/standin_rank.py``)."""
+    offenders = op_dicts(ROOT, "jupyter_mn") + op_dicts_in(ROOT, ROOT / "tests" / "standin_rank.py")
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    ("package", "kinds", "limit", "known"),
+    [
+        ("jupyter_mn", (ast.ClassDef,), MAX_CLASS_LINES, OVERSIZED),
+        *(
+            (side, (ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES, OVERLONG)
+            for side in SIDES
+        ),
+    ],
+    ids=["classes", "node functions", "rank functions"],
+)
+def test_no_definition_is_over_the_limit_but_those_known(package, kinds, limit, known):
+    long = long_definitions(ROOT, package.replace(".", "/"), kinds, limit)
+    new = {name: lines for name, lines in long.items() if name not in known}
+    assert not new, f"over {limit} lines: {new}"
+    mine = {name for name in known if within(name, package)}
+    shrunk = sorted(mine - set(long))
+    assert not shrunk, f"no longer over {limit} lines, drop from the known list: {shrunk}"
+
+
+def test_the_op_and_class_checks_see_offenders(tmp_path):
+    files = {
+        "__init__.py": "",
+        "a.py": 'def f(m):\n    return {"op": "run"}, dict(op="x"), m["op"], {"kind": 1}\n'
+        'match 1:\n    case {"op": "stop"}:\n        pass\n',
+        "b.py": "class Big:\n" + "    x = 1\n" * 5 + "class Small:\n    y = 2\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    assert op_dicts(tmp_path, "pkg") == [
+        'pkg/a.py:2: a dict with an "op" key',
+        "pkg/a.py:2: dict(op=…)",
+        "pkg/a.py:2: m['op']",
+        'pkg/a.py:4: a dict with an "op" key',
+    ]
+    assert long_definitions(tmp_path, "pkg", (ast.ClassDef,), 5) == {"pkg.b.Big": 6}
 
 
 def test_the_pickle_check_sees_a_kernel_side_class():

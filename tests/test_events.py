@@ -13,6 +13,7 @@ from jupyter_mn.events import (
     GangStatus,
     NodeReply,
     RankError,
+    RankReply,
     RankState,
     RankStatus,
     from_msg,
@@ -22,13 +23,9 @@ from jupyter_mn.gang.base import rendezvous_cause
 
 
 def test_a_packed_node_reply_reads_back_as_it_was_sent():
-    failed = {
-        "rank": 7,
-        "status": "error",
-        "error": {"ename": "E", "evalue": "v", "traceback": ["a", "b"]},
-    }
-    ok = {"rank": 6, "status": "ok", "duration": 0.5, "value": b"x", "notes": ["n"]}
-    reply = NodeReply.build(3, 17, [ok, failed])
+    failed = RankReply(7, RankStatus.ERROR, error=RankError("E", "v", ("a", "b")))
+    ok = RankReply(6, RankStatus.OK, 0.5, value=b"x", notes=("n",))
+    reply = NodeReply(3, 17, (ok, failed))
     again = NodeReply.of(reply.packed())
     assert again == reply
     assert again.ranks[1].error == RankError("E", "v", ("a", "b"))

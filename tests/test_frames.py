@@ -5,7 +5,11 @@ from __future__ import annotations
 import socket
 from multiprocessing.connection import Connection
 
+from jupyter_mn.events import DisplayOutput, RankReply, RankStatus
 from jupyter_mn.node.frames import Frames, Undecodable
+from jupyter_mn.rankwire import RankReady, Reformed
+
+OK = RankReply(0, RankStatus.OK)
 
 
 def _fail() -> None:
@@ -33,14 +37,18 @@ def _wire(*messages: object) -> bytes:
 
 
 def test_a_message_that_does_not_unpickle_is_said_and_the_next_one_still_arrives():
-    data = _wire({"op": "display", "data": {"x": Boom()}}, {"op": "done", "ok": True})
+    data = _wire(DisplayOutput("display", {"x": Boom()}), OK)
     bad, reply = Frames().feed(data)
     assert isinstance(bad, Undecodable) and "no such class here" in bad.error
-    assert reply == {"op": "done", "ok": True}
+    assert reply == OK
 
 
 def test_messages_split_anywhere_come_out_whole_and_in_order():
-    messages = [{"op": "ready", "pid": 1}, {"op": "done", "value": b"x" * 70_000}, {"op": "exit"}]
+    messages = [
+        RankReady(0, 0, 1, "cpu", "gloo", "h"),
+        RankReply(0, RankStatus.OK, value=b"x" * 70_000),
+        Reformed(0, True),
+    ]
     data = _wire(*messages)
     for size in (1, 3, 4, 5, 4096, len(data)):
         frames, got = Frames(), []
@@ -50,7 +58,7 @@ def test_messages_split_anywhere_come_out_whole_and_in_order():
 
 
 def test_an_incomplete_message_waits_for_the_rest():
-    data = _wire({"op": "done"})
+    data = _wire(OK)
     frames = Frames()
     assert frames.feed(data[:-1]) == []
-    assert frames.feed(data[-1:]) == [{"op": "done"}]
+    assert frames.feed(data[-1:]) == [OK]

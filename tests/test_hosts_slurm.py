@@ -28,8 +28,8 @@ from jupyter_mn.errors import Preempted, SchedulingError
 from jupyter_mn.events import NodesWaiting
 from jupyter_mn.gang.slurm import commands
 from jupyter_mn.gang.slurm.provision import dry_run, output_dir
-from jupyter_mn.gang.slurm.script import STEP_MODULE
-from jupyter_mn.reaper import collect
+from jupyter_mn.gang.slurm.sbatch import STEP_MODULE
+from jupyter_mn.gc import collect
 from jupyter_mn.registry import ORPHAN_AFTER_S, Registry
 from jupyter_mn.slurmspec import SlurmOptions
 from jupyter_mn.spec import ClusterSpec

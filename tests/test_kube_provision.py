@@ -22,8 +22,8 @@ from jupyter_mn.events import NodesWaiting
 from jupyter_mn.gang.base import Gang
 from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX, GANG_LABEL, NAME_KEY
 from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
+from jupyter_mn.gc import collect as reap
 from jupyter_mn.kubespec import KubeOptions
-from jupyter_mn.reaper import collect as reap
 from jupyter_mn.registry import ORPHANED, JobModel, NodeModel, Registry
 from jupyter_mn.spec import ClusterSpec
 

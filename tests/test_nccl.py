@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_mn.gang.transport import violation
-from jupyter_mn.node.nccl import NcclLog, normalize_path
+from jupyter_mn.node.nccllog import NcclLog, normalize_path
 from jupyter_mn.views.glance import transport_badges
 from jupyter_mn.views.summary import evidence
 

@@ -26,7 +26,7 @@ from jupyter_mn.events import (
     Stacks,
     TransportReport,
 )
-from jupyter_mn.node.nccl import NcclLog
+from jupyter_mn.node.nccllog import NcclLog
 from jupyter_mn.spec import ClusterSpec
 from jupyter_mn.views import TextView, View, make_view, widgets_rendered
 from jupyter_mn.views.state import TAIL_LINES

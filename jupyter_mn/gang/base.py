@@ -24,8 +24,9 @@ from ..errors import (
     SchedulingError,
 )
 from ..events import GangState, Note, OnEvent, Preemption, RankState, RankStatus, from_msg
-from ..launch import Launch, Script
+from ..launchspec import Launch, Script
 from ..names import gang_id
+from ..rankwire import RankReady
 from ..spec import ClusterSpec
 from ..workdir import Selection
 from .cellstream import CellStream
@@ -75,7 +76,7 @@ class Gang:
         self.topic, self.exec_topic = topics(self.id)
         self.status = GangStatus.PENDING
         self.detail = ""
-        self.ranks: list[dict[str, Any]] = []
+        self.ranks: list[RankReady] = []
         self.started_at = time.time()
         self._client: Any = None
         #: worker addresses, their hosts, and (address, port) of the master, in node order
@@ -172,9 +173,7 @@ class Gang:
         """``"cuda (nccl)"`` or ``"cpu (gloo)"``, from what the ranks reported."""
         if not self.ranks:
             return "unknown"
-        kinds = {
-            ("cuda" if r["device"].startswith("cuda") else "cpu", r["backend"]) for r in self.ranks
-        }
+        kinds = {("cuda" if r.device.startswith("cuda") else "cpu", r.backend) for r in self.ranks}
         return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
 
     # ---- lifecycle
@@ -266,7 +265,7 @@ class Gang:
         if rest:
             self.call_each(lambda node, agent: agent.run(payload, run_id), rest)
 
-    def _start_ranks(self) -> list[dict[str, Any]]:
+    def _start_ranks(self) -> list[RankReady]:
         # A port picked now, not before the preflight: the fewer seconds between choosing it and
         # rank 0 listening on it, the less chance another socket takes it meanwhile.
         self.master = tuple(self._agents[0].endpoint().result())

@@ -47,9 +47,7 @@ def reform(gang: Gang, restart: set[int], if_dead: bool = False) -> set[int]:
         for node in range(gang.nodes)
     }
     replies = _answers(calls, deadline)
-    problems = [
-        f"rank {r['rank']}: {r.get('error')}" for rs in replies.values() for r in rs if not r["ok"]
-    ]
+    problems = [f"rank {r.rank}: {r.error}" for rs in replies.values() for r in rs if not r.ok]
     if problems:
         raise RendezvousError("; ".join(problems[:3]))
     return restarted

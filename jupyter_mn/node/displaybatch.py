@@ -1,7 +1,7 @@
 """A rank's display calls waiting to go out, compacted: what a later call makes moot is dropped.
 
 A loss plot redrawn every step (``clear_output(wait=True)`` then ``display(fig)``) makes many
-frames a second, each tens of KB; the agent sends at a bounded rate (``agent.py``), so only the
+frames a second, each tens of KB; the agent sends at a bounded rate (``output.py``), so only the
 newest frame of a batch is worth sending: a ``clear`` drops everything before it, an ``update``
 replaces the data of earlier outputs with its id.
 """

@@ -11,9 +11,12 @@ would have hidden the cell's reply for good.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import pickle
 import struct
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 _SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
@@ -68,3 +71,15 @@ def encode(message: Any) -> bytes:
     if len(data) < 2**31:
         return _SHORT.pack(len(data)) + data
     return _SHORT.pack(-1) + _LONG.pack(len(data)) + data
+
+
+def read_ready(loop: asyncio.AbstractEventLoop, conn: Connection) -> bytes:
+    """What ``conn`` has, when ``loop`` found it readable (one read does not block); at EOF
+    b"", and ``loop`` stops watching it."""
+    try:
+        data = os.read(conn.fileno(), 65536)
+    except OSError:
+        data = b""
+    if not data:
+        loop.remove_reader(conn.fileno())
+    return data

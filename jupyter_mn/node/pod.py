@@ -144,17 +144,8 @@ async def serve_node(
     loop = asyncio.get_running_loop()
     with dask.config.set(DASK_CONFIG):
         sched = None
-        if node == 0:  # all interfaces: a port-forward arrives on the pod's loopback
-            guard = OrphanGuard(orphan_timeout, connect_timeout)
-            sched = await Scheduler(
-                host="0.0.0.0",
-                port=port,
-                protocol="tls",
-                security=security,
-                dashboard=False,
-                dashboard_address=_HTTP,
-                plugins=[guard],
-            )
+        if node == 0:
+            sched = await _scheduler(port, security, OrphanGuard(orphan_timeout, connect_timeout))
         worker = await Worker(
             scheduler,
             name=str(node),
@@ -184,6 +175,20 @@ async def serve_node(
                 ready.close()
             if sched is not None:
                 await sched.close(reason="jupyter-mn: node stopping")
+
+
+async def _scheduler(port: int, security: Security, guard: OrphanGuard) -> Scheduler:
+    """Node 0's TLS scheduler, on all interfaces: a port-forward arrives on the pod's
+    loopback."""
+    return await Scheduler(
+        host="0.0.0.0",
+        port=port,
+        protocol="tls",
+        security=security,
+        dashboard=False,
+        dashboard_address=_HTTP,
+        plugins=[guard],
+    )
 
 
 async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import pickle
 import shlex
@@ -25,20 +24,21 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-import psutil
-
-from ..collectives import AbortRequest, RankWhere, WhereRequest
+from ..collectives import RankWhere
 from ..debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..errors import RendezvousError
-from ..events import Preemption, RankStatus
+from ..events import DisplayOutput, RankError, RankReply, RankStatus
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
-from .frames import Frames, Undecodable
-from .link import NodeLink
+from ..rankwire import RankReady, Reformed, StartFailed, Stop
+from .exits import describe_exit
+from .frames import Frames, Undecodable, read_ready
+from .nodelink import NodeLink
+from .pdbrelay import PdbRelay
 from .pipes import PipeReader
+from .rankstacks import RankStacks
 
 STOP_GRACE_S = 3.0
-_STACKS_WAIT_S = 1.0
 _SESSION_GRACE_S = 1.0
 #: Messages up to this size are written from the event loop (the socket buffer holds them).
 _INLINE_SEND = 64 * 1024
@@ -67,42 +67,6 @@ def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
     return argv
 
 
-_STOPPED = "no answer: its process is stopped (SIGSTOP or a debugger)"
-
-
-def _status(pid: int) -> str:
-    try:
-        return psutil.Process(pid).status()
-    except psutil.Error:
-        return ""
-
-
-def _stopped(pid: int) -> bool:
-    """A stopped process cannot answer: asking it would only cost the wait."""
-    return _status(pid) in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-
-
-def _silent(pid: int) -> str:
-    """Why a live rank does not answer: its process is stopped (SIGSTOP, a debugger), waits on
-    the disk, or runs native code that holds the GIL."""
-    if _stopped(pid):
-        return _STOPPED
-    if _status(pid) == psutil.STATUS_DISK_SLEEP:
-        return "no answer: its process waits on the disk (uninterruptible)"
-    return "no answer (native code holding the GIL?)"
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 def start_in_session(
     argv: list[str], env: dict[str, str], cwd: str | None, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[bytes]:
@@ -126,7 +90,8 @@ def signal_session(pid: int, signum: int) -> None:
 
 
 def pack(msg: Any) -> bytes:
-    """A message to a rank as its control socket carries it (``Connection.recv`` unpickles)."""
+    """A message to a rank (``rankwire.py``) as its control socket carries it
+    (``Connection.recv`` unpickles)."""
     return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -149,16 +114,14 @@ class RankHandle:
         self.local_rank = local_rank
         self.rank = rank
         self.pipes = PipeReader(agent, rank)
-        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.stack_replies: asyncio.Queue[RankWhere] = asyncio.Queue()
-        #: what the rank's pdb said that no kernel call waited for (a breakpoint's first prompt)
-        self._debug_pending: deque[DebugAnswer] = deque()
-        #: the kernel call waiting for the pdb's next answer (``debug``)
-        self._debug_waiter: asyncio.Future[DebugAnswer] | None = None
+        #: what the rank said that nobody expects at once (``ready``, ``reformed``); None: the
+        #: control socket ended
+        self.messages: asyncio.Queue[Any] = asyncio.Queue()
+        self.pdb = PdbRelay(rank, lambda where: agent.paused(rank, self.running or 0, where))
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
         #: who takes this rank's next cell replies, oldest first (``expect``)
-        self._expecting: deque[Callable[[dict[str, Any]], None]] = deque()
+        self._expecting: deque[Callable[[RankReply], None]] = deque()
         self._dead = False  # its control socket ended: no reply will come
         self._answering: asyncio.Future[None] | None = None  # "lost" to those expecting one
         #: why the agent killed it (shown with its exit status)
@@ -166,7 +129,6 @@ class RankHandle:
         self.stopping = False
         self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
-        self._where_lock = asyncio.Lock()
         self._sending: set[asyncio.Task[bool]] = set()  # sends waiting for the lock, or a thread
         parent, child = socket.socketpair()
         stacks_parent, stacks_child = socket.socketpair()
@@ -183,15 +145,13 @@ class RankHandle:
             child.close()
             stacks_child.close()
         self.conn = Connection(parent.detach())
-        self.stacks_conn = Connection(stacks_parent.detach())
+        self.stacks = RankStacks(Connection(stacks_parent.detach()), self.proc, agent.node, rank)
         self.pipes.start(self.proc)
         self._frames = Frames()
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.conn.fileno(), self._read_control)
-        self._stack_frames = Frames()
-        self._loop.add_reader(self.stacks_conn.fileno(), self._read_stacks)
 
-    def expect(self, run_id: int, on_reply: Callable[[dict[str, Any]], None]) -> None:
+    def expect(self, run_id: int, on_reply: Callable[[RankReply], None]) -> None:
         """Run ``run_id`` is being sent: the rank is busy until its reply, which goes to
         ``on_reply`` straight from the loop's read of the control socket (a task waiting for it
         would cost the reply a loop turn or two), or a "lost" outcome if the rank dies first."""
@@ -200,76 +160,39 @@ class RankHandle:
         if self._dead:
             self._answer_lost()
 
-    # ---- event loop: the control or stacks socket is readable
-    def _read(self, conn: Connection) -> bytes:
-        """What ``conn`` has (it is readable: one read does not block); at EOF b"", and the
-        loop stops watching it."""
-        try:
-            data = os.read(conn.fileno(), 65536)
-        except OSError:
-            data = b""
-        if not data:
-            self._loop.remove_reader(conn.fileno())
-        return data
-
+    # ---- event loop: the control socket is readable
     def _read_control(self) -> None:
-        if data := self._read(self.conn):
+        if data := read_ready(self._loop, self.conn):
             for msg in self._frames.feed(data):
-                if isinstance(msg, Undecodable):  # said in the rank's log, not lost silently
-                    note = f"[jupyter_mn: the agent could not read a message: {msg.error}]"
-                    self.agent.log(self.rank, "err", note)
-                    continue
-                if isinstance(msg, DebugPrompt | DebugEnded):
-                    self._debug_answer(msg)
-                    continue
-                if msg["op"] == "display":  # rank 0's display() while the cell runs
-                    self.agent.display(self.rank, msg)
-                    continue
-                if msg["op"] == "done" and self._expecting:
-                    self.running = None
-                    self._debug_over("the cell ended")
-                    self._expecting.popleft()(msg)
-                    continue
-                self.messages.put_nowait(msg)
+                self._dispatch(msg)
             return
-        self.messages.put_nowait({"op": "exit"})
-        self._debug_over(f"rank {self.rank} exited")
+        self.messages.put_nowait(None)
+        self.pdb.over(f"rank {self.rank} exited")
         self._gone()
 
-    def _debug_over(self, why: str) -> None:
-        """The cell ended or the rank exited: its pdb is gone (a pause nobody answered, or one
-        stepped past the cell's end), and a kernel call still waiting for it hears so."""
-        self._debug_pending.clear()
-        self._debug_answer(DebugEnded(self.rank, error=why))
-        self._debug_pending.clear()
-
-    def _debug_answer(self, answer: DebugAnswer) -> None:
-        """From the rank's pdb, to the kernel call waiting for it; a prompt nobody waits for is a
-        breakpoint the kernel must hear of."""
-        waiter = self._debug_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(answer)
-            return
-        self._debug_pending.append(answer)
-        if isinstance(answer, DebugPrompt):
-            self.agent.paused(self.rank, self.running or 0, answer.where)
+    def _dispatch(self, msg: Any) -> None:
+        """One message from the rank (``rankwire.py``), to whoever takes its type."""
+        match msg:
+            case Undecodable(error=error):  # said in the rank's log, not lost silently
+                note = f"[jupyter_mn: the agent could not read a message: {error}]"
+                self.agent.log(self.rank, "err", note)
+            case DebugPrompt() | DebugEnded():
+                self.pdb.answer(msg)
+            case DisplayOutput():  # rank 0's display() while the cell runs
+                self.agent.display(self.rank, msg)
+            case RankReply() if self._expecting:
+                self.running = None
+                self.pdb.over("the cell ended")
+                self._expecting.popleft()(msg)
+            case _:
+                self.messages.put_nowait(msg)
 
     async def debug(self, message: Any = None) -> DebugAnswer:
         """Send ``message`` (``DebugStart``, a ``DebugLine``, or None: a paused rank's prompt)
         to the rank's pdb and return what it says next: a prompt, or that it let go."""
         if self._dead:
             return DebugEnded(self.rank, error=f"rank {self.rank} exited")
-        if message is None and self._debug_pending:
-            return self._debug_pending.popleft()
-        self._debug_waiter = self._loop.create_future()
-        if message is not None:
-            await self.send_packed(pack(message))
-        return await self._debug_waiter
-
-    def _read_stacks(self) -> None:
-        for msg in self._stack_frames.feed(self._read(self.stacks_conn)):
-            if not isinstance(msg, Undecodable):
-                self.stack_replies.put_nowait(msg)
+        return await self.pdb.ask(message, self.send)
 
     def _gone(self) -> None:
         """The process went away: the cells waiting for its reply get a "lost" outcome (and so
@@ -292,12 +215,13 @@ class RankHandle:
             self._answering = asyncio.ensure_future(self._answer_expecting())
 
     async def _answer_expecting(self) -> None:
-        lost = await self._lost("done")
+        lost = await self._lost()
         while self._expecting:  # those that came while it was awaited too
             self._expecting.popleft()(lost)
 
     # ---- event loop side
-    async def send(self, msg: dict[str, Any]) -> bool:
+    async def send(self, msg: Any) -> bool:
+        """Send one of ``rankwire.py``'s messages; whether it went."""
         return await self.send_packed(pack(msg))
 
     def send_packed(self, data: bytes) -> asyncio.Future[bool]:
@@ -327,79 +251,38 @@ class RankHandle:
                 return self._write(data)
             return await asyncio.get_running_loop().run_in_executor(None, self._write, data)
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> RankReady:
+        """The rank joined its group; a ``RendezvousError`` saying why when it could not."""
         msg = await self.messages.get()
-        if msg["op"] == "ready":
-            return {**msg, "rank": self.rank, "local_rank": self.local_rank}
-        reason = msg.get("error") or describe_exit(await self.exit_code())
+        if isinstance(msg, RankReady):
+            return msg
+        failed = msg.error if isinstance(msg, StartFailed) else ""
+        reason = failed or describe_exit(await self.exit_code())
         started_as = f" (started as {self.command})" if self.command else ""
         raise RendezvousError(self.explain(f"failed to start{started_as}: {reason}"))
 
-    async def reply(self, op: str) -> dict[str, Any]:
-        """The next reply of kind ``op``, or a "lost" outcome when the process died first."""
+    async def reformed(self) -> Reformed:
+        """The rank's answer to a ``Reform``, or a failed one when the process died first."""
         msg = await self.messages.get()
-        return msg if msg["op"] == op else await self._lost(op)
+        if isinstance(msg, Reformed):
+            return msg
+        return Reformed(self.rank, False, f"RankLost: {self.exit_reason(await self.exit_code())}")
 
-    async def _lost(self, op: str) -> dict[str, Any]:
-        """The reply of kind ``op`` of a rank that died before it sent one."""
+    async def _lost(self) -> RankReply:
+        """The cell's reply of a rank that died before it sent one."""
         code = await self.exit_code()
         await self.pipes.drained()  # its last lines are still on their way
-        return {
-            "op": op,
-            "rank": self.rank,
-            "status": "lost",
-            "ok": False,
-            "exit_code": code,
-            "error": {
-                "ename": "RankLost",
-                "evalue": self.exit_reason(code),
-                "traceback": [
-                    *(["last lines:", *self.pipes.tail] if self.pipes.tail else []),
-                    *stacks.crash_summary(self.pipes.crash),
-                ],
-                "secondary": False,
-            },
-        }
+        crash = stacks.crash_summary(self.pipes.crash)
+        error = RankError.lost(self.exit_reason(code), self.pipes.tail, crash)
+        return RankReply(self.rank, RankStatus.LOST, error=error, exit_code=code)
 
     def exit_reason(self, code: int | None) -> str:
         why = describe_exit(code)
         return f"{why} ({self.killed_because})" if self.killed_because else why
 
     async def where(self, stack: bool = True) -> RankWhere:
-        """Where the rank is (``stack``: with its main thread's stack); when it does not answer,
-        what the agent sees of its process (exited, stopped, or native code holding the GIL).
-        One question at a time (the hang watchdog's and ``--timeout``'s may meet), so a reply
-        is never taken for another's."""
-        async with self._where_lock:
-            while not self.stack_replies.empty():  # a late answer to an earlier request
-                self.stack_replies.get_nowait()
-            busy = self.running is not None
-            if _stopped(self.proc.pid):
-                return self._unanswered(busy, _STOPPED)
-            if not self._ask(WhereRequest(stack)):
-                return self._unanswered(busy, describe_exit(self.proc.poll()))
-            try:
-                answer = await asyncio.wait_for(self.stack_replies.get(), _STACKS_WAIT_S)
-            except asyncio.TimeoutError:
-                return self._unanswered(busy, _silent(self.proc.pid))
-            return dataclasses.replace(answer, node=self.agent.node)
-
-    def abort(self, generation: int) -> None:
-        """Have the rank close its group's connections from its stacks thread (an interrupt
-        that finds it blocked in a collective: SIGINT would not get it out)."""
-        self._ask(AbortRequest(generation))
-
-    def _ask(self, request: WhereRequest | AbortRequest) -> bool:
-        if self.proc.poll() is not None:
-            return False
-        try:
-            self.stacks_conn.send(request)  # a few bytes: the socket takes them
-        except (OSError, ValueError):
-            return False
-        return True
-
-    def _unanswered(self, busy: bool, note: str) -> RankWhere:
-        return RankWhere(self.agent.node, self.rank, busy, answered=False, note=note)
+        """Where the rank is (``RankStacks.where``)."""
+        return await self.stacks.where(stack, busy=self.running is not None)
 
     async def exit_code(self) -> int | None:
         loop = asyncio.get_running_loop()
@@ -417,11 +300,6 @@ class RankHandle:
     def signal(self, signum: int) -> None:
         signal_session(self.proc.pid, signum)
 
-    def notify(self, notice: Preemption) -> None:
-        """Forward a preemption notice: the rank's stacks thread keeps it (``rank/preemption``)."""
-        with contextlib.suppress(OSError, ValueError):
-            self.stacks_conn.send(notice)
-
     def kill(self, reason: str) -> None:
         if self.proc.poll() is None:
             self.killed_because = reason
@@ -430,13 +308,13 @@ class RankHandle:
     async def stop(self) -> None:
         self.stopping = True
         if self.proc.poll() is None:
-            await self.send({"op": "stop"})
+            await self.send(Stop())
             if await self.exit_code() is None:
                 self.signal(signal.SIGKILL)
                 await self.exit_code()
         await self._session_gone()
         self.signal(signal.SIGKILL)  # children the rank left in its session (DataLoader workers)
-        for conn in (self.conn, self.stacks_conn):
+        for conn in (self.conn, self.stacks.conn):
             if not conn.closed:
                 self._loop.remove_reader(conn.fileno())  # never a closed fd on the loop
                 conn.close()

@@ -22,17 +22,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from ..events import RankStatus
-from ..launch import Launch, Script
+from ..events import RankError, RankReply, RankStatus
+from ..launchspec import Launch, Script
 from ..rank import nobreak
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
-from .link import NodeLink
+from .exits import describe_exit
 from .netif import socket_ifname
+from .nodelink import NodeLink
 from .pipes import TAIL_LINES, PipeReader
-from .process import STOP_GRACE_S, describe_exit, signal_session, start_in_session
+from .process import STOP_GRACE_S, signal_session, start_in_session
 
 ERR_TAIL_LINES = 200
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
@@ -55,7 +55,9 @@ class ScriptRank:
         self.rank = rank
         self.pipes = PipeReader(agent, rank, err_lines=ERR_TAIL_LINES)
         self.stopped_by: str = ""
-        self._outcome: dict[str, Any] | None = None
+        self._outcome: RankReply | None = None
+        self.duration: float | None = None
+        self.finished_at: float | None = None
         self.error_file = env["TORCHELASTIC_ERROR_FILE"]
         self.started = time.perf_counter()
         self.proc = start_in_session(argv, env, cwd)
@@ -72,7 +74,7 @@ class ScriptRank:
         await self.pipes.drained()  # both pipes read to the end
         return self
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> RankReply:
         """Status, exit code and error; fixed once the process has exited."""
         if self._outcome is None:
             out = self._judge()
@@ -81,36 +83,27 @@ class ScriptRank:
             self._outcome = out
         return self._outcome
 
-    def _judge(self) -> dict[str, Any]:
+    def _judge(self) -> RankReply:
         code = self.proc.returncode
-        out: dict[str, Any] = {
-            "rank": self.rank,
-            "exit_code": code,
-            "duration": getattr(self, "duration", None),
-            "finished_at": getattr(self, "finished_at", None),
-            "error": None,
-            "status": "ok",
-        }
+        status, error = self._failure(code)
+        return RankReply(self.rank, status, self.duration, error, self.finished_at, exit_code=code)
+
+    def _failure(self, code: int | None) -> tuple[RankStatus, RankError | None]:
+        """How the process ended: ok, or the status and error its exit code and output say."""
         # an uncaught exception ends in exit code 1, or in SIGABRT when gloo aborts at exit
         raised = self._raised(code) if code and (code > 0 or code == -signal.SIGABRT) else None
         if self.stopped_by:
-            out["status"] = "interrupted"
-            out["error"] = _error("Stopped", self.stopped_by, [], secondary=True)
-        elif raised:
-            out["status"] = "error"
-            out["error"] = raised
-        elif code is not None and code < 0:
-            out["status"] = "lost"
-            out["error"] = _error(
-                "RankLost", describe_exit(code), ["last lines:", *self.pipes.tail]
-            )
-        elif code:
-            out["status"] = "error"
+            return RankStatus.INTERRUPTED, RankError("Stopped", self.stopped_by, secondary=True)
+        if raised:
+            return RankStatus.ERROR, raised
+        if code is not None and code < 0:
+            return RankStatus.LOST, RankError.lost(describe_exit(code), self.pipes.tail)
+        if code:
             lines = [_RANK_PREFIX.sub("", line) for line in self.pipes.err_tail]
-            out["error"] = _from_lines(lines[-TAIL_LINES:], code, traceback=False)
-        return out
+            return RankStatus.ERROR, _from_lines(lines[-TAIL_LINES:], code, traceback=False)
+        return RankStatus.OK, None
 
-    def _raised(self, code: int) -> dict[str, Any] | None:
+    def _raised(self, code: int) -> RankError | None:
         """The script's uncaught exception: torchelastic's error file (``@record``), else stderr."""
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             message = json.loads(Path(self.error_file).read_text())["message"]
@@ -128,7 +121,7 @@ def _last_traceback(lines: list[str]) -> int | None:
     return starts[-1] if starts else None
 
 
-def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
+def _from_lines(lines: list[str], code: int, traceback: bool) -> RankError:
     """The exception a Python traceback ends with, else the exit code and the last line."""
     if traceback:  # the exception line ends the last traceback's frames; what follows came later
         start = _last_traceback(lines)
@@ -141,12 +134,7 @@ def _from_lines(lines: list[str], code: int, traceback: bool) -> dict[str, Any]:
         ename, evalue = found.group(1), f"{found.group(2) or ''} ({describe_exit(code)})".lstrip()
     else:
         ename, evalue = "ScriptExit", describe_exit(code) + (f": {last}" if last else "")
-    secondary = says_secondary(evalue)
-    return _error(ename, evalue, lines, secondary)
-
-
-def _error(ename: str, evalue: str, lines: list[str], secondary: bool = False) -> dict[str, Any]:
-    return {"ename": ename, "evalue": evalue, "traceback": lines, "secondary": secondary}
+    return RankError(ename, evalue, tuple(lines), says_secondary(evalue))
 
 
 class ScriptRun:
@@ -185,7 +173,7 @@ class ScriptRun:
             Path(path).write_bytes(script.source)
         return [path]
 
-    async def wait(self) -> list[dict[str, Any]]:
+    async def wait(self) -> list[RankReply]:
         """Until every process exits (then their outcomes); the first failure stops this node's
         others at once."""
         pending = {asyncio.ensure_future(r.finished()) for r in self.ranks}
@@ -194,9 +182,9 @@ class ScriptRun:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     r = task.result()
-                    outcome = r.outcome()
-                    if outcome["status"] not in ("ok", "interrupted"):
-                        self.agent.rank_state(r.rank, RankStatus(outcome["status"]), primary=True)
+                    status = r.outcome().status
+                    if status not in (RankStatus.OK, RankStatus.INTERRUPTED):
+                        self.agent.rank_state(r.rank, status, primary=True)
                         await self.stop(signal.SIGTERM, f"rank {r.rank} failed")
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from ..errors import TransportError
 from ..events import GpuSample, OnEvent, TransportReport
-from ..launch import Launch
+from ..launchspec import Launch
 from ..rank.flight import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess
-from .nccl import NcclLog
+from .nccllog import NcclLog
 
 SAMPLE_S = 1.0
 DEBUG_ENV = {

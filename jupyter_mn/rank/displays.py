@@ -13,6 +13,8 @@ from typing import Any
 
 from IPython.core.displaypub import CapturingDisplayPublisher
 
+from ..events import DisplayOutput
+
 #: matplotlib figures render as PNG without importing matplotlib up front (IPython's inline
 #: default, registered by type name).
 _FIGURE = ("matplotlib.figure", "Figure")
@@ -21,7 +23,7 @@ _FIGURE = ("matplotlib.figure", "Figure")
 class LiveDisplayPublisher(CapturingDisplayPublisher):
     """Captures like IPython's, and hands each call to ``send`` when one is set (rank 0)."""
 
-    send: Callable[[dict[str, Any]], None] | None = None
+    send: Callable[[DisplayOutput], None] | None = None
 
     def publish(
         self,
@@ -35,19 +37,18 @@ class LiveDisplayPublisher(CapturingDisplayPublisher):
         super().publish(data, metadata, source, transient=transient, update=update)
         if self.send is not None:
             self.send(
-                {
-                    "op": "display",
-                    "kind": "update" if update else "display",
-                    "data": data,
-                    "metadata": metadata or {},
-                    "display_id": str((transient or {}).get("display_id", "")),
-                }
+                DisplayOutput(
+                    "update" if update else "display",
+                    data,
+                    metadata or {},
+                    str((transient or {}).get("display_id", "")),
+                )
             )
 
     def clear_output(self, wait: bool = False) -> None:
         self.outputs.clear()
         if self.send is not None:
-            self.send({"op": "display", "kind": "clear", "wait": wait})
+            self.send(DisplayOutput("clear", wait=wait))
 
 
 def figures_as_png(shell: Any) -> None:

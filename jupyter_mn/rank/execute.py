@@ -8,6 +8,7 @@ notebook's own cell number.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -28,6 +29,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+from ..events import RankError, RankReply, RankStatus
 from . import preemption, stacks, timing
 from .causes import is_secondary
 from .displays import LiveDisplayPublisher, figures_as_png
@@ -234,15 +236,42 @@ def run(
     group: ProcessGroup,
     signals: CellSignals,
     debugger: RankDebugger,
-) -> dict[str, Any]:
+) -> RankReply:
     """Run one cell; return the reply the agent relays (value only from rank 0, or all ranks)."""
     shell.display_pub.outputs.clear()
     shell.last_traceback = []
     _drop_failure(shell)
     debugger.begin_cell(payload.prompts)
     started, started_ns = time.perf_counter(), time.time_ns()
-    error: dict[str, Any] | None = None
-    status = "ok"
+    reloaded, result, exc = _execute(shell, payload, info, signals, debugger)
+    shell.reloader.remember()  # before the reply: an edit made after it is seen as one
+    duration = time.perf_counter() - started
+    timed = exc is None and duration >= timing.MIN_CELL_S
+    collective = timing.last_collective(started_ns) if timed else None
+    _from_notebook.difference_update(payload.defines)  # the cell rebound them: rank state now
+    status, error, outputs = RankStatus.OK, None, _Outputs()
+    if exc is not None:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = RankStatus.INTERRUPTED if interrupted else RankStatus.ERROR
+        error = RankError.raised(exc, shell.last_traceback, is_secondary(exc))
+        _keep(shell, exc)
+        exc = result = None
+        group.destroy()
+    elif info.rank == 0 or payload.return_all:
+        outputs = _outputs(shell, result.result if result else None, payload, info)
+    if reloaded and info.rank == 0:
+        outputs.notes.insert(0, reloaded_note(reloaded))
+    return outputs.reply(info.rank, status, duration, error, collective)
+
+
+def _execute(
+    shell: RankShell,
+    payload: CellPayload,
+    info: ClusterInfo,
+    signals: CellSignals,
+    debugger: RankDebugger,
+) -> tuple[list[str], Any, BaseException | None]:
+    """The cell's run: the modules reloaded first, IPython's result, and what it raised."""
     result = None
     reloaded: list[str] = []
     try:
@@ -257,40 +286,12 @@ def run(
         finally:
             signals.active = False
             debugger.end_cell()
-        exc = result.error_before_exec or result.error_in_exec
+        return reloaded, result, result.error_before_exec or result.error_in_exec
     except KeyboardInterrupt as interrupt:
-        exc = interrupt
+        return reloaded, result, interrupt
     except Exception as failure:  # reloading an edited module, unpickling a name, seeding
-        exc = failure
         shell.last_traceback = [f"{type(failure).__name__}: {failure}"]
-    shell.reloader.remember()  # before the reply: an edit made after it is seen as one
-    duration = time.perf_counter() - started
-    timed = exc is None and duration >= timing.MIN_CELL_S
-    collective = timing.last_collective(started_ns) if timed else None
-    _from_notebook.difference_update(payload.defines)  # the cell rebound them: rank state now
-    reply: dict[str, Any] = {
-        "op": "done",
-        "rank": info.rank,
-        "duration": duration,
-        "collective": collective,
-    }
-    if exc is not None:
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-        error = {
-            "ename": type(exc).__name__,
-            "evalue": str(exc),
-            "traceback": list(shell.last_traceback),
-            "secondary": is_secondary(exc),
-        }
-        _keep(shell, exc)
-        exc = result = None
-        group.destroy()
-    elif info.rank == 0 or payload.return_all:
-        reply.update(_outputs(shell, result.result if result else None, payload, info))
-    reply.update(status=status, error=error, finished_at=time.time(), **preemption.report())
-    if reloaded and info.rank == 0:
-        reply["notes"] = [reloaded_note(reloaded), *reply.get("notes", ())]
-    return reply
+        return reloaded, result, failure
 
 
 def _keep(shell: RankShell, exc: BaseException) -> None:
@@ -314,32 +315,65 @@ def _drop_failure(shell: RankShell) -> None:
         exc.__traceback__ = None
 
 
-def _outputs(
-    shell: RankShell, value: Any, payload: CellPayload, info: ClusterInfo
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"value": None, "value_repr": None, "notes": []}
+@dataclasses.dataclass
+class _Outputs:
+    """What a cell's reply carries besides its outcome: the value (rank 0's, or every rank's),
+    and on rank 0 its displays and pulled names; notes for the user."""
+
+    value: bytes | None = None
+    value_repr: str | None = None
+    displays: tuple[dict[str, Any], ...] = ()
+    pulled: dict[str, bytes] | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def reply(
+        self,
+        rank: int,
+        status: RankStatus,
+        duration: float,
+        error: RankError | None,
+        collective: dict[str, Any] | None,
+    ) -> RankReply:
+        """The cell's reply with these outputs, finished now."""
+        return RankReply(
+            rank,
+            status,
+            duration,
+            error,
+            finished_at=time.time(),
+            collective=collective,
+            value=self.value,
+            value_repr=self.value_repr,
+            displays=self.displays,
+            pulled=self.pulled,
+            notes=tuple(self.notes),
+            **preemption.report(),
+        )
+
+
+def _outputs(shell: RankShell, value: Any, payload: CellPayload, info: ClusterInfo) -> _Outputs:
+    out = _Outputs()
     if value is not None:
         try:
-            out["value"] = dumps(value)
+            out.value = dumps(value)
         except Exception as exc:
-            out["value_repr"] = repr(value)[:10000]
-            out["notes"].append(
+            out.value_repr = repr(value)[:10000]
+            out.notes.append(
                 f"rank {info.rank}'s value of type {type(value).__name__} could not be sent "
                 f"({type(exc).__name__}: {exc}); showing its repr"
             )
     if info.rank == 0:
-        out["displays"] = [
+        out.displays = tuple(
             {"data": o["data"], "metadata": o.get("metadata") or {}}
             for o in shell.display_pub.outputs
-        ]
-        pulled = {}
+        )
+        out.pulled = {}
         for name in payload.pull:
             if name not in shell.user_ns:
-                out["notes"].append(f"--pull {name}: not defined on rank 0")
+                out.notes.append(f"--pull {name}: not defined on rank 0")
                 continue
             try:
-                pulled[name] = dumps(shell.user_ns[name])
+                out.pulled[name] = dumps(shell.user_ns[name])
             except Exception as exc:
-                out["notes"].append(f"--pull {name}: cannot be sent ({type(exc).__name__}: {exc})")
-        out["pulled"] = pulled
+                out.notes.append(f"--pull {name}: cannot be sent ({type(exc).__name__}: {exc})")
     return out

@@ -22,11 +22,12 @@ from typing import Any
 from ..collectives import AbortRequest, RankWhere
 from ..debugwire import DebugStart
 from ..events import Preemption
+from ..rankwire import LeaveGroup, RankReady, Reform, Reformed, RunCell, StartFailed, Stop
 from . import env as contract
 from . import execute, flight, preemption, stacks
 from .debugger import RankDebugger
 from .group import ProcessGroup
-from .info import cluster_info
+from .info import ClusterInfo, cluster_info
 from .parent import exit_with_parent
 from .sync import flush_output
 
@@ -96,68 +97,98 @@ def main() -> None:
     signals = execute.CellSignals()
     info = cluster_info()
     try:
-        group = ProcessGroup(info, float(os.environ.get(contract.PG_TIMEOUT, "1800")))
-        if not group.cuda:
-            os.environ.setdefault(contract.ACCELERATE_CPU, "true")
-        group.init(int(os.environ.get(contract.GENERATION, "0")))
-        shell = execute.RankShell.for_rank()
+        group, shell = _join(info)
     except Exception as exc:
-        control.send({"op": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        control.send(StartFailed(f"{type(exc).__name__}: {exc}"))
         flush_output()
         os._exit(1)
-
-    def on_error() -> None:
-        signals.active = False  # a late interrupt must not replace the real error
-        group.destroy()
-
-    shell.on_error = on_error
-    debugger = RankDebugger(control, info.rank, shell)
-    debugger.install()
-    if info.rank == 0:  # its displays show in the notebook while the cell runs
-        shell.display_pub.send = control.send
-    threading.Thread(
-        target=_answer_stacks,
-        args=(Connection(int(os.environ[contract.STACKS_FD])), shell, signals, group),
-        name="jupyter-mn-stacks",
-        daemon=True,
-    ).start()
-    control.send(
-        {
-            "op": "ready",
-            "pid": os.getpid(),
-            "device": info.device,
-            "backend": group.backend,
-            "host": os.uname().nodename,
-        }
-    )
-    while True:
-        try:
-            msg = control.recv()
-        except (EOFError, OSError):  # the agent is gone
-            break
-        if isinstance(msg, DebugStart):
-            debugger.post_mortem(shell.failure)
-            continue
-        op = msg["op"]
-        if op == "run":
-            reply = execute.run(shell, msg["payload"], info, group, signals, debugger)
-            flush_output()  # into the pipes: the agent reads them to empty at the reply
-            control.send(reply)
-            group.release()
-        elif op == "destroy":
-            if msg["generation"] == group.generation:  # a late request must not hit a new group
-                group.destroy()
-        elif op == "reinit":
-            try:
-                group.reinit(msg["generation"], reconnect=msg.get("reconnect", False))
-                control.send({"op": "reinit", "ok": True})
-            except Exception as exc:
-                control.send({"op": "reinit", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
-        elif op == "stop":
-            break
+    _Rank(control, info, signals, group, shell).serve()
     group.destroy()
     flush_output()
     os._exit(0)
+
+
+def _join(info: ClusterInfo) -> tuple[ProcessGroup, execute.RankShell]:
+    """Join the process group (the generation the agent set), then make the cells' shell."""
+    group = ProcessGroup(info, float(os.environ.get(contract.PG_TIMEOUT, "1800")))
+    if not group.cuda:
+        os.environ.setdefault(contract.ACCELERATE_CPU, "true")
+    group.init(int(os.environ.get(contract.GENERATION, "0")))
+    return group, execute.RankShell.for_rank()
+
+
+class _Rank:
+    """A rank that joined its group, serving its agent's messages (``rankwire.py``) until told
+    to stop or the agent is gone."""
+
+    def __init__(
+        self,
+        control: _Control,
+        info: ClusterInfo,
+        signals: execute.CellSignals,
+        group: ProcessGroup,
+        shell: execute.RankShell,
+    ) -> None:
+        self.control, self.info, self.signals = control, info, signals
+        self.group, self.shell = group, shell
+        shell.on_error = self._on_error
+        self.debugger = RankDebugger(control, info.rank, shell)
+        self.debugger.install()
+        if info.rank == 0:  # its displays show in the notebook while the cell runs
+            shell.display_pub.send = control.send
+        threading.Thread(
+            target=_answer_stacks,
+            args=(Connection(int(os.environ[contract.STACKS_FD])), shell, signals, group),
+            name="jupyter-mn-stacks",
+            daemon=True,
+        ).start()
+
+    def _on_error(self) -> None:
+        self.signals.active = False  # a late interrupt must not replace the real error
+        self.group.destroy()
+
+    def serve(self) -> None:
+        info, host = self.info, os.uname().nodename
+        ready = RankReady(
+            info.rank, info.local_rank, os.getpid(), info.device, self.group.backend, host
+        )
+        self.control.send(ready)
+        while True:
+            try:
+                msg = self.control.recv()
+            except (EOFError, OSError):  # the agent is gone
+                return
+            if not self._take(msg):
+                return
+
+    def _take(self, msg: Any) -> bool:
+        """Do what ``msg`` asks; False: stop."""
+        group = self.group
+        match msg:
+            case DebugStart():
+                self.debugger.post_mortem(self.shell.failure)
+            case RunCell(payload=payload):
+                reply = execute.run(
+                    self.shell, payload, self.info, group, self.signals, self.debugger
+                )
+                flush_output()  # into the pipes: the agent reads them to empty at the reply
+                self.control.send(reply)
+                group.release()
+            case LeaveGroup(generation=generation):
+                if generation == group.generation:  # a late request must not hit a new group
+                    group.destroy()
+            case Reform(generation=generation, reconnect=reconnect):
+                try:
+                    group.reinit(generation, reconnect=reconnect)
+                except Exception as exc:
+                    self.control.send(
+                        Reformed(self.info.rank, False, f"{type(exc).__name__}: {exc}")
+                    )
+                else:
+                    self.control.send(Reformed(self.info.rank, True))
+            case Stop():
+                return False
+        return True
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from test_nccl import FIXTURES
 
 from jupyter_mn.events import GangState, GpuSample, GpuStat, LogLines, to_msg
-from jupyter_mn.node.nccl import NcclLog
+from jupyter_mn.node.nccllog import NcclLog
 
 #: The ranks wait for this file, which the test writes once it has seen the cell running.
 GO = "go-widget"

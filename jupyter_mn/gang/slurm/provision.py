@@ -31,7 +31,7 @@ from ...node.pod import TLS_FILES
 from ...node.slurm import TLS_DIR_VAR, tls_address
 from ...spec import ClusterSpec
 from . import commands
-from .script import Batch, batch_script, gres, srun_argv, step_env
+from .sbatch import Batch, batch_script, gres, srun_argv, step_env
 
 #: squeue is asked this often while the job pends (slurmctld answers in milliseconds)
 _POLL_S = 0.5

@@ -118,6 +118,50 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+class _CommandOutput:
+    """A command's output as it comes: the last ``_OUTPUT_LIMIT`` bytes kept for its reply, its
+    lines published on ``topic`` (lines arriving within ``_BATCH_S`` share an event)."""
+
+    def __init__(self, token: str, topic: str, dask_worker: Any) -> None:
+        self.token, self.topic, self.worker = token, topic, dask_worker
+        self.output = bytearray()
+        self.published = 0
+        self._pending = b""  # a line not ended yet
+        self._ended: list[bytes] = []  # lines waiting for the batching window to close
+        self._window: asyncio.TimerHandle | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.output.extend(chunk)
+        del self.output[:-_OUTPUT_LIMIT]
+        *done, pending = (self._pending + chunk).split(b"\n")
+        self._pending = pending[-_OUTPUT_LIMIT:]
+        self._ended.extend(done)
+        if self._ended and self._window is None:
+            self._window = asyncio.get_running_loop().call_later(_BATCH_S, self._publish)
+
+    def _publish(self) -> None:
+        self._window = None
+        lines = [_shown(line.decode("utf-8", "replace")) for line in self._ended]
+        self._ended.clear()
+        self.published += len(lines)
+        address = self.worker.address
+        msg = {"token": self.token, "worker": address, "lines": lines, "upto": self.published}
+        self.worker.log_event(self.topic, msg)
+
+    def stop(self) -> None:
+        """No batch waits any more (the reader stopped)."""
+        if self._window is not None:
+            self._window.cancel()
+
+    def end(self) -> str:
+        """Publish what is left, the unended line too; return the output kept."""
+        if self._pending:
+            self._ended.append(self._pending)
+        if self._ended:
+            self._publish()
+        return bytes(self.output).decode("utf-8", "replace")
+
+
 async def run_command(
     command: str,
     env: dict[str, str],
@@ -132,31 +176,11 @@ async def run_command(
     of lines published and the exit code."""
     proc = await _start(command, env, cwd)
     _commands[token] = proc
-    output = bytearray()
-    pending = b""  # a line not ended yet
-    ended: list[bytes] = []  # lines waiting for the batching window to close
-    window: asyncio.TimerHandle | None = None
-    published = 0
-
-    def publish() -> None:
-        nonlocal published, window
-        window = None
-        lines = [_shown(line.decode("utf-8", "replace")) for line in ended]
-        ended.clear()
-        published += len(lines)
-        msg = {"token": token, "worker": dask_worker.address, "lines": lines, "upto": published}
-        dask_worker.log_event(topic, msg)
+    output = _CommandOutput(token, topic, dask_worker)
 
     async def read() -> None:
-        nonlocal pending, window
         while chunk := await proc.stdout.read(1 << 16):
-            output.extend(chunk)
-            del output[:-_OUTPUT_LIMIT]
-            *done, pending = (pending + chunk).split(b"\n")
-            pending = pending[-_OUTPUT_LIMIT:]
-            ended.extend(done)
-            if ended and window is None:  # lines arriving within the window share an event
-                window = asyncio.get_running_loop().call_later(_BATCH_S, publish)
+            output.feed(chunk)
 
     try:
         await asyncio.wait_for(read(), timeout)
@@ -166,14 +190,9 @@ async def run_command(
         code, timed_out = await proc.wait(), True
     finally:
         _commands.pop(token, None)
-        if window is not None:
-            window.cancel()
-    if pending:
-        ended.append(pending)
-    if ended:
-        publish()
-    text = bytes(output).decode("utf-8", "replace")
-    return {"exit_code": code, "output": text, "lines": published, "timed_out": timed_out}
+        output.stop()
+    text = output.end()
+    return {"exit_code": code, "output": text, "lines": output.published, "timed_out": timed_out}
 
 
 def split_lines(text: str) -> list[str]:

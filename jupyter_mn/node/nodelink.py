@@ -7,13 +7,14 @@ rank's state change or of a rank paused at a breakpoint. Nothing else.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
-from ..events import RankStatus
+from ..events import DisplayOutput, RankStatus
 
 
 class NodeLink(Protocol):
-    """What rank handles may ask of their node agent (``agent.py`` implements it)."""
+    """What rank handles may ask of their node agent (its output, ``output.py``, implements
+    it)."""
 
     @property
     def node(self) -> int:
@@ -26,7 +27,7 @@ class NodeLink(Protocol):
         """The line a rank is still writing (a progress bar) now reads ``text`` ("": none);
         the agent sends it at a bounded rate (from the loop)."""
 
-    def display(self, rank: int, output: dict[str, Any]) -> None:
+    def display(self, rank: int, output: DisplayOutput) -> None:
         """One of the rank's display calls (``rank/displays.py``), from the loop; the
         agent batches them."""
 

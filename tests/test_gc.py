@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from jobs import make_job
 
-from jupyter_mn.reaper import collect
+from jupyter_mn.gc import collect
 from jupyter_mn.registry import ORPHAN_AFTER_S, NodeModel, Registry
 
 
