@@ -96,18 +96,20 @@ def _fresh_state(module: str, env: dict[str, str], cwd: str | None) -> None:
 
 def _become(request: ForkRank, given: list[int], led: int) -> None:
     """In the child: turn into the process ``request`` describes and run its module; never
-    returns. Closing ``led`` tells the template it leads its session (``_fork`` waits for that,
-    as ``Popen`` returns once its child has run, so a ``killpg`` right away reaches it)."""
+    returns. Closing ``led`` tells the template it is set up: it leads its session, ``/proc``
+    shows its own command line and environment (``_fork`` waits for that, as ``Popen`` returns
+    once its child has run, so a ``killpg`` or a look at ``/proc`` right away finds it)."""
     code = 1
     try:
         os.setsid()
-        os.close(led)
         signal.set_wakeup_fd(-1)
         for sig, handler in _STARTED_WITH.items():
             signal.signal(sig, handler)
         null = os.open(os.devnull, os.O_RDONLY)
-        _move_fds([null, *given], [0, 1, 2, *request.fds])
+        held = max([2, *request.fds]) + 1  # ``led``, kept open at a number of its own meanwhile
+        _move_fds([null, *given, led], [0, 1, 2, *request.fds, held])
         _fresh_state(request.module, request.env, request.cwd)
+        os.close(held)
         code = _run(request.module)
     except BaseException:
         traceback.print_exc()
@@ -153,7 +155,7 @@ def _fork(sock: socket.socket) -> bool:
             os.close(waiting)
             _become(request, given, led)
         os.close(led)
-        os.read(waiting, 1)  # its end: the child leads its session (or died trying)
+        os.read(waiting, 1)  # its end: the child is set up (or died trying)
         os.close(waiting)
         _send(sock, Forked(pid))
     for fd in given:
