@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from .rank.procview import ROOM
 from .registry import HOST, ORPHANED, JobModel, Registry
 
 _KILL_WAIT_S = 5.0
@@ -65,22 +66,26 @@ def _local(job: JobModel, dry_run: bool) -> list[str]:
 def _marked(gang: str) -> list:
     """This user's processes that carry the gang's mark and lead their session or have a parent
     that does not: the ranks themselves (each leads its session; one forked from its node's
-    rank template has a marked parent), not the children that ``killpg`` ends with them."""
+    rank template has a marked parent), not the children that ``killpg`` ends with them, nor a
+    rank template (it holds no GPU and ends with its node)."""
     import psutil
 
-    def mark(proc: psutil.Process) -> str | None:
+    def environ(proc: psutil.Process) -> dict[str, str]:
         with contextlib.suppress(psutil.Error):
             if proc.uids().real == os.getuid():
-                return proc.environ().get("JUPYTER_MN_JOB")
-        return None
+                return proc.environ()
+        return {}
 
     found = []
     for proc in psutil.process_iter():
-        if mark(proc) == gang:
-            with contextlib.suppress(psutil.Error, OSError):
-                parent = proc.parent()
-                if os.getsid(proc.pid) == proc.pid or parent is None or mark(parent) != gang:
-                    found.append(proc)
+        env = environ(proc)
+        if env.get("JUPYTER_MN_JOB") != gang or ROOM in env:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            parent = proc.parent()
+            leads = os.getsid(proc.pid) == proc.pid
+            if leads or parent is None or environ(parent).get("JUPYTER_MN_JOB") != gang:
+                found.append(proc)
     return found
 
 

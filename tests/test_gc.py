@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from jobs import make_job
 
 from jupyter_mn.gc import collect
+from jupyter_mn.node.template import ForkedRank, RankTemplate
 from jupyter_mn.registry import ORPHAN_AFTER_S, NodeModel, Registry
 
 
@@ -74,3 +76,24 @@ def test_a_kernel_that_is_gone_has_its_ranks_killed_even_if_its_pid_was_reused(r
     assert report == [f"jmn-gone: killed 1 leftover rank process(es): {rank.pid}"]
     rank.wait(10)  # ended (gc reaped it: its exit status went to psutil)
     assert reused.poll() is None  # only the rank was touched
+
+
+def test_a_rank_forked_from_its_template_is_killed_and_the_template_left_to_its_node(
+    registry, spawn, tmp_path
+):
+    """The forked rank shows the job's mark in /proc as a new rank would (``procview.py``);
+    its template carries the mark too but is no rank: it ends with its node."""
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
+    template = RankTemplate("jmn-forked")
+    try:
+        assert template.wait_ready(), template.failed
+        rank = template.start([sys.executable, "-m", "sleeper"], template.env, str(tmp_path))
+        assert isinstance(rank, ForkedRank)
+        reused = spawn()
+        registry.save(stalled_job("jmn-forked", reused.pid, rank.pid, started=time.time() - 60))
+        report = collect(registry, keep_s=1e9)
+        assert report == [f"jmn-forked: killed 1 leftover rank process(es): {rank.pid}"]
+        assert rank.wait(10) == -signal.SIGKILL  # its template saw it killed
+        assert template.proc.poll() is None
+    finally:
+        template.close()
