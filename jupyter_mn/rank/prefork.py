@@ -87,8 +87,6 @@ def _fresh_state(module: str, env: dict[str, str], cwd: str | None) -> None:
         os.chdir(cwd)
     sys.path[0] = os.getcwd()  # ``python -m`` puts the working directory first
     del sys.argv[1:]  # runpy sets argv[0]; the template's own arguments go
-    if "numpy" in sys.modules:  # its global generator was seeded in the template
-        sys.modules["numpy"].random.seed()
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and "torch" in sys.modules:  # OpenMP read it when torch loaded
         sys.modules["torch"].set_num_threads(int(threads))
@@ -110,6 +108,8 @@ def _become(request: ForkRank, given: list[int], led: int) -> None:
         _move_fds([null, *given, led], [0, 1, 2, *request.fds, held])
         _fresh_state(request.module, request.env, request.cwd)
         os.close(held)
+        if "numpy" in sys.modules:  # seeded in the template (numpy 2 reseeds at a fork itself)
+            sys.modules["numpy"].random.seed()  # 15 ms: after the template's wait
         code = _run(request.module)
     except BaseException:
         traceback.print_exc()
