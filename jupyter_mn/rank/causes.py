@@ -33,7 +33,13 @@ def says_secondary(message: str) -> bool:
 
 def is_secondary(exc: BaseException) -> bool:
     """A consequence of another rank's failure, or an interrupt that found this rank waiting
-    for its peers inside torch.distributed (the rank that kept them waiting is the cause)."""
+    for its peers inside torch.distributed (the rank that kept them waiting is the cause).
+
+    An interrupt that ends a wait in gloo may strike only once the wait has failed (the
+    interrupt closed the connections) and that error has left torch's frames: it then strikes
+    in the cell while a consequence is on its way out, and is one too."""
     if isinstance(exc, KeyboardInterrupt):
-        return _TORCH_DISTRIBUTED in getattr(exc, "struck_in", "")
+        context = exc.__context__
+        struck = _TORCH_DISTRIBUTED in getattr(exc, "struck_in", "")
+        return struck or (context is not None and is_secondary(context))
     return says_secondary(str(exc))
