@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 33's GPU checks on a GPU machine without network (recipe: shared/notes/gpu-device.md):
 # pytest -m gpu, the CPU tests of the GPU split and transport there, the issue's cases timed
-# (bench/gpu_cases.py), and where a cold start goes on CPU ranks (bench/cells.py).
+# (bench/gpu_cases.py, with the rank template and without), and where a cold start goes on CPU
+# ranks, with the template and without, beside torchrun (bench/cells.py).
 # Run from the checkout's root: WHL=<wheels folder> OUT=<results folder> bash bench/gpu_check.sh
 set -o pipefail
 WHL=${WHL:-../.whl}
@@ -20,7 +21,9 @@ step CPU tests of the split, transport, bench
 python3 -m pytest -p no:cacheprovider -q tests/test_visible.py tests/test_nccl.py \
   tests/test_bandwidth.py tests/test_telemetry.py -k "not telemetry or one_node"
 step the issue\'s cases
-timeout 150 python3 bench/gpu_cases.py "$OUT"
-step cold start on CPU ranks
-CUDA_VISIBLE_DEVICES= timeout 100 python3 bench/cells.py --warm 0 --cold 2 --phases 2
+timeout 100 python3 bench/gpu_cases.py "$OUT"
+step the issue\'s cases, ranks started anew \(no rank template\)
+mkdir -p "$OUT/no-template"; JUPYTER_MN_RANK_TEMPLATE=0 timeout 80 python3 bench/gpu_cases.py "$OUT/no-template"
+step cold start on CPU ranks, with and without the rank template, beside torchrun
+CUDA_VISIBLE_DEVICES= timeout 90 python3 bench/cells.py --warm 0 --cold 0 --phases 3
 step done
