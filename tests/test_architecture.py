@@ -62,7 +62,7 @@ SHARED = (
 #: The longest a class of ``jupyter_mn`` may be, in lines.
 MAX_CLASS_LINES = 250
 #: Classes known to be longer (module.Class), each to be split and then removed from here.
-OVERSIZED = frozenset({"jupyter_mn.cluster.Cluster", "jupyter_mn.gang.base.Gang"})
+OVERSIZED = frozenset({"jupyter_mn.gang.base.Gang"})
 #: The longest a function of the node and rank sides may be, in lines ("about 50").
 MAX_FUNCTION_LINES = 55
 #: Functions known to be longer (module.function), each to be split and then removed from here.
