@@ -196,7 +196,7 @@ def bench(
 ) -> BenchReport:
     """Measure all-reduce on ``cluster``'s gang (brought up if needed); a gang of one rank has
     nothing to measure and is not brought up."""
-    from .node.worker import link_facts
+    from .node.workerfuncs import link_facts
 
     if cluster.spec.world_size == 1:
         return BenchReport(device="one rank", iters=iters, warmup=warmup, notes=[ONE_RANK])

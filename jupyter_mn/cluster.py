@@ -234,7 +234,7 @@ class Cluster:
         >>> Cluster(nodes=2, gpus=2).launch(world, 10)           # doctest: +SKIP
         40
         """
-        from .launcher import launch
+        from .runfunction import launch
 
         return launch(self, fn, args, kwargs)
 

@@ -230,7 +230,7 @@ class ClusterMagics(Magics):
         """``%cluster launch [flags --] train(cfg, lr=0.1)``: an existing function on every rank;
         the arguments are evaluated in the notebook."""
         from . import cluster
-        from .launcher import parse_call
+        from .runfunction import parse_call
 
         fn, fargs, fkwargs = parse_call(args.command, self.shell.user_ns)
         return cluster.session(self.spec_from(args)).launch(fn, *fargs, **fkwargs)

@@ -1,5 +1,5 @@
 """A node agent's side, for tests of what runs on its loop (pipes, rank handles): the loop, on a
-thread of its own, and a recorder of what they hand the agent (``node/link.py``)."""
+thread of its own, and a recorder of what they hand the agent (``node/nodelink.py``)."""
 
 from __future__ import annotations
 

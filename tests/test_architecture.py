@@ -52,7 +52,7 @@ SHARED = (
     "jupyter_mn.collectives",
     "jupyter_mn.events",
     "jupyter_mn.errors",
-    "jupyter_mn.launch",
+    "jupyter_mn.launchspec",
     "jupyter_mn.payload",
     "jupyter_mn.manifest",
     "jupyter_mn.version",
@@ -424,7 +424,7 @@ def sent_to_the_nodes() -> list[object]:
     payload with a captured name, and a launch with a script."""
     from jupyter_mn.cell import Shipper, compile_cell
     from jupyter_mn.gang import make_gang
-    from jupyter_mn.launch import Script
+    from jupyter_mn.launchspec import Script
     from jupyter_mn.payload import CellPayload
     from jupyter_mn.spec import ClusterSpec
 

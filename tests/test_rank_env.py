@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jupyter_mn.launch import Launch
+from jupyter_mn.launchspec import Launch
 from jupyter_mn.node.netif import socket_ifname
 from jupyter_mn.rank.env import rank_env
 

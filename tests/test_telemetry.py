@@ -18,7 +18,7 @@ from jupyter_mn import Cluster
 from jupyter_mn.errors import TransportError
 from jupyter_mn.events import GpuSample, Note, TransportReport
 from jupyter_mn.gang.transport import ONE_NODE
-from jupyter_mn.launch import Launch
+from jupyter_mn.launchspec import Launch
 from jupyter_mn.node.gpu import RankProcess
 from jupyter_mn.node.telemetry import NodeTelemetry
 from jupyter_mn.views import TextView

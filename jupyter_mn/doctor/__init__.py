@@ -37,7 +37,7 @@ REACH_TIMEOUT_S = 5.0
 
 def examine(gang: Gang) -> DoctorReport:
     """Probe every node of ``gang`` (its agents must be up) and judge the facts."""
-    from ..node.worker import probe
+    from ..node.workerfuncs import probe
 
     started = time.perf_counter()
     spec = gang.spec

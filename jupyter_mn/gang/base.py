@@ -4,7 +4,7 @@ Backends differ only in how they provide the dask cluster (a ``Provisioner``); b
 up, running cells, failing fast and tearing down are the same for all of them and live here.
 ``Gang`` is the face of its parts: the calls to its node agents (``agents.py``), the run loop
 (``runloop.py``), what it does when a node fails or is preempted (``liveness.py``), its group's
-re-formings (``generations.py``) and what its agents start (``launches.py``).
+re-formings (``generations.py``) and what its agents start (``nodelaunch.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from ..collectives import RankWhere
 from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingError
 from ..events import GangState, Note, OnEvent, Preemption
-from ..launch import Launch, Script
+from ..launchspec import Launch, Script
 from ..names import gang_id
 from ..rankwire import RankReady
 from ..spec import ClusterSpec
@@ -31,8 +31,8 @@ from .heartbeat import Heartbeat
 from .hub import EventHub, topics
 from .inbox import Reply
 from .job import Job
-from .launches import launch_for, ranks_cwd
 from .liveness import Liveness
+from .nodelaunch import launch_for, ranks_cwd
 from .runloop import RunLoop
 from .state import GangStatus, allowed
 from .transport import require_rdma
@@ -191,7 +191,7 @@ class Gang:
     def launch(self, master_port: int, node: int, script: Script | None = None) -> Launch:
         """What node ``node``'s agent starts: this gang's shape and settings, rank 0's store on
         ``master_port`` (a script gets a fresh one: the warm gang's rank 0 keeps its own), and
-        where its ranks run (``launches.py``)."""
+        where its ranks run (``nodelaunch.py``)."""
         return launch_for(self, master_port, node, script)
 
     def ranks_cwd(self) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import SchedulingError, SpecError
 from ..events import Note, OnEvent
-from ..node.worker import identity, ignore_sigint, worker_facts
+from ..node.workerfuncs import identity, ignore_sigint, worker_facts
 from ..spec import ClusterSpec
 from ..version import __version__
 from .hub import topics

@@ -18,8 +18,8 @@ from typing import Any
 
 from ..errors import SpecError
 from ..events import OnEvent, RankState, RunStarted
-from ..launch import Script
-from ..node.worker import find_script, has_package
+from ..launchspec import Script
+from ..node.workerfuncs import find_script, has_package
 from ..result import LOST, CellResult
 from .base import Gang
 from .job import INTERRUPTED_BY_USER, Job

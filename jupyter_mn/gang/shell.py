@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..events import RunStarted
-from ..node.worker import run_command, split_lines, stop_command
+from ..node.workerfuncs import run_command, split_lines, stop_command
 from .base import Gang
 from .inbox import Message
 from .job import INTERRUPTED_BY_USER, WorkerCall

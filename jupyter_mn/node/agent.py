@@ -26,7 +26,7 @@ from distributed import get_worker
 from ..collectives import RankWhere
 from ..debugwire import DebugAnswer
 from ..events import GangState, GangStatus, NodeReply, Preemption, to_msg
-from ..launch import Launch
+from ..launchspec import Launch
 from ..manifest import FileUpdate
 from ..payload import CellPayload
 from ..rankwire import RankReady, Reformed

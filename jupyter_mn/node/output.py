@@ -1,6 +1,6 @@
 """A node's output to the kernel: its ranks' lines, unfinished lines and displays as events.
 
-The output half of ``NodeLink`` (``link.py``): rank handles and a script run hand it what their
+The output half of ``NodeLink`` (``nodelink.py``): rank handles and a script run hand it what their
 ranks write and show, and it publishes events on the gang's dask topic, in order. Lines arriving
 within ``BATCH_S`` share one ``LogLines``; the lines the ranks are still writing (progress bars)
 go with a batch every ``PARTIAL_S`` at most; rank 0's displays go at a bounded rate and size.

@@ -6,8 +6,8 @@ readable: a reader thread per pipe cost a cross-thread wake-up per read); the la
 for error reports (a fatal error report, e.g. a segfault, apart so the tail stays readable).
 When a cell rank's reply arrives, ``catch_up`` reads both pipes to empty and ends their
 unfinished lines: what the rank wrote before it replied is in its pipes by then, so no line of a
-cell arrives after its result. (Ranks used to write a mark on both pipes after each cell for
-this: two writes a rank, and two more reads of the agent's, every cell.) A line still being
+cell arrives after its result, and no mark on the pipes is needed for it (two writes a rank
+and two reads of the agent's, every cell). A line still being
 written (a progress bar redrawn with ``\\r``) is kept as a terminal shows it (``lines.py``) and
 handed to the agent as it changes.
 """
@@ -25,7 +25,7 @@ from typing import IO
 
 from ..rank import stacks
 from .lines import LineBuffer
-from .link import NodeLink
+from .nodelink import NodeLink
 
 TAIL_LINES = 20
 #: Characters kept of one line (its head); the rest is counted and said when the line ends.
@@ -34,7 +34,7 @@ MAX_LINE = 10_000
 MAX_PARTIAL = 1_000
 _EOF_WAIT_S = 2.0
 #: Reads ``catch_up`` makes of one pipe at most (a pipe holds 64 KiB; what a thread of the rank
-#: keeps writing after the reply is read as it comes, as before).
+#: keeps writing after the reply is read as it comes, like any other line).
 _CATCH_UP_READS = 16
 _CRASH_LINES = 200
 

@@ -33,7 +33,7 @@ from ..rank.env import CONTROL_FD, STACKS_FD
 from ..rankwire import RankReady, Reformed, StartFailed, Stop
 from .exits import describe_exit
 from .frames import Frames, Undecodable, read_ready
-from .link import NodeLink
+from .nodelink import NodeLink
 from .pdbrelay import PdbRelay
 from .pipes import PipeReader
 from .rankstacks import RankStacks

@@ -15,7 +15,7 @@ from ..collectives import RankWhere
 from ..debugwire import DebugAnswer, DebugEnded
 from ..errors import JoinTimeout
 from ..events import Preemption, RankStatus
-from ..launch import Launch
+from ..launchspec import Launch
 from ..rank.env import rank_env
 from ..rankwire import RankReady, Reform, Reformed
 from .exits import describe_exit

@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 from ..events import RankError, RankReply, RankStatus
-from ..launch import Launch, Script
+from ..launchspec import Launch, Script
 from ..rank import nobreak
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
 from .exits import describe_exit
-from .link import NodeLink
 from .netif import socket_ifname
+from .nodelink import NodeLink
 from .pipes import TAIL_LINES, PipeReader
 from .process import STOP_GRACE_S, signal_session, start_in_session
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import TransportError
 from ..events import GpuSample, OnEvent, TransportReport
-from ..launch import Launch
+from ..launchspec import Launch
 from ..rank.flight import FR_BUFFER_SIZE
 from . import rdma
 from .gpu import GpuSampler, RankProcess

@@ -1,4 +1,5 @@
-"""Jupyter server extension: the REST API over the job registry that the Clusters panel reads.
+"""Jupyter server extension: the REST API over the job registry that the Clusters panel reads,
+and the kernel status JupyterLab shows kept right while a cell runs (``kernelstatus``).
 
 Enabled automatically on install (``jupyter-config/server-config/jupyter_mn.json``).
 """
@@ -11,6 +12,8 @@ from typing import Any
 def _load_jupyter_server_extension(server_app: Any) -> None:
     from ..registry import Registry
     from .handlers import setup_handlers
+    from .kernelstatus import untrack_subshell_messages
 
     setup_handlers(server_app.web_app, Registry(), server_app.root_dir)
+    untrack_subshell_messages(server_app)
     server_app.log.info("jupyter_mn: job API at /jupyter-mn/api/jobs")

@@ -4,16 +4,51 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
 
+import { JobPage } from './jobpage';
 import { LogViewer } from './logviewer';
 import { IJobModel } from './model';
 import { ClustersPanel, clustersIcon } from './panel';
 import { requestAPI } from './request';
+import { noticeUnsavedRunningCells } from './unsaved';
 
 /** Opens a job's log viewer by its id (the layout restorer reopens viewers through it). */
 const OPEN_LOGS = 'jupyter-mn:open-logs';
+/** Opens a job's live view by its id (the layout restorer reopens views through it). */
+const OPEN_JOB = 'jupyter-mn:open-job';
 
-/** The "Clusters" sidebar and its log viewers. */
+/**
+ * Opens one main-area tab per job for a kind of view (log viewer, live view), brings an open one
+ * to the front, and has the layout restorer reopen them through `command` by job id.
+ */
+function jobTabs<T extends Widget & { readonly jobId: string }>(
+  app: JupyterFrontEnd,
+  restorer: ILayoutRestorer | null,
+  kind: string,
+  command: string
+): (jobId: string, make: () => T) => void {
+  const tracker = new WidgetTracker<MainAreaWidget<T>>({ namespace: `jupyter-mn-${kind}` });
+  void restorer?.restore(tracker, {
+    command,
+    args: tab => ({ id: tab.content.jobId }),
+    name: tab => tab.content.jobId
+  });
+  return (jobId, make) => {
+    let tab = tracker.find(t => t.content.jobId === jobId);
+    if (!tab) {
+      const content = make();
+      content.title.icon = clustersIcon;
+      tab = new MainAreaWidget({ content });
+      tab.id = `jupyter-mn-${kind}-${jobId}`;
+      void tracker.add(tab);
+      app.shell.add(tab, 'main');
+    }
+    app.shell.activateById(tab.id);
+  };
+}
+
+/** The "Clusters" sidebar, its log viewers and its jobs' live views. */
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-mn:clusters',
   description: 'jupyter_mn jobs of this server: state, logs, cancel, release',
@@ -21,20 +56,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   optional: [ILayoutRestorer],
   activate: (app: JupyterFrontEnd, restorer: ILayoutRestorer | null) => {
     const settings = app.serviceManager.serverSettings;
-    const tracker = new WidgetTracker<MainAreaWidget<LogViewer>>({ namespace: 'jupyter-mn-logs' });
-    const openLogs = (job: IJobModel) => {
-      let viewer = tracker.find(v => v.content.jobId === job.id);
-      if (!viewer) {
-        viewer = new MainAreaWidget({ content: new LogViewer(job, settings) });
-        viewer.id = `jupyter-mn-logs-${job.id}`;
-        viewer.title.label = `Logs: ${job.name}`;
-        viewer.title.icon = clustersIcon;
-        viewer.title.closable = true;
-        void tracker.add(viewer);
-        app.shell.add(viewer, 'main');
-      }
-      app.shell.activateById(viewer.id);
-    };
+    const logTabs = jobTabs<LogViewer>(app, restorer, 'logs', OPEN_LOGS);
+    const openLogs = (job: IJobModel) => logTabs(job.id, () => new LogViewer(job, settings));
+    const jobTab = jobTabs<JobPage>(app, restorer, 'job', OPEN_JOB);
+    const openJob = (id: string) => jobTab(id, () => new JobPage(id));
+    app.commands.addCommand(OPEN_JOB, {
+      label: 'Open a jupyter_mn job',
+      execute: args => openJob(String(args.id))
+    });
     app.commands.addCommand(OPEN_LOGS, {
       label: 'Open a jupyter_mn job log',
       execute: async args => {
@@ -44,17 +73,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     const panel = new ClustersPanel(settings, {
       openLogs,
+      openJob: job => openJob(job.id),
       openNotebook: path => void app.commands.execute('docmanager:open', { path })
     });
     app.shell.add(panel, 'left', { rank: 950 });
-    if (restorer) {
-      restorer.add(panel, panel.id);
-      void restorer.restore(tracker, {
-        command: OPEN_LOGS,
-        args: viewer => ({ id: viewer.content.jobId }),
-        name: viewer => viewer.content.jobId
-      });
-    }
+    restorer?.add(panel, panel.id);
+    noticeUnsavedRunningCells(app, openJob);
   }
 };
 

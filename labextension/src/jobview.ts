@@ -1,18 +1,17 @@
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
+import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { el, elapsed } from './format';
-import { IJobList, IJobModel, ILogLine, ILogPage } from './model';
+import { el } from './format';
+import { liveParts, NodeTails, outcome, POLL } from './joblive';
+import { IJobList, IJobModel, JOB_MIME } from './model';
 import { requestAPI } from './request';
 
-/** A `%%cluster` cell's job reference (`jupyter_mn/views/widget.py`, `job_reference`). */
-export const JOB_MIME = 'application/vnd.jupyter-mn.job+json';
 
 /** Lines shown per node: the newest ones. */
 const TAIL = 12;
 /** How long the cell's widget gets to draw before this view stands in for it. */
 const WIDGET_GRACE_MS = 1500;
-const POLL_MS = 1000;
 /** Polls without finding the kernel's job before this view gives up (a gang starts meanwhile). */
 const GIVE_UP_AFTER = 300;
 
@@ -27,7 +26,8 @@ interface IJobReference {
  * the kernel until the cell ends (it answers no request meanwhile). This view follows the job
  * from the server instead: state and elapsed time, each node's ranks, GPU and transport, its
  * newest lines, Cancel; and, once the cell ends, its outcome. It stays empty while the widget
- * beside it is drawn.
+ * beside it is drawn. It polls once a second, backs off while the server fails, and stops once
+ * the cell is over.
  */
 export class JobView extends Widget implements IRenderMime.IRenderer {
   constructor() {
@@ -37,14 +37,20 @@ export class JobView extends Widget implements IRenderMime.IRenderer {
 
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
     this._ref = model.data[JOB_MIME] as unknown as IJobReference;
-    if (this._timer === 0) {
-      this._timer = window.setTimeout(() => void this._tick(), WIDGET_GRACE_MS);
+    if (this._grace === 0) {
+      this._grace = window.setTimeout(() => {
+        this._poll = new Poll({
+          factory: () => this._tick(),
+          frequency: POLL,
+          name: 'jupyter-mn:job-view'
+        });
+      }, WIDGET_GRACE_MS);
     }
   }
 
   dispose(): void {
-    window.clearTimeout(this._timer);
-    this._timer = -1;
+    window.clearTimeout(this._grace);
+    this._poll?.dispose();
     super.dispose();
   }
 
@@ -55,21 +61,17 @@ export class JobView extends Widget implements IRenderMime.IRenderer {
   }
 
   private async _tick(): Promise<void> {
-    if (this.isDisposed) {
-      return;
-    }
-    let again = true;
-    if (this._widgetDrawn() && !this._shown) {
-      again = false; // this page has the widget: it shows the cell, value and all
-    } else {
+    let again = false; // this page has the widget: it shows the cell, value and all
+    if (!this._widgetDrawn() || this._shown) {
       try {
         again = await this._update();
       } catch (error) {
-        this._status(`jupyter_mn: ${String(error)}`);
+        this.node.replaceChildren(el('div', 'jp-mn-JobView-note', `jupyter_mn: ${String(error)}`));
+        throw error; // the poll backs off
       }
     }
-    if (again && !this.isDisposed) {
-      this._timer = window.setTimeout(() => void this._tick(), POLL_MS);
+    if (!again) {
+      void this._poll!.stop();
     }
   }
 
@@ -93,88 +95,27 @@ export class JobView extends Widget implements IRenderMime.IRenderer {
     const done = job.last_cell !== null && job.last_cell.id === ref.cell && job.state !== 'RUNNING';
     const parts: HTMLElement[] = [];
     if (!this._widgetDrawn()) {
-      if (!done || this._lines.size === 0) {
-        await this._follow(job);
+      if (!done || this._tails.empty) {
+        await this._tails.follow(job);
       }
-      parts.push(...this._live(job, list.now, done));
+      parts.push(...liveParts(job, this._tails, list.now, done ? 'DONE' : job.state));
+      if (!done) {
+        parts.push(el('div', 'jp-mn-JobView-note', 'live from the server while the kernel runs the cell'));
+      }
     }
     if (done && job.last_cell) {
-      parts.push(outcome(job.last_cell));
+      parts.push(outcome(job.last_cell, true));
     }
     this.node.replaceChildren(...parts);
     return !done;
   }
 
-  private async _follow(job: IJobModel): Promise<void> {
-    const query = this._cursor ? `after=${this._cursor}` : `tail=${TAIL * job.nodes.length}`;
-    const page = await requestAPI<ILogPage>(`jobs/${job.id}/logs?${query}`);
-    this._cursor = page.cursor;
-    for (const line of page.lines) {
-      const lines = this._lines.get(line.node) ?? [];
-      lines.push(line);
-      this._lines.set(line.node, lines.slice(-TAIL));
-    }
-  }
-
-  /** The job as the widget would show it: header with Cancel, each node and its newest lines. */
-  private _live(job: IJobModel, now: number, done: boolean): HTMLElement[] {
-    const ended = job.ended ?? now;
-    const header = el('div', 'jp-mn-JobView-header');
-    header.append(
-      el('b', '', job.name),
-      ' ',
-      el('span', 'jp-mn-JobView-state', done ? 'DONE' : job.state),
-      ` ${job.shape} ${job.backend} · ${elapsed(ended - job.started)}`
-    );
-    if (!done && job.state === 'RUNNING') {
-      header.append(' ', cancelButton(job));
-    }
-    const parts: HTMLElement[] = [header];
-    for (const node of job.nodes) {
-      const gpu = node.gpu_util === null ? 'no GPU' : `GPU ${Math.round(node.gpu_util)}%`;
-      const transport = node.transport || 'transport not known yet';
-      const row = `node ${node.node} ${node.host}: ranks ${node.ranks.join(' ')} · ${gpu} · ${transport}`;
-      parts.push(el('div', 'jp-mn-JobView-node', row));
-      const lines = (this._lines.get(node.node) ?? []).map(l => `[rank ${l.rank}] ${l.text}`);
-      parts.push(el('pre', 'jp-mn-JobView-log', lines.join('\n')));
-    }
-    if (!done) {
-      parts.push(el('div', 'jp-mn-JobView-note', 'live from the server while the kernel runs the cell'));
-    }
-    return parts;
-  }
-
-  private _status(text: string): void {
-    this.node.replaceChildren(el('div', 'jp-mn-JobView-note', text));
-  }
-
   private _ref: IJobReference | null = null;
-  private _timer = 0;
+  private _grace = 0;
+  private _poll: Poll | null = null;
   private _shown = false;
   private _misses = 0;
-  private _cursor = '';
-  private _lines = new Map<number, ILogLine[]>();
-}
-
-/** Cancel the job's running cell, as the Clusters panel does. */
-function cancelButton(job: IJobModel): HTMLButtonElement {
-  const cancel = el('button', 'jupyter-button jp-mn-JobView-cancel', 'Cancel');
-  cancel.addEventListener('click', () => {
-    cancel.disabled = true;
-    cancel.textContent = 'Cancelling…';
-    void requestAPI(`jobs/${job.id}/cancel`, { method: 'POST' }).catch(error => {
-      cancel.textContent = `Cancel failed: ${String(error)}`;
-    });
-  });
-  return cancel;
-}
-
-/** How the cell ended: rank 0's value as text and where the object is, or the root cause. */
-function outcome(cell: NonNullable<IJobModel['last_cell']>): HTMLElement {
-  const text = cell.ok
-    ? `Out[${cell.id}]: ${cell.value ?? ''}   (the object is Out[${cell.id}] in the kernel)`
-    : `the cell failed: ${cell.error ?? ''}`;
-  return el('div', `jp-mn-JobView-outcome${cell.ok ? '' : ' jp-mn-JobView-error'}`, text);
+  private _tails = new NodeTails(TAIL);
 }
 
 /** The kernel's job: the running one, else the newest. */

@@ -3,11 +3,9 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { el } from './format';
-import { FINISHED_STATES, IJobModel, ILogPage } from './model';
+import { FINISHED_STATES, IJobModel, ILogPage, MARK_RANK } from './model';
 import { requestAPI } from './request';
 
-/** The rank of a line that marks where a cell, script or command starts (`joblogs.MARK_RANK`). */
-const MARK_RANK = -1;
 /** Lines kept in the viewer; older ones are dropped (the full log stays on disk). */
 const MAX_LINES = 5000;
 
@@ -23,6 +21,7 @@ export class LogViewer extends Widget {
   ) {
     super();
     this.addClass('jp-mn-LogViewer');
+    this.title.label = `Logs: ${_job.name}`;
     const bar = el('div', 'jp-mn-LogViewer-toolbar');
     this._node = this._select('node', 'All nodes');
     this._options(this._node, 'Node', _job.nodes.map(n => n.node));

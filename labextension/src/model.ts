@@ -70,6 +70,12 @@ export interface ILogPage {
   state: string;
 }
 
+/** A `%%cluster` cell's job reference (`jupyter_mn/views/widget.py`, `JOB_MIME`). */
+export const JOB_MIME = 'application/vnd.jupyter-mn.job+json';
+
+/** The rank of a line that marks where a cell, script or command starts (`joblogs.MARK_RANK`). */
+export const MARK_RANK = -1;
+
 /** Job states the panel groups under "running", "idle" and "finished". */
 export const FINISHED_STATES = ['CLOSED', 'ORPHANED'];
 export const IDLE_STATES = ['READY'];

@@ -18,6 +18,7 @@ export const clustersIcon = new LabIcon({ name: 'jupyter-mn:clusters', svgstr: I
 
 export interface IPanelActions {
   openLogs(job: IJobModel): void;
+  openJob(job: IJobModel): void;
   openNotebook(path: string): void;
 }
 
@@ -173,6 +174,7 @@ export class ClustersPanel extends Widget {
       b.addEventListener('click', () => void this._act(label, run));
       buttons.appendChild(b);
     };
+    button('View', () => this._actions.openJob(job));
     button('Logs', () => this._actions.openLogs(job));
     const finished = FINISHED_STATES.includes(job.state);
     if (job.state === 'RUNNING') {

@@ -159,6 +159,17 @@ def run_command(page: object, command: str) -> None:
     page.evaluate("c => { window.jupyterapp.commands.execute(c); }", command)
 
 
+def failed_log_reads(page: object, seconds: float = 10) -> int:
+    """Fail the page's job-log reads for ``seconds`` and count them: a view that backs off asks a
+    few times, one that does not asks every second. The server answers again afterwards."""
+    asked = []
+    logs = "**/jupyter-mn/api/jobs/*/logs?*"
+    page.route(logs, lambda route: (asked.append(route.request.url), route.abort()))
+    page.wait_for_timeout(seconds * 1000)  # an observation window: the count is the check
+    page.unroute(logs)
+    return len(asked)
+
+
 def open_panel(page: object) -> object:
     """Open the Clusters panel from the left sidebar; returns its locator."""
     from playwright.sync_api import expect

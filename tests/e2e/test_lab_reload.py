@@ -8,7 +8,14 @@ from __future__ import annotations
 import re
 import time
 
-from conftest import ARTIFACTS, run_command, wait_kernel_idle
+from conftest import (
+    ARTIFACTS,
+    failed_log_reads,
+    job_item,
+    open_panel,
+    run_command,
+    wait_kernel_idle,
+)
 from playwright.sync_api import expect
 
 from jupyter_mn.views.widget import JOB_MIME
@@ -69,6 +76,7 @@ def test_a_reloaded_page_and_a_second_tab_follow_the_running_cell_and_get_its_va
     (ARTIFACTS / "reload-first-update.txt").write_text(f"{time.monotonic() - ready:.2f} s\n")
     before = newest_step(view)
     expect(view.locator(".jp-mn-JobView-cancel")).to_be_visible()
+    expect(page.get_by_text("was not saved since it started")).to_have_count(0)  # saved: no notice
     page.wait_for_function(  # new lines keep coming while the kernel is busy
         """([before]) => { const v = document.querySelector('.jp-mn-JobView');
         const m = [...v.innerText.matchAll(/step (\\d+)/g)].map(x => Number(x[1]));
@@ -103,8 +111,48 @@ def test_cancel_from_a_reloaded_page_stops_the_cell(lab, page):
     page.reload()
     view = page.locator(".jp-mn-JobView").first
     expect(view.locator(".jp-mn-JobView-log")).to_contain_text("tick", timeout=120_000)
+    reads = failed_log_reads(page)  # the view backs off while the server fails, then catches up
+    assert 2 <= reads <= 6, f"{reads} reads in 10 s while they failed"
+    ticks = view.locator(".jp-mn-JobView-log").inner_text()
+    expect(view.locator(".jp-mn-JobView-log")).not_to_have_text(ticks, timeout=40_000)
     view.locator(".jp-mn-JobView-cancel").click()
     expect(view.locator(".jp-mn-JobView-outcome")).to_contain_text(
         "the cell failed: ", timeout=60_000
     )
+    take_the_gang_down(page)
+
+
+def test_a_notebook_not_saved_since_the_cell_started_reloads_without_it_and_says_so(lab, page):
+    go = "go-unsaved"
+    cell = LIVE.replace("--gpus 2", "--gpus 2 --name unsaved").replace(GO, go)
+    page.goto(lab.notebook("unsaved.ipynb", [cell, "%cluster down"]))
+    wait_kernel_idle(page)
+    run_command(page, "notebook:run-cell")
+    expect(page.locator(".jp-mn-state").first).to_have_text("RUNNING", timeout=120_000)
+    page.reload()  # the file on disk has no output: the cell comes back empty
+    first = page.locator(".jp-Notebook .jp-Cell").first
+    expect(first).to_be_visible(timeout=120_000)
+    expect(first.locator(".jp-InputPrompt")).to_have_text("[ ]:")
+    expect(first.locator(".jp-OutputArea-output")).to_have_count(0)
+    notice = page.locator(".Toastify__toast", has_text="was not saved since it started")
+    expect(notice).to_contain_text("unsaved.ipynb: a %%cluster cell is running (job unsaved)")
+    notice.get_by_role("button", name="View").click()
+    view = page.locator(".jp-mn-JobPage")
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("RUNNING", timeout=10_000)
+    expect(view.locator(".jp-mn-JobView-log")).to_contain_text("step")
+    (lab.root / go).touch()
+    item = job_item(open_panel(page), "unsaved")
+    expect(item).to_have_attribute("data-state", "READY", timeout=60_000)
+    # Lab brings the reloaded notebook to the front once its kernel answers again: back to the job
+    page.wait_for_function(
+        """() => [...window.jupyterapp.shell.widgets('main')].some(w =>
+        w.context?.path === 'unsaved.ipynb'
+        && w.sessionContext.session?.kernel?.status === 'idle')"""
+    )
+    page.locator(".lm-TabBar-tab", has_text="Job: unsaved").click()
+    expect(view.locator(".jp-mn-JobView-outcome")).to_have_text(
+        re.compile(r"^Out\[\d+\]: 'done'$"), timeout=30_000
+    )
+    expect(first.locator(".jp-OutputArea-output")).to_have_count(0)  # the page never gets it
+    page.locator(".lm-TabBar-tab", has_text="unsaved.ipynb").click()
     take_the_gang_down(page)

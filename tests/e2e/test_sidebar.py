@@ -6,10 +6,19 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import nbformat
 import psutil
-from conftest import ARTIFACTS, job_item, open_panel, run_command, wait_kernel_idle
+from conftest import (
+    ARTIFACTS,
+    failed_log_reads,
+    job_item,
+    open_panel,
+    run_command,
+    wait_kernel_idle,
+)
 from playwright.sync_api import expect
 from polling import wait_until
 
@@ -159,3 +168,114 @@ def test_a_papermill_run_from_a_terminal_appears_in_the_panel(lab, page, tmp_pat
     finally:
         papermill.kill()
         papermill.wait()
+
+
+def looping_cell(flags: str, go: str, value: str) -> str:
+    """A cell whose ranks print a step every 0.2 s until the file ``go`` exists in the kernel's
+    working directory (the ranks' too), then return ``value``."""
+    return (
+        f"%%cluster --nodes 1 --gpus 2 {flags}\nimport os, time\ni = 0\n"
+        f"while not os.path.exists({go!r}):\n"
+        "    print(f'rank {dist.get_rank()} step {i}', flush=True)\n"
+        f"    i += 1\n    time.sleep(0.2)\n{value!r}"
+    )
+
+
+NEWEST_STEP = """() => { const v = document.querySelector('.jp-mn-JobPage');
+  const m = [...v.innerText.matchAll(/step (\\d+)/g)].map(x => Number(x[1]));
+  return m.length ? Math.max(...m) : -1; }"""
+
+
+def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_its_value(
+    lab, page, tmp_path
+):
+    notebook = tmp_path / "view.ipynb"
+    cell = looping_cell("--name pmview", "go-view", "pm-done")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), notebook)
+    page.goto(lab.fresh())
+    panel = open_panel(page)
+    papermill = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("papermill")),
+            *("-k", "jupyter_mn", "--cwd", str(tmp_path), "--no-progress-bar"),
+            *(str(notebook), str(tmp_path / "out.ipynb")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        item = job_item(panel, "pmview")
+        expect(item).to_have_attribute("data-state", "RUNNING", timeout=120_000)
+        item.get_by_role("button", name="View").click()
+        view = page.locator(".jp-mn-JobPage")
+        expect(view.locator(".jp-mn-JobView-state")).to_have_text("RUNNING", timeout=10_000)
+        expect(page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")).to_have_text(
+            "Job: pmview"
+        )
+        expect(view.locator(".jp-mn-JobView-log")).to_contain_text("[rank 1] rank 1 step")
+        expect(view.locator(".jp-mn-JobView-cancel")).to_be_visible()
+        before = page.evaluate(NEWEST_STEP)
+        page.wait_for_function(f"() => ({NEWEST_STEP})() >= {before + 5}", timeout=15_000)
+
+        # The server fails the view's log reads for 10 s: the view backs off, then catches up.
+        reads = failed_log_reads(page)
+        ARTIFACTS.mkdir(exist_ok=True)  # evidence: reads while failing (1 a second without backoff)
+        (ARTIFACTS / "job-view-backoff.txt").write_text(f"{reads} reads in 10 s\n")
+        assert 2 <= reads <= 6, f"{reads} reads in 10 s while they failed"
+        before = page.evaluate(NEWEST_STEP)
+        page.wait_for_function(f"() => ({NEWEST_STEP})() > {before}", timeout=40_000)
+
+        (tmp_path / "go-view").touch()
+        assert papermill.wait(120) == 0
+        expect(view.locator(".jp-mn-JobView-state")).to_have_text("CLOSED", timeout=30_000)
+        expect(view.locator(".jp-mn-JobView-outcome")).to_have_text(
+            re.compile(r"^Out\[\d+\]: 'pm-done'$")  # the value, as text
+        )
+        expect(view.locator(".jp-mn-JobView-cancel")).to_have_count(0)
+        page.screenshot(path=str(ARTIFACTS / "papermill-job-view.png"))
+        polled = []
+        page.on("request", lambda r: polled.append(r.url) if "/logs?" in r.url else None)
+        page.wait_for_timeout(3_000)  # the job is over: the view asks for nothing more
+        assert polled == []
+        # the view comes back with the layout, once Lab has saved it (debounced)
+        wait_until(
+            lambda: "jupyter-mn-job:" in json.dumps(lab.api("/lab/api/workspaces")), 30, "save"
+        )
+        page.goto(page.url.replace("?reset&", "?"))
+        expect(page.locator(".jp-mn-JobPage .jp-mn-JobView-outcome")).to_have_text(
+            re.compile(r"^Out\[\d+\]: 'pm-done'$"), timeout=60_000
+        )
+    finally:
+        papermill.kill()
+        papermill.wait()
+
+
+def test_a_background_cell_opens_from_the_panel_into_a_live_view_while_the_kernel_is_free(
+    lab, page
+):
+    cell = looping_cell("--bg --name bgview", "go-bg", "bg-done")
+    page.goto(lab.notebook("bg.ipynb", [cell, "%cluster down"]))
+    wait_kernel_idle(page)
+    panel = open_panel(page)
+    run_command(page, "notebook:run-cell")
+    item = job_item(panel, "bgview")
+    expect(item).to_have_attribute("data-state", "RUNNING", timeout=120_000)
+    wait_kernel_idle(page)  # the cell returned its handle; the job runs on
+    clicked = time.monotonic()
+    item.get_by_role("button", name="View").click()
+    view = page.locator(".jp-mn-JobPage")
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("RUNNING", timeout=10_000)
+    expect(view.locator(".jp-mn-JobView-log")).to_contain_text("[rank 0] rank 0 step")
+    ARTIFACTS.mkdir(exist_ok=True)  # how long it took: evidence, not a pass mark
+    (ARTIFACTS / "job-view-first-update.txt").write_text(f"{time.monotonic() - clicked:.2f} s\n")
+    (lab.root / "go-bg").touch()
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("READY", timeout=60_000)
+    outcome = view.locator(".jp-mn-JobView-outcome")
+    expect(outcome).to_have_text(re.compile(r"^Out\[\d+\]: 'bg-done'$"))
+    page.locator(".lm-TabBar-tab", has_text="bg.ipynb").click()
+    page.locator(".jp-Notebook .jp-Cell").nth(1).click()
+    run_command(page, "notebook:run-cell")
+    expect(page.get_by_text("cluster released")).to_have_count(1, timeout=60_000)
+    page.locator(".lm-TabBar-tab", has_text="Job: bgview").click()  # shown again: it refreshes
+    expect(view.locator(".jp-mn-JobView-state")).to_have_text("CLOSED", timeout=30_000)
+    expect(outcome).to_have_text(re.compile(r"^Out\[\d+\]: 'bg-done'$"))

@@ -1,11 +1,12 @@
-"""What a gang's node agents start (``Launch``): its shape and settings, rank 0's store, and
-where the ranks run (the worker's directory, the notebook's, or the node's copy of it)."""
+"""What each of a gang's node agents is told to start (a ``Launch``, ``launchspec.py``): the
+gang's shape and settings, rank 0's store, and where the ranks run (the worker's directory, the
+notebook's, or the node's copy of it)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..launch import Launch, Script
+from ..launchspec import Launch, Script
 
 if TYPE_CHECKING:
     from .base import Gang

@@ -1,0 +1,94 @@
+import { el, elapsed } from './format';
+import { IJobModel, ILogLine, ILogPage, MARK_RANK } from './model';
+import { requestAPI } from './request';
+
+/** How the views poll the server: once a second, backing off to 30 s while it fails. */
+export const POLL = { interval: 1000, backoff: true, max: 30000 };
+
+/** The job's newest lines per node, followed from the server (`jobs/<id>/logs?after=`). */
+export class NodeTails {
+  constructor(private _keep: number) {}
+
+  /** Fetch the lines written since the last call (the newest ones on the first). */
+  async follow(job: IJobModel): Promise<void> {
+    const id = encodeURIComponent(job.id);
+    const query = this._cursor ? `after=${this._cursor}` : `tail=${this._keep * job.nodes.length}`;
+    const page = await requestAPI<ILogPage>(`jobs/${id}/logs?${query}`);
+    this._cursor = page.cursor;
+    for (const line of page.lines) {
+      const lines = this._lines.get(line.node) ?? [];
+      lines.push(line);
+      this._lines.set(line.node, lines.slice(-this._keep));
+    }
+  }
+
+  /** A node's lines as text; a cell's or script's start mark as a rule. */
+  text(node: number): string {
+    return (this._lines.get(node) ?? [])
+      .map(l => (l.rank === MARK_RANK ? `──── ${l.text} ────` : `[rank ${l.rank}] ${l.text}`))
+      .join('\n');
+  }
+
+  get empty(): boolean {
+    return this._lines.size === 0;
+  }
+
+  private _cursor = '';
+  private _lines = new Map<number, ILogLine[]>();
+}
+
+/**
+ * The job as the cell's widget shows it: a header (name, `state`, shape, backend, elapsed time,
+ * Cancel while a cell runs), then each node's ranks, GPU and transport, and its newest lines.
+ */
+export function liveParts(
+  job: IJobModel,
+  tails: NodeTails,
+  now: number,
+  state: string
+): HTMLElement[] {
+  const header = el('div', 'jp-mn-JobView-header');
+  header.append(
+    el('b', '', job.name),
+    ' ',
+    el('span', 'jp-mn-JobView-state', state),
+    ` ${job.shape} ${job.backend} · ${elapsed((job.ended ?? now) - job.started)}`
+  );
+  if (state === 'RUNNING') {
+    header.append(' ', cancelButton(job));
+  }
+  const parts: HTMLElement[] = [header];
+  for (const node of job.nodes) {
+    const gpu = node.gpu_util === null ? 'no GPU' : `GPU ${Math.round(node.gpu_util)}%`;
+    const transport = node.transport || 'transport not known yet';
+    const row = `node ${node.node} ${node.host}: ranks ${node.ranks.join(' ')} · ${gpu} · ${transport}`;
+    parts.push(el('div', 'jp-mn-JobView-node', row));
+    parts.push(el('pre', 'jp-mn-JobView-log', tails.text(node.node)));
+  }
+  return parts;
+}
+
+/**
+ * How a cell ended: rank 0's value as text, or the root cause. `inKernel`: the kernel still holds
+ * the object (as `Out[n]`), so say where.
+ */
+export function outcome(cell: NonNullable<IJobModel['last_cell']>, inKernel: boolean): HTMLElement {
+  const where = inKernel ? `   (the object is Out[${cell.id}] in the kernel)` : '';
+  const text = cell.ok
+    ? `Out[${cell.id}]: ${cell.value ?? ''}${where}`
+    : `the cell failed: ${cell.error ?? ''}`;
+  return el('div', `jp-mn-JobView-outcome${cell.ok ? '' : ' jp-mn-JobView-error'}`, text);
+}
+
+/** Cancel the job's running cell, as the Clusters panel does. */
+function cancelButton(job: IJobModel): HTMLButtonElement {
+  const cancel = el('button', 'jupyter-button jp-mn-JobView-cancel', 'Cancel');
+  cancel.addEventListener('click', () => {
+    cancel.disabled = true;
+    cancel.textContent = 'Cancelling…';
+    void requestAPI(`jobs/${encodeURIComponent(job.id)}/cancel`, { method: 'POST' }).catch(error => {
+      cancel.textContent = `Cancel failed: ${String(error)}`;
+    });
+  });
+  return cancel;
+}
