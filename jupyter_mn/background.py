@@ -5,7 +5,7 @@ The handle is a future in the ipyparallel ``AsyncResult`` / dask ``Future`` trad
 labelled lines so far, kept here rather than printed into whichever cell runs at the time),
 ``stacks()`` (where every rank is now) and ``cancel()`` (the same escalation as Ctrl-C).
 A handle lives as long as the kernel holds it, so ``output`` keeps only the newest lines; the
-job's log files (``joblogs.py``) keep every one.
+job's log files (``joblogs.py``) keep every one. A cluster runs one at a time (``jobslot.py``).
 """
 
 from __future__ import annotations

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import SpecError
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 _FN, _ARGS, _KWARGS = "_jupyter_mn_fn", "_jupyter_mn_args", "_jupyter_mn_kwargs"
 #: The cell every rank runs: its value (rank 0's) is the function's return value.
@@ -25,6 +28,21 @@ def call_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[st
     if not callable(fn):
         raise SpecError(f"launch needs a function to run on the ranks, not {type(fn).__name__}")
     return {_FN: fn, _ARGS: tuple(args), _KWARGS: dict(kwargs)}
+
+
+def launch(
+    cluster: Cluster, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """``Cluster.launch``: ``CALL_CELL`` on ``cluster``'s ranks, shown as a cell's output is."""
+    from .views import make_view
+
+    names = call_names(fn, args, kwargs)
+    view = make_view(cluster.spec, title=f"launch {getattr(fn, '__name__', 'function')}")
+    try:
+        result = cluster.run(CALL_CELL, namespace=names, push=names, on_event=view)
+    finally:
+        view.close()
+    return result.unwrap()
 
 
 def parse_call(text: str, namespace: dict[str, Any]) -> tuple[Any, tuple, dict[str, Any]]:

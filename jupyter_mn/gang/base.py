@@ -2,40 +2,38 @@
 
 Backends differ only in how they provide the dask cluster (a ``Provisioner``); bringing the agents
 up, running cells, failing fast and tearing down are the same for all of them and live here.
+``Gang`` is the face of its parts: the calls to its node agents (``agents.py``), the run loop
+(``runloop.py``), what it does when a node fails or is preempted (``liveness.py``), its group's
+re-formings (``generations.py``) and what its agents start (``nodelaunch.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..collectives import RankWhere
-from ..errors import (
-    JoinTimeout,
-    JupyterMNError,
-    NodeUnreachable,
-    RendezvousError,
-    SchedulingError,
-)
-from ..events import GangState, Note, OnEvent, Preemption, RankState, RankStatus, from_msg
+from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingError
+from ..events import GangState, Note, OnEvent, Preemption
 from ..launchspec import Launch, Script
 from ..names import gang_id
 from ..rankwire import RankReady
 from ..spec import ClusterSpec
 from ..workdir import Selection
-from .cellstream import CellStream
+from .agents import NodeAgents
 from .files import FileSync
+from .generations import Generations
 from .heartbeat import Heartbeat
 from .hub import EventHub, topics
-from .inbox import InterruptRequest, Reply
-from .job import INTERRUPTED_BY_USER, Job
-from .recover import Recovery, restarted_note
+from .inbox import Reply
+from .job import Job
+from .liveness import Liveness
+from .nodelaunch import launch_for, ranks_cwd
+from .runloop import RunLoop
 from .state import GangStatus, allowed
 from .transport import require_rdma
 
@@ -78,25 +76,19 @@ class Gang:
         self.detail = ""
         self.ranks: list[RankReady] = []
         self.started_at = time.time()
-        self._client: Any = None
         #: worker addresses, their hosts, and (address, port) of the master, in node order
         self.addresses: list[str] = []
         self.hosts: list[str] = []
         self.master: tuple[str, int] = ("", 0)
-        self._agents: list[Any] = []
-        self._agent_futures: list[Any] = []
-        #: cells' requests and replies, beside dask (cellstream.py)
-        self._cells = CellStream(self.hub.inbox)
-        self._generation = 0
-        self._runs = 0
-        #: the id of the job running now (0: none), which interrupt requests are meant for
-        self._running = 0
-        #: bumped whenever rank processes were restarted (they hold no cached notebook names)
-        self.incarnation = 0
+        self._agents = NodeAgents(self.hub, self.id, self.topic)
         self._on_event: OnEvent | None = None
         self._lock = threading.RLock()
-        self._heartbeat = Heartbeat(lambda: self._agents, spec.liveness_timeout, self._unreachable)
-        self._recovery: Recovery | None = None
+        self._loop = RunLoop(self, self._lock, self._transition)
+        self._generations = Generations(self, self._lock, self._transition)
+        self._liveness = Liveness(self, self._lock, lambda: self._loop.current)
+        self._heartbeat = Heartbeat(
+            lambda: self._agents.agents, spec.liveness_timeout, self._liveness.unreachable
+        )
         self._closer: threading.Thread | None = None
         #: the notebook's working directory on the nodes (seen, or a copy kept up to date)
         self.files = FileSync(self)
@@ -117,24 +109,7 @@ class Gang:
         """Stop the running job (a cell, script, node command or doctor), from any thread (the
         registry's cancel request, a background cell's ``cancel()``, ``--max-runtime``); False
         when none runs. The run loop (``run``) stops the job as Ctrl-C would."""
-        with self._lock:
-            if not self._running:
-                return False
-            self.hub.inbox.put_reply(InterruptRequest(reason, self._running))
-            return True
-
-    def _unreachable(self, node: int, silent: float) -> None:
-        """From the heartbeat: node ``node`` has not answered for ``silent`` s. A running job
-        gets it as that node's failed reply (the root cause); an idle gang is given up."""
-        host = self.hosts[node] if node < len(self.hosts) else "?"
-        error = NodeUnreachable(
-            f"node {node} ({host}) unreachable for {silent:.0f} s (no answer to the heartbeat)"
-        )
-        with self._lock:
-            if self._running:
-                self.hub.inbox.put_reply(Reply(node, error=error))
-                return
-        self.close(broken=str(error), wait=False)
+        return self._loop.request_cancel(reason)
 
     def notify(self, event: Any) -> None:
         """An event from the provisioner, which works on the starting (main) thread: shown now,
@@ -145,28 +120,6 @@ class Gang:
                 if self.hub.inbox.is_event(item):  # no job runs yet: nothing else is waited for
                     self.hub.consume(item, self._on_event)
         self.hub.announce(event, self._on_event)
-
-    def _on_dask_event(self, event: tuple[float, dict[str, Any]]) -> None:
-        msg = from_msg(event[1])
-        self.hub.dispatch(msg)
-        if isinstance(msg, Preemption):
-            self._preempted(msg)
-        if isinstance(msg, RankState) and msg.state == RankStatus.LOST_IDLE and self.status.idle:
-            note = f"{msg.detail}\n{restarted_note(self.spec, {msg.node}, done=True)}"
-            self.recover({msg.node}, [note], if_dead=True)
-
-    def _preempted(self, notice: Preemption) -> None:
-        """A node is being preempted: every node's ranks hear it (``checkpoint.preempted()``);
-        a running cell goes on (its loop saves and returns, or the deadline stops it) and then
-        ends with ``Preempted``; an idle gang is given up at once."""
-        with self._lock:
-            if self.preemption is None:
-                self.preemption = notice
-            running = bool(self._running)
-        for node in range(self.nodes):
-            self.ask(node, lambda agent: agent.preempt(notice))
-        if not running:
-            self.close(broken=f"node {notice.node} was preempted", wait=False)
 
     @property
     def device(self) -> str:
@@ -200,9 +153,12 @@ class Gang:
                     f"got {len(addresses)} node(s) from the {self.provisioner.backend} backend, "
                     f"need {self.spec.nodes}"
                 )
-            self._client = client
-            client.subscribe_topic(self.topic, self._on_dask_event)
-            self._place_agents(addresses)
+            self._agents.client = client
+            client.subscribe_topic(self.topic, self._liveness.on_dask_event)
+            self.hosts = self._agents.place(addresses)
+            self.addresses = list(addresses)
+            self.master = tuple(self._agents.agents[0].endpoint().result())
+            self._agents.open_cells(self.hosts)
             if preflight is not None:
                 preflight(self, lambda text: self.notify(Note(text)))
             self.files.decide(files, local=self.provisioner.backend == "local")
@@ -219,56 +175,10 @@ class Gang:
         finally:
             self._on_event = None
 
-    def _place_agents(self, addresses: list[str]) -> None:
-        """One node agent (a dask actor) per node; node 0's agent names the master address."""
-        from ..node.agent import NodeAgent
-
-        client = self._client
-        with client.as_current():
-            self._agent_futures = [
-                client.submit(
-                    NodeAgent,
-                    self.id,
-                    self.topic,
-                    node,
-                    actor=True,
-                    workers=[addr],
-                    allow_other_workers=False,
-                    pure=False,
-                    key=f"jupyter-mn-agent-{self.id}-{node}",
-                )
-                for node, addr in enumerate(addresses)
-            ]
-            self._agents = client.gather(self._agent_futures)
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-        self.addresses = list(addresses)
-        self.hosts = [workers[a]["host"] for a in addresses]
-        self.master = tuple(self._agents[0].endpoint().result())
-        self._open_cells()
-
-    def _open_cells(self) -> None:
-        """A cell stream to every agent the kernel can reach (not through a port-forward, which
-        carries dask's scheduler connection alone); the others get their cells as actor calls."""
-        client, cells = self._client, self._cells
-        if client.direct_to_workers is False:
-            return
-        context = client.security.get_connection_args("client").get("ssl_context")
-        ports = [agent.serve_cells() for agent in self._agents]
-        agents = zip(range(self.nodes), self.hosts, ports, strict=True)
-        cells.open_all([(node, host, port.result()) for node, host, port in agents], context)
-
-    def send_cell(self, payload: Any, run_id: int) -> None:
-        """Start ``agent.run(payload, run_id)`` on every node: on its cell stream where it has
-        one, else as an actor call; each node's reply reaches the inbox."""
-        request = self._cells.request(payload, run_id)
-        rest = [node for node in range(self.nodes) if not self._cells.send(node, request)]
-        if rest:
-            self.call_each(lambda node, agent: agent.run(payload, run_id), rest)
-
     def _start_ranks(self) -> list[RankReady]:
         # A port picked now, not before the preflight: the fewer seconds between choosing it and
         # rank 0 listening on it, the less chance another socket takes it meanwhile.
-        self.master = tuple(self._agents[0].endpoint().result())
+        self.master = tuple(self._agents.agents[0].endpoint().result())
         port = self.master[1]
         replies = self.ask_all(
             lambda node, agent: agent.start(self.launch(port, node)), self.spec.start_timeout + 30
@@ -281,112 +191,26 @@ class Gang:
     def launch(self, master_port: int, node: int, script: Script | None = None) -> Launch:
         """What node ``node``'s agent starts: this gang's shape and settings, rank 0's store on
         ``master_port`` (a script gets a fresh one: the warm gang's rank 0 keeps its own), and
-        where its ranks run."""
-        return Launch(
-            job=self.id,
-            gpus=self.spec.gpus,
-            nnodes=self.spec.nodes,
-            master_addr=self.master[0],
-            master_port=master_port,
-            backend=self.provisioner.backend,
-            nodes=tuple(self.hosts),
-            pg_timeout=self.spec.pg_timeout,
-            env=dict(self.spec.env),
-            start_timeout=self.spec.start_timeout,
-            heartbeat_timeout=self.spec.heartbeat_timeout,
-            grace=self.spec.grace,
-            memory_limit=self.spec.memory_limit,
-            rdma=self.spec.rdma,
-            require_rdma=self.spec.require_rdma,
-            debug=self.spec.debug,
-            script=script,
-            **{**self.provisioner.launch_options(), **self.files.launch_options(node)},
-        )
+        where its ranks run (``nodelaunch.py``)."""
+        return launch_for(self, master_port, node, script)
 
     def ranks_cwd(self) -> str | None:
         """The ranks' working directory on the nodes that see the notebook's directory (None:
         the worker's own); the others run in their copy of it."""
-        return {**self.provisioner.launch_options(), **self.files.shared_options()}.get("cwd")
-
-    def ask_all(self, call: Callable[[int, Any], Any], timeout: float) -> list[Reply]:
-        """Call an actor method on every agent at once, ``call(node, agent)`` (while the gang
-        starts: no job runs); collect replies via the inbox, showing events meanwhile, until
-        all answered or one failed."""
-        self.call_each(call)
-        replies: dict[int, Reply] = {}
-        deadline = time.monotonic() + timeout
-        while len(replies) < len(self._agents):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RendezvousError(f"no answer from node agents within {timeout:.0f} s")
-            try:
-                item = self.hub.inbox.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if isinstance(item, Reply):
-                replies[item.node] = item
-                if item.error is not None:
-                    break
-            elif self.hub.inbox.is_event(item):
-                self.hub.consume(item, self._on_event)
-        return list(replies.values())
+        return ranks_cwd(self)
 
     # ---- the run protocol (docs/architecture.md, "The run protocol")
-    @contextlib.contextmanager
-    def running(self) -> Iterator[int]:
+    def running(self) -> contextlib.AbstractContextManager[int]:
         """A job runs on the gang: RUNNING (a warm gang; nodes claimed for one job have no
         ranks and keep their state), then READY again unless the job moved the gang on (a
         re-forming, a teardown). Yields the run id that interrupt requests name."""
-        self.settle()
-        with self._lock:
-            if self._running:
-                raise JupyterMNError(f"gang {self.id} is already running run {self._running}")
-            if self.status.usable:
-                self._transition(GangStatus.RUNNING)
-            elif self.ranks or self.status != GangStatus.SCHEDULING:
-                raise JupyterMNError(f"gang {self.id} is {self.status.value}: {self.detail}")
-            self._runs += 1
-            self._running = self._runs
-        try:
-            yield self._running
-        finally:
-            with self._lock:
-                self._running = 0
-                if self.status == GangStatus.RUNNING:
-                    self._transition(GangStatus.READY)
-                if self.preemption is not None:  # any job (a script, a command): its node goes
-                    self.close(broken=f"node {self.preemption.node} was preempted", wait=False)
+        return self._loop.running()
 
     def run(self, job: Job[T], timeout: float | None = None) -> T:
         """Run ``job`` on the nodes until it is done: the one loop that applies interrupt
         requests, ``timeout`` and Ctrl-C (as ``job.stop``), ticks the job's escalation and
-        shows events as they arrive, on the calling (main) thread."""
-        with self.running() as run_id:
-            job.run_id = run_id
-            self.hub.announce(job.what(), job.on_event)
-            job.start()
-            deadline = time.monotonic() + timeout if timeout else None
-            while not job.done():
-                try:
-                    now = time.monotonic()
-                    if deadline is not None and now - job.paused_for >= deadline:
-                        deadline = None
-                        job.stop(f"--timeout {timeout:g} s reached", by_user=True)
-                    if job.tick(now):
-                        break
-                    try:
-                        item = self.hub.inbox.get(timeout=job.tick_s)
-                    except queue.Empty:
-                        continue
-                    if isinstance(item, InterruptRequest):
-                        if item.run == run_id:  # else: meant for a run that is over
-                            job.stop(item.reason, by_user=True, again=True)
-                    elif job.take(item):
-                        job.stop("another rank failed", by_user=False)
-                except KeyboardInterrupt:
-                    job.stop(INTERRUPTED_BY_USER, by_user=True, again=True)
-            job.settle()
-        return job.finish()
+        shows events as they arrive, on the calling (main) thread (``runloop.py``)."""
+        return self._loop.run(job, timeout)
 
     def close(self, broken: str | None = None, wait: bool = True) -> None:
         """Stop ranks, agents and the dask cluster. Idempotent; safe from any thread.
@@ -410,121 +234,83 @@ class Gang:
 
     def _teardown(self, broken: str | None) -> None:
         self._heartbeat.stop()
-        stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.nodes)]
-        deadline = time.monotonic() + _STOP_TIMEOUT_S
-        last = {}
-        for node, future in enumerate(stops):
-            with contextlib.suppress(Exception):  # a lost agent: its worker goes with the cluster
-                last[node] = future.result(timeout=max(deadline - time.monotonic(), 0.1))
-        self._cells.close("the gang was torn down")  # after the agents: a run's reply came first
+        last = self._agents.stop(_STOP_TIMEOUT_S)
         # An event still on its way would bring the topic back on the scheduler after release.
         self.hub.wait_delivered(last, _LAST_EVENTS_S)
-        if self._client is not None:
+        if self._agents.client is not None:
             with contextlib.suppress(Exception):
-                self._client.unsubscribe_topic(self.topic)
-        self._agents, self._agent_futures = [], []
+                self._agents.client.unsubscribe_topic(self.topic)
         self.provisioner.release()
-        self._client = None
+        self._agents.forget()
         self._transition(GangStatus.CLOSED, broken or "")
 
-    # ---- used by jobs (job.py and its kinds) and recovery (recover.py)
+    # ---- used by jobs (job.py and its kinds) and recovery (recover.py): agents.py's calls
     @property
     def nodes(self) -> int:
-        return len(self._agents)
+        return self._agents.nodes
 
     @property
-    def generation(self) -> int:
-        return self._generation
+    def agents(self) -> list[Any]:
+        return self._agents.agents
+
+    @property
+    def client(self) -> Any:
+        """The gang's ``distributed.Client`` (None once closed)."""
+        return self._agents.client
+
+    def send_cell(self, payload: Any, run_id: int) -> None:
+        """Start ``agent.run(payload, run_id)`` on every node: on its cell stream where it has
+        one, else as an actor call; each node's reply reaches the inbox."""
+        rest = self._agents.stream_cell(payload, run_id)
+        if rest:
+            self.call_each(lambda node, agent: agent.run(payload, run_id), rest)
+
+    def ask_all(self, call: Callable[[int, Any], Any], timeout: float) -> list[Reply]:
+        """Call an actor method on every agent at once, ``call(node, agent)`` (while the gang
+        starts: no job runs); collect replies via the inbox, showing events meanwhile, until
+        all answered or one failed."""
+        return self._agents.ask_all(call, timeout, self._on_event)
 
     def call_each(self, call: Callable[[int, Any], Any], nodes: list[int] | None = None) -> None:
-        """Start ``call(node, agent)`` (an actor call) for every node, all with one wake-up of
-        the client's loop (one per node cost a thread switch each on the cell's path); each
-        outcome reaches the inbox as that node's reply. The actor proxy raises at once when its
-        worker is already known lost: that is the reply then."""
-        inbox = self.hub.inbox
-        agents = list(self._agents)
-        chosen = range(len(agents)) if nodes is None else nodes
-
-        async def one(node: int, agent: Any) -> None:
-            try:
-                value = await call(node, agent)
-            except BaseException as exc:
-                inbox.put_reply(Reply(node, error=exc))
-            else:
-                inbox.put_reply(Reply(node, value=value))
-
-        async def go() -> None:
-            await asyncio.gather(*(one(node, agents[node]) for node in chosen))
-
-        self._client.loop.add_callback(go)
+        """Start ``call(node, agent)`` for every node (or ``nodes``); each outcome reaches the
+        inbox as that node's reply."""
+        self._agents.call_each(call, nodes)
 
     def ask(self, node: int, method: Callable[[Any], Any]) -> Any:
         """``method(agent)`` for node ``node``, answered by a future of its own rather than the
-        inbox (stacks, teardown and re-forming run beside a cell); failed at once if the agent
-        is known lost."""
-        try:
-            return method(self._agents[node])
-        except Exception as exc:  # "Worker holding Actor was lost"
-            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            failed.set_exception(exc)
-            return failed
+        inbox; failed at once if the agent is known lost."""
+        return self._agents.ask(node, method)
 
     def stacks(self, timeout: float = 3.0, stack: bool = True) -> list[RankWhere]:
         """Where every rank is (direct calls, no inbox): its main thread's stack in the cell's
         line numbers (unless ``stack`` is False) and its latest collectives."""
-        futures = [self.ask(node, lambda agent: agent.stacks(stack)) for node in range(self.nodes)]
-        deadline = time.monotonic() + timeout
-        out: list[RankWhere] = []
-        for node, future in enumerate(futures):
-            try:
-                out += future.result(timeout=max(deadline - time.monotonic(), 0.1))
-            except Exception as exc:
-                out.append(RankWhere(node, -1, False, answered=False, note=str(exc)))
-        return out
+        return self._agents.stacks(timeout, stack)
+
+    # ---- re-forming the group (generations.py)
+    @property
+    def generation(self) -> int:
+        return self._generations.generation
+
+    @property
+    def incarnation(self) -> int:
+        """Bumped whenever rank processes were restarted (they hold no cached notebook names)."""
+        return self._generations.incarnation
 
     def recover(
         self, restart: set[int], notes: list[str] | None = None, if_dead: bool = False
     ) -> None:
         """Re-form the group in the background, restarting the ranks of the ``restart`` nodes."""
-        with self._lock:  # settle() must find the recovery started once the state says so
-            if self.status not in (GangStatus.READY, GangStatus.RUNNING):
-                return
-            self._recovery = Recovery(self, restart, list(notes or []), if_dead)
-            self._transition(GangStatus.RENDEZVOUS, "re-forming the process group")
-            self._recovery.start()
+        self._generations.recover(restart, notes, if_dead)
 
     def recovered(self, restart: set[int]) -> None:
-        with self._lock:
-            if self.status != GangStatus.RENDEZVOUS:
-                return  # closed meanwhile
-            if restart:
-                self.incarnation += 1
-            self._transition(GangStatus.READY)
+        self._generations.recovered(restart)
 
     def settle(self) -> list[str]:
         """Wait for a re-forming in progress; return what the user should be told about it."""
-        with self._lock:
-            recovery = self._recovery
-        if recovery is None:
-            return []
-        recovery.join()
-        with self._lock:
-            if self._recovery is recovery:
-                self._recovery = None
-        return recovery.notes
+        return self._generations.settle()
 
     def next_generation(self) -> int:
-        self._generation += 1
-        return self._generation
-
-    @property
-    def agents(self) -> list[Any]:
-        return self._agents
-
-    @property
-    def client(self) -> Any:
-        """The gang's ``distributed.Client`` (None once closed)."""
-        return self._client
+        return self._generations.next()
 
 
 def rendezvous_cause(failures: list[BaseException]) -> JupyterMNError:

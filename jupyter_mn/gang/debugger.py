@@ -3,17 +3,21 @@
 The rank's pdb prompts through its node agent (``NodeAgent.debug``); here the kernel shows what
 pdb wrote and asks the user for the next line with ``input()``, which in a notebook is the
 frontend's own input box (ipykernel's ``input_request``), and in a script reads stdin.
+Which rank a post-mortem debugs is chosen from the last cell's outcome (``LastCell``).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from IPython.core.error import StdinNotImplementedError
 
 from ..debugwire import DebugAnswer, DebugEnded, DebugLine, DebugPrompt, DebugStart
+from ..errors import DebugUnavailable
+from ..result import LOST, OK, CellResult
 
 if TYPE_CHECKING:
     from .base import Gang
@@ -80,3 +84,50 @@ def post_mortem(gang: Gang, rank: int, prompt: Prompt, write: Write) -> DebugEnd
     READY after it, the other ranks untouched."""
     with gang.running():
         return converse(gang, rank, DebugStart(), prompt, write)
+
+
+def post_mortem_of(
+    last: LastCell | None, gang: Gang | None, rank: int | None, prompt: Prompt, write: Write
+) -> None:
+    """``Cluster.debug``: pdb on the failed rank of the ``last`` cell (``rank``, else its root
+    cause's), or ``DebugUnavailable`` saying why there is none."""
+    if last is None:
+        raise DebugUnavailable("no cell has run on this cluster: there is nothing to debug")
+    rank = last.rank_to_debug(gang, rank)
+    assert gang is not None  # rank_to_debug: the gang that ran the cell is up
+    ended = post_mortem(gang, rank, prompt, write)
+    if ended.error:
+        raise DebugUnavailable(ended.error)
+
+
+@dataclass(frozen=True)
+class LastCell:
+    """A cluster's last cell: its number, its outcome and the gang it ran on."""
+
+    cell_id: int
+    result: CellResult
+    gang_id: str
+
+    def rank_to_debug(self, gang: Gang | None, rank: int | None) -> int:
+        """The rank to debug (``rank``, else the root cause's), or ``DebugUnavailable`` saying
+        why there is none (nothing launched, nothing changed)."""
+        cell, result = self.cell_id, self.result
+        if result.ok:
+            raise DebugUnavailable(f"the last cell (In[{cell}]) did not fail: nothing to debug")
+        if gang is None or gang.id != self.gang_id:
+            raise DebugUnavailable(f"the gang that ran In[{cell}] is gone, and its tracebacks")
+        failed = [o for o in result.ranks if o.status != OK]
+        cause = result.root_cause
+        if rank is None and cause is not None:
+            rank = cause.rank
+        outcome = next((o for o in result.ranks if o.rank == rank), None)
+        if outcome is None:
+            raise DebugUnavailable(f"there is no rank {rank} (ranks 0-{len(result.ranks) - 1})")
+        if outcome.status == OK:
+            which = ", ".join(str(o.rank) for o in failed)
+            raise DebugUnavailable(f"rank {rank} did not fail in In[{cell}] (failed: {which})")
+        if outcome.status == LOST:
+            raise DebugUnavailable(
+                f"rank {rank} was lost in In[{cell}] and restarted: its traceback is gone"
+            )
+        return outcome.rank
