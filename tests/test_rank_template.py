@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from polling import wait_until
 
 from jupyter_mn.node.process import start_in_session
 from jupyter_mn.node.template import ForkedRank, RankTemplate
@@ -210,3 +211,55 @@ def test_a_template_that_dies_takes_its_ranks_and_later_ones_start_anew(modules,
         assert isinstance(later, subprocess.Popen) and outputs(later)[2] == 3
     finally:
         doomed.close()
+
+
+def test_a_fork_answered_too_late_starts_anew_and_the_late_process_is_killed(
+    modules, monkeypatch, caplog, no_leftovers
+):
+    """One rank, one process: the template's child that comes after the agent gave up on it is
+    killed, never left beside the rank started anew (nor taken for the next rank)."""
+    slow = RankTemplate(JOB)
+    try:
+        assert slow.wait_ready(), slow.failed
+        monkeypatch.setattr("jupyter_mn.node.template._FORK_WAIT_S", 0.0)
+        with caplog.at_level(logging.WARNING, logger="jupyter_mn.agent"):
+            proc = slow.start(argv("sleeps"), slow.env, str(modules))
+            assert isinstance(proc, subprocess.Popen)  # started anew
+            assert "did not fork" in slow.failed
+            wait_until(lambda: "forked it after its start was given up" in caplog.text, 20)
+        late = int(caplog.text.split("killed pid ")[1].split(":")[0])
+        assert (late != proc.pid and not psutil.pid_exists(late)) or (
+            psutil.Process(late).status() == psutil.STATUS_ZOMBIE
+        )
+        proc.kill()
+        proc.wait()
+    finally:
+        slow.close()
+
+
+def test_a_sigterm_to_the_template_is_one_to_its_node(modules, no_leftovers):
+    """Slurm signals every process of the step, and a rank's ``os.getppid()`` is the template:
+    its node process hears the SIGTERM (the preemption notice), and the template serves on."""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: (print('node heard it', flush=True), "
+            "sys.exit(0)))\n"
+            "from jupyter_mn.node.template import RankTemplate\n"
+            f"t = RankTemplate({JOB!r})\n"
+            "assert t.wait_ready(), t.failed\n"
+            "print(t.proc.pid, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        template_pid = int(parent.stdout.readline())
+        os.kill(template_pid, signal.SIGTERM)
+        assert parent.stdout.readline().strip() == "node heard it"
+        assert parent.wait(10) == 0
+    finally:
+        parent.kill()

@@ -54,7 +54,7 @@ MODULES = ("torch", "jupyter_mn.rank.runtime")
 #: How long ranks wait for their template's imports before they start anew (a cold template
 #: on a loaded node takes seconds; a new process would import just as long).
 READY_WAIT_S = 120.0
-_FORK_WAIT_S = 10.0
+_FORK_WAIT_S = 30.0
 _CLOSE_WAIT_S = 5.0
 #: Variables read as a process starts (the interpreter, the C library, OpenMP and BLAS as they
 #: load, torch at its import): a rank whose value differs from its template's starts anew.
@@ -89,8 +89,10 @@ Start = Callable[..., Any]
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this node starts its ranks from a template (not for stand-in ranks)."""
-    return environ.get(ENABLE, "1") != "0" and not environ.get(RANK_PYTHON, "").strip()
+    """Whether this node starts its ranks from a template: asked for with
+    ``JUPYTER_MN_RANK_TEMPLATE=1`` (opt-in until the suite is green with it on: see
+    docs/architecture.md, "The rank template"), never for stand-in ranks."""
+    return environ.get(ENABLE, "0") == "1" and not environ.get(RANK_PYTHON, "").strip()
 
 
 class ForkedRank:
@@ -138,6 +140,10 @@ class RankTemplate:
         self._replies: queue.Queue[ForkedRank | ForkFailed] = queue.Queue()
         self._live: dict[int, ForkedRank] = {}
         self._lock = threading.Lock()  # one fork request at a time
+        #: set once a fork's reply came too late: the rank started anew, and what the template
+        #: forks after that is killed, never a second process for one rank
+        self._gave_up = False
+        self._reply_lock = threading.Lock()
         self._warned = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
@@ -199,7 +205,7 @@ class RankTemplate:
             try:
                 data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
                 socket.send_fds(self._sock, [data], [out_w, err_w, *request.fds])
-                reply = self._replies.get(timeout=_FORK_WAIT_S)
+                reply = self._await_reply()
                 if isinstance(reply, ForkFailed):
                     raise RuntimeError(reply.error)
             except BaseException:
@@ -211,6 +217,20 @@ class RankTemplate:
                 os.close(err_w)
         reply.stdout, reply.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115
         return reply
+
+    def _await_reply(self) -> ForkedRank | ForkFailed:
+        try:
+            return self._replies.get(timeout=_FORK_WAIT_S)
+        except queue.Empty:
+            with self._reply_lock:
+                self._gave_up = True
+                late = []
+                while not self._replies.empty():
+                    late.append(self._replies.get_nowait())
+            for rank in late:  # came between the timeout and the lock
+                if isinstance(rank, ForkedRank):
+                    self._end_orphan(rank)
+            raise
 
     def _warn(self, why: str) -> None:
         if not self._warned:
@@ -241,7 +261,14 @@ class RankTemplate:
             self._ready.set()
         elif isinstance(msg, Forked):
             self._live[msg.pid] = rank = ForkedRank(msg.pid)
-            self._replies.put(rank)
+            with self._reply_lock:
+                if not self._gave_up:
+                    self._replies.put(rank)
+                    return
+            log.warning(
+                "killed pid %d: the template forked it after its start was given up", msg.pid
+            )
+            self._end_orphan(rank)  # the rank started anew
         elif isinstance(msg, ForkFailed):
             self._replies.put(msg)
         elif isinstance(msg, Exited) and (rank := self._live.pop(msg.pid, None)):

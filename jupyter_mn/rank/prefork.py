@@ -47,7 +47,16 @@ from .forkwire import (
 )
 
 #: The dispositions a fresh process inherits, as this one found them at its start.
-_STARTED_WITH = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGCHLD)}
+_STARTED_WITH = {
+    sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGCHLD, signal.SIGTERM)
+}
+
+
+def _to_node(signum: int, frame: Any) -> None:
+    """A SIGTERM to the template is one to its node (Slurm signals every process of the step,
+    and a rank's ``os.getppid()`` is the template): the node's process hears it as the
+    preemption notice, and the template lives on until its agent lets it go."""
+    os.kill(os.getppid(), signum)
 
 
 def _send(sock: socket.socket, msg: Any) -> None:
@@ -194,6 +203,7 @@ def serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _to_node)
     sock = socket.socket(fileno=int(os.environ.pop(SOCKET_FD)))
     try:
         try:
