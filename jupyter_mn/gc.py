@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from .rank.env import JOB
 from .rank.procview import ROOM
 from .registry import HOST, ORPHANED, JobModel, Registry
 
@@ -79,12 +80,12 @@ def _marked(gang: str) -> list:
     found = []
     for proc in psutil.process_iter():
         env = environ(proc)
-        if env.get("JUPYTER_MN_JOB") != gang or ROOM in env:
+        if env.get(JOB) != gang or ROOM in env:
             continue
         with contextlib.suppress(psutil.Error, OSError):
             parent = proc.parent()
             leads = os.getsid(proc.pid) == proc.pid
-            if leads or parent is None or environ(parent).get("JUPYTER_MN_JOB") != gang:
+            if leads or parent is None or environ(parent).get(JOB) != gang:
                 found.append(proc)
     return found
 
