@@ -74,9 +74,14 @@ def rank_processes(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def node_of(rank: psutil.Process) -> psutil.Process:
-    """The node process (its dask worker) a rank runs under: its parent, or, for a rank forked
-    from its node's rank template, its template's parent."""
+    """The node process (its dask worker) a rank runs under: its parent; or, for a rank forked
+    from a rank template, its template's parent (a node's own template), or the local node of
+    the rank's ``GROUP_RANK`` beside the template (the one a local gang's nodes share)."""
     parent = rank.parent()
-    if "jupyter_mn.rank.prefork" in parent.cmdline():
-        return parent.parent()
-    return parent
+    if "jupyter_mn.rank.prefork" not in parent.cmdline():
+        return parent
+    above = parent.parent()
+    if "dask_spec" in " ".join(above.cmdline()):
+        return above
+    name = f'"name": "{rank.environ()["GROUP_RANK"]}"'
+    return next(p for p in above.children() if name in " ".join(p.cmdline()))

@@ -84,10 +84,10 @@ def test_a_rank_forked_from_its_template_is_killed_and_the_template_left_to_its_
     """The forked rank shows the job's mark in /proc as a new rank would (``procview.py``);
     its template carries the mark too but is no rank: it ends with its node."""
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
-    template = RankTemplate("jmn-forked")
+    template = RankTemplate.own("jmn-forked")
     try:
         assert template.wait_ready(), template.failed
-        rank = template.start([sys.executable, "-m", "sleeper"], template.env, str(tmp_path))
+        rank = template.start([sys.executable, "-m", "sleeper"], template.ready.env, str(tmp_path))
         assert isinstance(rank, ForkedRank)
         reused = spawn()
         registry.save(stalled_job("jmn-forked", reused.pid, rank.pid, started=time.time() - 60))

@@ -20,6 +20,7 @@ its own descriptors (resource tracker, forkserver liveness) open in every child.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import importlib
 import os
@@ -36,6 +37,7 @@ from typing import Any
 from . import procview
 from .forkwire import (
     MAX_MESSAGE,
+    NODE_PID,
     PRELOAD,
     SOCKET_FD,
     Exited,
@@ -53,10 +55,13 @@ _STARTED_WITH = {
 
 
 def _to_node(signum: int, frame: Any) -> None:
-    """A SIGTERM to the template is one to its node (Slurm signals every process of the step,
-    and a rank's ``os.getppid()`` is the template): the node's process hears it as the
-    preemption notice, and the template lives on until its agent lets it go."""
-    os.kill(os.getppid(), signum)
+    """A SIGTERM to a node's template is one to its node (Slurm signals every process of the
+    step, and a rank's ``os.getppid()`` is the template): the node's process hears it as the
+    preemption notice, and the template lives on until its agent lets it go. Once the node is
+    gone the template is re-parented: the signal goes nowhere, and its socket's end stops it."""
+    node = int(os.environ[NODE_PID])
+    if os.getppid() == node:
+        os.kill(node, signum)
 
 
 def _send(sock: socket.socket, msg: Any) -> None:
@@ -145,12 +150,14 @@ def _run(module: str) -> int:
     return code
 
 
-def _fork(sock: socket.socket) -> bool:
-    """Serve one request; False once the agent is gone."""
+def _fork(sock: socket.socket) -> int | None:
+    """Serve one request of ``sock``'s agent: the pid forked (0: none); None once the agent is
+    gone."""
     data, given, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 64)
     if not data:
-        return False
+        return None
     request: ForkRank = pickle.loads(data)
+    pid = 0
     try:
         if threading.active_count() > 1:  # only the forking thread would live on in the child
             raise RuntimeError(f"the template runs {threading.active_count()} threads")
@@ -160,61 +167,105 @@ def _fork(sock: socket.socket) -> bool:
         _send(sock, ForkFailed(f"{type(exc).__name__}: {exc}"))
     else:
         if pid == 0:
-            sock.close()
             os.close(waiting)
-            _become(request, given, led)
+            _become(request, given, led)  # closes every descriptor it was not given
         os.close(led)
         os.read(waiting, 1)  # its end: the child is set up (or died trying)
         os.close(waiting)
         _send(sock, Forked(pid))
     for fd in given:
         os.close(fd)
-    return True
+    return pid
 
 
-def _reap(sock: socket.socket) -> None:
-    """Report every child that ended."""
-    while True:
+class _Agents:
+    """The agents' sockets (one per node the template serves) and which one asked for each
+    process, whose exit goes to it alone. An agent gone (its socket's end: its node process
+    died, or it let the template go) takes the processes it asked for: a rank never outlives
+    its node, even while the template serves other nodes."""
+
+    def __init__(self, socks: list[socket.socket]) -> None:
+        self.open = set(socks)
+        self._asked: dict[int, socket.socket] = {}
+
+    def serve(self, sock: socket.socket) -> bool:
+        """One request of ``sock``'s; False once that agent is gone."""
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(sock, Exited(pid, os.waitstatus_to_exitcode(status)))
+            pid = _fork(sock)
+        except OSError:  # its end closed mid-request
+            pid = None
+        if pid is None:
+            self.open.discard(sock)
+            sock.close()
+            for child, asker in self._asked.items():
+                if asker is sock:  # not reaped yet: its pid is still its own
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child, signal.SIGKILL)
+            return False
+        if pid:
+            self._asked[pid] = sock
+        return True
+
+    def reap(self) -> None:
+        """Report every child that ended, to its agent."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            sock = self._asked.pop(pid, None)
+            if sock in self.open:
+                with contextlib.suppress(OSError):  # its agent is going: no one to tell
+                    _send(sock, Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
-def serve(sock: socket.socket) -> None:
-    """Fork on request and report exits until the agent closes its end."""
+def serve(socks: list[socket.socket]) -> None:
+    """Fork on request and report exits until every agent has closed its end."""
+    agents = _Agents(socks)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd hears it
     selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
+    for sock in socks:
+        selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    while True:
+    while agents.open:
         for key, _ in selector.select():
-            if key.fileobj is sock and not _fork(sock):
-                return
             if key.fileobj == wake_r:
                 os.read(wake_r, 4096)
-        _reap(sock)
+            elif key.fileobj in agents.open and not agents.serve(key.fileobj):
+                selector.unregister(key.fileobj)
+        agents.reap()
+
+
+def _ready(socks: list[socket.socket], msg: Any) -> list[socket.socket]:
+    """Say ``msg`` to every agent; those still there."""
+    heard = []
+    for sock in socks:
+        try:
+            _send(sock, msg)
+            heard.append(sock)
+        except OSError:  # that agent went first (its gang closed while this one imported)
+            sock.close()
+    return heard
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _to_node)
-    sock = socket.socket(fileno=int(os.environ.pop(SOCKET_FD)))
+    if NODE_PID in os.environ:
+        signal.signal(signal.SIGTERM, _to_node)
+    socks = [socket.socket(fileno=int(fd)) for fd in os.environ.pop(SOCKET_FD).split(",")]
     try:
-        try:
-            _preload(os.environ.pop(PRELOAD).split(","))
-        except Exception as exc:
-            _send(sock, TemplateFailed(f"{type(exc).__name__}: {exc}"))
-            return
-        _send(sock, TemplateReady(os.getpid()))
-        serve(sock)
-    except ConnectionError:  # the agent went first (a gang closed while this one imported)
+        _preload(os.environ.pop(PRELOAD).split(","))
+    except Exception as exc:
+        _ready(socks, TemplateFailed(f"{type(exc).__name__}: {exc}"))
         return
+    env = {k: v for k, v in os.environ.items() if k not in (procview.ROOM, NODE_PID)}
+    if socks := _ready(socks, TemplateReady(os.getpid(), env, procview.room())):
+        serve(socks)
+    os._exit(0)  # torch's interpreter teardown takes a while, and nothing here needs it
 
 
 if __name__ == "__main__":
