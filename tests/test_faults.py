@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 import torch
-from procs import TOKEN, node_of, ours, processes, rank_processes, wait_gone
+from procs import TOKEN, node_of, ours, processes, rank_processes, started_now, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, CellInterrupted, ClusterBusy, NodeLost, RankLost
@@ -33,7 +33,7 @@ ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 
 @pytest.fixture(scope="module")
 def gang() -> Iterator[Cluster]:
-    started = time.time() - 0.5
+    started = started_now()
     cluster = Cluster(nodes=2, gpus=2, memory_limit="900MB")
     cluster.up()
     yield cluster

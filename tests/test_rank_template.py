@@ -51,6 +51,8 @@ MODULES = {
     "raises": "raise ValueError('from the forked module')",
     "killsself": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "sleeps": "import time\ntime.sleep(120)",
+    "termsparent": "import os, signal, time\nwhile not os.path.exists('go'):\n"
+    "    time.sleep(0.05)\nos.kill(os.getppid(), signal.SIGTERM)\ntime.sleep(120)",
     "pkg/__init__": "",
     "pkg/quiet": "if __name__ == '__main__':\n    print('ran as main')",
 }
@@ -266,9 +268,7 @@ def test_one_template_serves_several_nodes_and_tells_each_of_its_own_ranks(modul
         proc.wait()
 
 
-def test_a_node_process_that_dies_takes_its_ranks_and_the_template_serves_on(
-    modules, no_leftovers
-):
+def test_a_node_process_that_dies_takes_its_ranks_and_the_template_serves_on(modules, no_leftovers):
     """A node killed (its agent never closes anything) leaves the socket's end alone: the
     template kills the ranks it forked for that node at once, whatever the others do."""
     proc, (dying, staying) = spawn(JOB, 2, ENV)
@@ -304,39 +304,78 @@ def test_a_node_process_that_dies_takes_its_ranks_and_the_template_serves_on(
         proc.wait(10)
 
 
+#: A node process: its end of a template (its own, or an inherited socket of a shared one), one
+#: rank of ``module`` forked from it (its pid printed), then, for each line read, whether a
+#: SIGTERM reached the node.
 NODE = """
-import os, signal, sys
-signal.signal(signal.SIGTERM, lambda *_: (print("node heard it", flush=True), sys.exit(0)))
-from jupyter_mn.node.template import RankTemplate, spawn
+import signal, socket, sys
+heard = []
+signal.signal(signal.SIGTERM, lambda *_: heard.append(1))
+from jupyter_mn.node.template import RankTemplate
+fd, module, env, cwd = int(sys.argv[1]), sys.argv[2], eval(sys.argv[3]), sys.argv[4]
+t = RankTemplate.own(env["JUPYTER_MN_JOB"]) if fd < 0 else RankTemplate(socket.socket(fileno=fd))
+assert t.wait_ready(), t.failed
+rank = t.start([sys.executable, "-m", module], env, cwd)
+print(rank.pid, t.ready.pid, flush=True)
+for _ in sys.stdin:
+    print("heard" if heard else "not heard", flush=True)
 """
 
 
-@pytest.mark.parametrize(
-    ("start", "heard"),
-    [
-        (f"t = RankTemplate.own({JOB!r})\nproc = t.proc", "node heard it"),
-        (f"proc, (sock,) = spawn({JOB!r}, 1, os.environ)\nt = RankTemplate(sock)", "it ended: -15"),
-    ],
-    ids=["own", "shared"],
-)
-def test_a_sigterm_to_a_nodes_template_is_one_to_its_node(modules, no_leftovers, start, heard):
-    """Slurm signals every process of the step, and a rank's ``os.getppid()`` is the template:
-    its node process hears the SIGTERM (the preemption notice), and the template serves on. The
-    template a kernel started for a local gang's nodes has no node above it: it ends."""
-    parent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            NODE + start + "\nassert t.wait_ready(), t.failed\nprint(proc.pid, flush=True)\n"
-            "print('it ended:', proc.wait(60), flush=True)\n",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+class Node:
+    """A node process (``NODE``) and what it says."""
+
+    def __init__(self, fd: int, module: str, modules: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", NODE, str(fd), module, repr(ENV), str(modules)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            pass_fds=(fd,) if fd >= 0 else (),
+        )
+        self.rank, self.template = map(int, self.proc.stdout.readline().split())
+
+    def heard(self) -> bool:
+        self.proc.stdin.write("?\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip() == "heard"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_a_sigterm_to_a_nodes_own_template_is_one_to_its_node(modules, no_leftovers):
+    """Slurm signals every process of the step: the node process hears the SIGTERM (the
+    preemption notice), and the template serves on with its rank."""
+    node = Node(-1, "sleeps", modules)
     try:
-        template_pid = int(parent.stdout.readline())
-        os.kill(template_pid, signal.SIGTERM)
-        assert parent.stdout.readline().strip() == heard
-        assert parent.wait(10) == 0
+        os.kill(node.template, signal.SIGTERM)
+        wait_until(node.heard, 10, "the node heard it")
+        assert psutil.pid_exists(node.template) and psutil.pid_exists(node.rank)
     finally:
-        parent.kill()
+        node.close()
+
+
+def test_a_rank_that_sigterms_its_parent_preempts_its_own_node_alone(modules, no_leftovers):
+    """As under torchrun, whose ranks' parent is their node's agent: a rank's
+    ``os.kill(os.getppid(), SIGTERM)`` reaches its node through the template the local
+    backend's nodes share, and no other node."""
+    proc, ends = spawn(JOB, 2, ENV)
+    nodes = []
+    try:
+        for end, module in zip(ends, ("termsparent", "sleeps"), strict=True):
+            nodes.append(Node(end.fileno(), module, modules))
+            end.close()
+        signalled, other = nodes
+        (modules / "go").touch()  # now that both nodes have asked the template for a rank
+        wait_until(signalled.heard, 10, "the rank's node heard it")
+        assert not other.heard()
+        assert proc.poll() is None
+    finally:
+        for node in nodes:
+            node.close()
+        for end in ends:
+            end.close()
+        proc.wait(10)
+        (modules / "go").unlink(missing_ok=True)

@@ -233,7 +233,7 @@ class RankTemplate:
             log.info("rank starts anew: its environment differs from the template's in %s", early)
         else:
             try:
-                return self._fork(ForkRank(module, dict(env), cwd, tuple(pass_fds)))
+                return self._fork(ForkRank(module, dict(env), cwd, tuple(pass_fds), os.getpid()))
             except (OSError, queue.Empty, RuntimeError) as exc:
                 self.failed = self.failed or f"it did not fork: {type(exc).__name__}: {exc}"
                 self._warn(self.failed)

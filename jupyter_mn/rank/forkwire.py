@@ -16,8 +16,9 @@ PRELOAD = "JUPYTER_MN_TEMPLATE_PRELOAD"
 #: The template's ends of its sockets, one per agent it serves (descriptor numbers, comma-
 #: separated), in its environment.
 SOCKET_FD = "JUPYTER_MN_TEMPLATE_FD"
-#: The process a SIGTERM to the template goes on to (its node's), in its environment; unset
-#: for the local backend's template, which the kernel starts for all of a gang's nodes.
+#: The node process a node's own template serves, in its environment (a SIGTERM to the
+#: template goes on to it); unset for the local backend's template, which the kernel starts for
+#: all of a gang's nodes and which learns them from their requests (``ForkRank.node``).
 NODE_PID = "JUPYTER_MN_TEMPLATE_NODE_PID"
 #: Largest message either end reads (a rank's environment is a few KiB).
 MAX_MESSAGE = 1 << 20
@@ -52,6 +53,8 @@ class ForkRank:
     env: dict[str, str]
     cwd: str | None
     fds: tuple[int, ...] = ()
+    #: the asking node's process (its agent's pid): where a SIGTERM from this rank goes on to
+    node: int = 0
 
 
 @dataclass(frozen=True)

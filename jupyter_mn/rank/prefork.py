@@ -48,20 +48,14 @@ from .forkwire import (
     TemplateReady,
 )
 
-#: The dispositions a fresh process inherits, as this one found them at its start.
+#: The dispositions a fresh process inherits, as this one found them at its start, and the
+#: signals it found blocked (the template blocks SIGTERM: ``_Agents.terms``).
 _STARTED_WITH = {
     sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGCHLD, signal.SIGTERM)
 }
-
-
-def _to_node(signum: int, frame: Any) -> None:
-    """A SIGTERM to a node's template is one to its node (Slurm signals every process of the
-    step, and a rank's ``os.getppid()`` is the template): the node's process hears it as the
-    preemption notice, and the template lives on until its agent lets it go. Once the node is
-    gone the template is re-parented: the signal goes nowhere, and its socket's end stops it."""
-    node = int(os.environ[NODE_PID])
-    if os.getppid() == node:
-        os.kill(node, signum)
+_BLOCKED = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+#: How often the template looks for a SIGTERM (blocked: only waiting for it says who sent it).
+_TERM_POLL_S = 0.1
 
 
 def _send(sock: socket.socket, msg: Any) -> None:
@@ -117,6 +111,7 @@ def _become(request: ForkRank, given: list[int], led: int) -> None:
         signal.set_wakeup_fd(-1)
         for sig, handler in _STARTED_WITH.items():
             signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, _BLOCKED)
         null = os.open(os.devnull, os.O_RDONLY)
         held = max([2, *request.fds]) + 1  # ``led``, kept open at a number of its own meanwhile
         _move_fds([null, *given, led], [0, 1, 2, *request.fds, held])
@@ -150,9 +145,9 @@ def _run(module: str) -> int:
     return code
 
 
-def _fork(sock: socket.socket) -> int | None:
-    """Serve one request of ``sock``'s agent: the pid forked (0: none); None once the agent is
-    gone."""
+def _fork(sock: socket.socket) -> tuple[int, int] | None:
+    """Serve one request of ``sock``'s agent: the pid forked (0: none) and the asking node's
+    process; None once the agent is gone."""
     data, given, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 64)
     if not data:
         return None
@@ -175,35 +170,40 @@ def _fork(sock: socket.socket) -> int | None:
         _send(sock, Forked(pid))
     for fd in given:
         os.close(fd)
-    return pid
+    return pid, request.node
 
 
 class _Agents:
-    """The agents' sockets (one per node the template serves) and which one asked for each
-    process, whose exit goes to it alone. An agent gone (its socket's end: its node process
-    died, or it let the template go) takes the processes it asked for: a rank never outlives
-    its node, even while the template serves other nodes."""
+    """The agents' sockets (one per node the template serves), which one asked for each
+    process (its exit goes to that agent alone) and each agent's node process. An agent gone
+    (its socket's end: its node process died, or it let the template go) takes the processes
+    it asked for: a rank never outlives its node, even while the template serves other nodes."""
 
-    def __init__(self, socks: list[socket.socket]) -> None:
+    def __init__(self, socks: list[socket.socket], node: int | None) -> None:
         self.open = set(socks)
         self._asked: dict[int, socket.socket] = {}
+        #: each agent's node process, as its requests say (a node's own template: from its start)
+        self._nodes: dict[socket.socket, int] = {socks[0]: node} if node else {}
 
     def serve(self, sock: socket.socket) -> bool:
         """One request of ``sock``'s; False once that agent is gone."""
         try:
-            pid = _fork(sock)
+            forked = _fork(sock)
         except OSError:  # its end closed mid-request
-            pid = None
-        if pid is None:
+            forked = None
+        if forked is None:
             self.open.discard(sock)
+            self._nodes.pop(sock, None)
             sock.close()
             for child, asker in self._asked.items():
                 if asker is sock:  # not reaped yet: its pid is still its own
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(child, signal.SIGKILL)
             return False
+        pid, node = forked
         if pid:
             self._asked[pid] = sock
+            self._nodes[sock] = node
         return True
 
     def reap(self) -> None:
@@ -220,10 +220,23 @@ class _Agents:
                 with contextlib.suppress(OSError):  # its agent is going: no one to tell
                     _send(sock, Exited(pid, os.waitstatus_to_exitcode(status)))
 
+    def terms(self) -> None:
+        """Pass each SIGTERM on: a rank's (``os.kill(os.getppid(), SIGTERM)``, as under
+        torchrun, whose parent is its node's agent) to that rank's node; anyone else's (Slurm
+        signals every process of a step) to every node it serves. The template lives on until
+        its agents let it go."""
+        while (info := signal.sigtimedwait([signal.SIGTERM], 0)) is not None:
+            asker = self._asked.get(info.si_pid)
+            nodes = [self._nodes[asker]] if asker in self._nodes else list(self._nodes.values())
+            for node in nodes:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(node, signal.SIGTERM)
 
-def serve(socks: list[socket.socket]) -> None:
-    """Fork on request and report exits until every agent has closed its end."""
-    agents = _Agents(socks)
+
+def serve(socks: list[socket.socket], node: int | None = None) -> None:
+    """Fork on request, report exits and pass SIGTERMs on until every agent has closed its
+    end (``node``: the one node process a node's own template serves)."""
+    agents = _Agents(socks, node)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -233,12 +246,13 @@ def serve(socks: list[socket.socket]) -> None:
         selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     while agents.open:
-        for key, _ in selector.select():
+        for key, _ in selector.select(_TERM_POLL_S):
             if key.fileobj == wake_r:
                 os.read(wake_r, 4096)
             elif key.fileobj in agents.open and not agents.serve(key.fileobj):
                 selector.unregister(key.fileobj)
         agents.reap()
+        agents.terms()
 
 
 def _ready(socks: list[socket.socket], msg: Any) -> list[socket.socket]:
@@ -254,17 +268,17 @@ def _ready(socks: list[socket.socket], msg: Any) -> list[socket.socket]:
 
 
 def main() -> None:
-    if NODE_PID in os.environ:
-        signal.signal(signal.SIGTERM, _to_node)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # said on, not obeyed: ``terms``
+    node = int(os.environ.pop(NODE_PID, "0")) or None
     socks = [socket.socket(fileno=int(fd)) for fd in os.environ.pop(SOCKET_FD).split(",")]
     try:
         _preload(os.environ.pop(PRELOAD).split(","))
     except Exception as exc:
         _ready(socks, TemplateFailed(f"{type(exc).__name__}: {exc}"))
         return
-    env = {k: v for k, v in os.environ.items() if k not in (procview.ROOM, NODE_PID)}
+    env = {k: v for k, v in os.environ.items() if k != procview.ROOM}
     if socks := _ready(socks, TemplateReady(os.getpid(), env, procview.room())):
-        serve(socks)
+        serve(socks, node)
     os._exit(0)  # torch's interpreter teardown takes a while, and nothing here needs it
 
 
