@@ -265,6 +265,7 @@ torch.cat([p.detach().flatten() for p in model.parameters()])
 """
 
 
+@pytest.mark.slow
 def test_training_killed_midway_resumes_from_its_checkpoint_bit_for_bit(gang, tmp_path):
     """The acceptance check for multi-node training: kill rank 3 at step ~100 of 200; with
     --retries 1 the cell finishes from the last COMPLETE checkpoint, and matches an

@@ -98,12 +98,9 @@ class LocalProvisioner:
             )
             for i in range(spec.nodes):
                 node_env = env if node_gpus is None else {**env, VISIBLE: node_gpus[i]}
-                fds: tuple[int, ...] = ()
-                if ends:
-                    node_env, fds = (
-                        {**node_env, template.SHARED: str(ends[i].fileno())},
-                        (ends[i].fileno(),),
-                    )
+                shared = (ends[i].fileno(),) if ends else ()
+                if shared:
+                    node_env = {**node_env, template.SHARED: str(shared[0])}
                 self._spawn(
                     node_env,
                     "worker",
@@ -115,7 +112,7 @@ class LocalProvisioner:
                         "memory_limit": 0,
                         "preload": ["jupyter_mn.node.agent"],
                     },
-                    pass_fds=fds,
+                    pass_fds=shared,
                 )
             for end in ends:  # the nodes hold them now: the template ends with the last node
                 end.close()
