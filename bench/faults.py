@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 import psutil
+from localnodes import local_node
 
 from jupyter_mn import Cluster
 
@@ -103,9 +104,7 @@ def measure(cluster: Cluster, fault: Fault) -> tuple[float, float]:
 def agent_lost(cluster: Cluster) -> tuple[float, float]:
     """Kill node 1's dask worker while rank 3 sleeps: NodeLost, then the next cell's new gang."""
     cluster.run(ALL_REDUCE)
-    worker = psutil.Process(rank_pids()[3]).parent()
-    if "jupyter_mn.rank.prefork" in worker.cmdline():  # the rank's template: the worker's child
-        worker = worker.parent()
+    worker = local_node(1)
     handle = cluster.submit(on_rank(3, "import time\ntime.sleep(600)"))
     while "time.sleep" not in str(cluster.stacks()):  # rank 3 is in its sleep
         time.sleep(0.02)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-import psutil
+from localnodes import local_node
 
 from jupyter_mn import Cluster
 from jupyter_mn.events import LogLines, Preemption
@@ -53,20 +53,6 @@ for step in range(start, 100_000):
 """
 
 
-def node_process(rank: int) -> psutil.Process:
-    """The worker process (``dask spec``) running ``rank``."""
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            node = proc.parent()  # a rank forked from its node's template: the template's
-            if "jupyter_mn.rank.prefork" in node.cmdline():
-                node = node.parent()
-            if proc.environ().get("RANK") == str(rank) and "dask_spec" in " ".join(node.cmdline()):
-                return node
-        except psutil.Error:
-            continue
-    raise RuntimeError(f"rank {rank} is not running")
-
-
 class Round:
     """One preemption: the SIGTERM at rank 0's step 10, and when each stage was seen."""
 
@@ -88,7 +74,7 @@ class Round:
                 elif not self.resumed_at:
                     self.last_step = int(text.split()[1])
                 if self.last_step >= 10 and not self.sent_at:
-                    os.kill(node_process(2).pid, signal.SIGTERM)  # rank 2 lives on node 1
+                    os.kill(local_node(1).pid, signal.SIGTERM)  # rank 2's node
                     self.sent_at, self.sent_step = time.monotonic(), self.last_step
 
 

@@ -6,7 +6,8 @@ stopped or stuck in C code can hold a GPU forever; ``gc`` kills those. It finds 
 ``JUPYTER_MN_JOB`` mark in their environment, not by the pids the registry holds: a kernel killed
 just after its ranks started may not have recorded them, and a recycled pid is never hit. On this
 host a job is ORPHANED only once its kernel process is gone (``registry.kernel_alive``): a kernel
-busy in C code stops beating but keeps its gang.
+busy in C code stops beating but keeps its gang. A rank template left stopped or stuck (it
+ends with its nodes otherwise, and kills their ranks as it does) goes too.
 """
 
 from __future__ import annotations
@@ -49,26 +50,34 @@ def _local(job: JobModel, dry_run: bool) -> list[str]:
 
     if job.host != HOST:
         return [f"{job.id}: ran on {job.host}; run jupyter mn gc there"]
-    left = _marked(job.gang)
-    if not left:
+    left, templates = _marked(job.gang)
+    if not left and not templates:
         return []
-    pids = ", ".join(str(p.pid) for p in left)
-    if dry_run:
-        return [f"{job.id}: would kill {len(left)} leftover rank process(es): {pids}"]
-    for proc in left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # a rank leads its session: its children go too
-    _, alive = psutil.wait_procs(left, timeout=_KILL_WAIT_S)
-    report = [f"{job.id}: killed {len(left) - len(alive)} leftover rank process(es): {pids}"]
+    verb, alive = "would kill", []
+    if not dry_run:
+        verb = "killed"
+        for proc in left + templates:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # each leads its session: its children too
+        _, alive = psutil.wait_procs(left + templates, timeout=_KILL_WAIT_S)
+    report = []
+    if left:
+        pids = ", ".join(str(p.pid) for p in left)
+        gone = len([p for p in left if p not in alive])
+        report.append(f"{job.id}: {verb} {gone} leftover rank process(es): {pids}")
+    if templates:
+        pids = ", ".join(str(p.pid) for p in templates)
+        report.append(f"{job.id}: {verb} its rank template(s): {pids}")
     report += [f"{job.id}: pid {p.pid} survived SIGKILL (uninterruptible?)" for p in alive]
     return report
 
 
-def _marked(gang: str) -> list:
-    """This user's processes that carry the gang's mark and lead their session or have a parent
-    that does not: the ranks themselves (each leads its session; one forked from its node's
-    rank template has a marked parent), not the children that ``killpg`` ends with them, nor a
-    rank template (it holds no GPU and ends with its node)."""
+def _marked(gang: str) -> tuple[list, list]:
+    """This user's processes that carry the gang's mark: the ranks (those that lead their
+    session or have a parent that does not: each leads its session, one forked from a rank
+    template has a marked parent; not the children that ``killpg`` ends with them), and the
+    rank templates (their environment holds ``JUPYTER_MN_TEMPLATE_ROOM``), which end with their
+    nodes unless they are stopped or stuck."""
     import psutil
 
     def environ(proc: psutil.Process) -> dict[str, str]:
@@ -77,17 +86,20 @@ def _marked(gang: str) -> list:
                 return proc.environ()
         return {}
 
-    found = []
+    ranks, templates = [], []
     for proc in psutil.process_iter():
         env = environ(proc)
-        if env.get(JOB) != gang or ROOM in env:
+        if env.get(JOB) != gang:
+            continue
+        if ROOM in env:
+            templates.append(proc)
             continue
         with contextlib.suppress(psutil.Error, OSError):
             parent = proc.parent()
             leads = os.getsid(proc.pid) == proc.pid
             if leads or parent is None or environ(parent).get(JOB) != gang:
-                found.append(proc)
-    return found
+                ranks.append(proc)
+    return ranks, templates
 
 
 def _kubernetes(job: JobModel, dry_run: bool) -> list[str]:

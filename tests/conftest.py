@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 
 import dask
 import pytest
 from daskcli import DaskCLI, tls_config
 from hosts import HostNet, missing
-from procs import ours, wait_gone
+from procs import ours, started_now, wait_gone
 from slurm import SlurmCluster
 from slurm import missing as slurm_missing
 
@@ -36,7 +35,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture
 def no_leftovers() -> Iterator[float]:
     """Fail the test if processes it started are still running (after a grace period)."""
-    started = time.time() - 0.5
+    started = started_now()
     yield started
     left = wait_gone(ours(started))
     assert not left, "processes left running:\n" + "\n".join(left)
@@ -45,7 +44,7 @@ def no_leftovers() -> Iterator[float]:
 @pytest.fixture(scope="module")
 def gang_2x2() -> Iterator[Cluster]:
     """One warm 2×2 gang shared by a module's tests (cold starts cost seconds)."""
-    started = time.time() - 0.5
+    started = started_now()
     cluster = Cluster(nodes=2, gpus=2)
     cluster.up()
     yield cluster

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import psutil
@@ -14,11 +15,28 @@ TOKEN = os.environ.setdefault("JUPYTER_MN_TEST_TOKEN", uuid.uuid4().hex)
 _INTERPRETER_HELPERS = ("multiprocessing.resource_tracker",)
 
 
+#: The processes running at each ``started_now`` mark: never counted as started after it.
+_RUNNING: dict[float, set[tuple[int, float]]] = {}
+
+
+def started_now() -> float:
+    """A mark for ``ours``: what starts from now on. Create times are only as exact as the boot
+    time (a whole second), so the mark is half a second early, and what runs already (a module
+    gang's ranks forked just before) is remembered and left out."""
+    since = time.time() - 0.5
+    running = psutil.process_iter(["pid", "create_time"])
+    _RUNNING[since] = {(p.info["pid"], p.info["create_time"]) for p in running}
+    return since
+
+
 def ours(since: float = 0.0) -> list[psutil.Process]:
     """Live processes of this test session created after ``since`` (excluding pytest itself)."""
     found = []
+    before = _RUNNING.get(since, set())
     for proc in psutil.process_iter(["pid", "create_time"]):
         if proc.pid == os.getpid() or proc.info["create_time"] < since:
+            continue
+        if (proc.pid, proc.info["create_time"]) in before:
             continue
         try:
             if proc.environ().get("JUPYTER_MN_TEST_TOKEN") != TOKEN or proc.status() in (
@@ -74,9 +92,15 @@ def rank_processes(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def node_of(rank: psutil.Process) -> psutil.Process:
-    """The node process (its dask worker) a rank runs under: its parent, or, for a rank forked
-    from its node's rank template, its template's parent."""
+    """The node process (its dask worker) a rank runs under: its parent; or, for a rank forked
+    from a rank template, its template's parent (a node's own template), or the local node of
+    the rank's job and ``GROUP_RANK`` beside the template (the one a local gang's nodes share)."""
     parent = rank.parent()
-    if "jupyter_mn.rank.prefork" in parent.cmdline():
-        return parent.parent()
-    return parent
+    if "jupyter_mn.rank.prefork" not in parent.cmdline():
+        return parent
+    above = parent.parent()
+    if "dask_spec" in " ".join(above.cmdline()):
+        return above
+    env = rank.environ()  # the worker's ``dask spec`` names its job and its node
+    marks = (f'"job": "{env["JUPYTER_MN_JOB"]}"', f'"name": "{env["GROUP_RANK"]}"')
+    return next(p for p in above.children() if all(m in " ".join(p.cmdline()) for m in marks))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy
 import pytest
 import torch
 import torch.distributed as dist
-from procs import ours, wait_gone
+from procs import ours, started_now, wait_gone
 
 from jupyter_mn import Cluster, checkpoint
 from jupyter_mn.errors import CheckpointError, RankLost
@@ -339,7 +338,7 @@ with warnings.catch_warnings(record=True) as caught:
 
 @pytest.fixture
 def no_leftover_gang() -> Iterator[None]:
-    started = time.time() - 0.5
+    started = started_now()
     yield
     left = wait_gone(ours(started))
     assert not left, "gang processes survived close():\n" + "\n".join(left)

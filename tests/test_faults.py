@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 import torch
-from procs import TOKEN, node_of, ours, processes, rank_processes, wait_gone
+from procs import TOKEN, node_of, ours, processes, rank_processes, started_now, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, CellInterrupted, ClusterBusy, NodeLost, RankLost
@@ -33,7 +33,7 @@ ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 
 @pytest.fixture(scope="module")
 def gang() -> Iterator[Cluster]:
-    started = time.time() - 0.5
+    started = started_now()
     cluster = Cluster(nodes=2, gpus=2, memory_limit="900MB")
     cluster.up()
     yield cluster
@@ -265,6 +265,7 @@ torch.cat([p.detach().flatten() for p in model.parameters()])
 """
 
 
+@pytest.mark.slow
 def test_training_killed_midway_resumes_from_its_checkpoint_bit_for_bit(gang, tmp_path):
     """The acceptance check for multi-node training: kill rank 3 at step ~100 of 200; with
     --retries 1 the cell finishes from the last COMPLETE checkpoint, and matches an

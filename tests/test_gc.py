@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from jobs import make_job
 
@@ -78,22 +79,26 @@ def test_a_kernel_that_is_gone_has_its_ranks_killed_even_if_its_pid_was_reused(r
     assert reused.poll() is None  # only the rank was touched
 
 
-def test_a_rank_forked_from_its_template_is_killed_and_the_template_left_to_its_node(
+def test_a_rank_forked_from_its_template_is_killed_and_so_is_the_template(
     registry, spawn, tmp_path
 ):
     """The forked rank shows the job's mark in /proc as a new rank would (``procview.py``);
-    its template carries the mark too but is no rank: it ends with its node."""
+    its template carries the mark too and is said apart from the ranks."""
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
-    template = RankTemplate("jmn-forked")
+    template = RankTemplate.own("jmn-forked")
     try:
         assert template.wait_ready(), template.failed
-        rank = template.start([sys.executable, "-m", "sleeper"], template.env, str(tmp_path))
+        rank = template.start([sys.executable, "-m", "sleeper"], template.ready.env, str(tmp_path))
         assert isinstance(rank, ForkedRank)
         reused = spawn()
         registry.save(stalled_job("jmn-forked", reused.pid, rank.pid, started=time.time() - 60))
         report = collect(registry, keep_s=1e9)
-        assert report == [f"jmn-forked: killed 1 leftover rank process(es): {rank.pid}"]
-        assert rank.wait(10) == -signal.SIGKILL  # its template saw it killed
-        assert template.proc.poll() is None
+        assert report == [
+            f"jmn-forked: killed 1 leftover rank process(es): {rank.pid}",
+            f"jmn-forked: killed its rank template(s): {template.proc.pid}",
+        ]
+        assert rank.wait(10) == -signal.SIGKILL  # ended by gc: the agent heard the exit
+        template.proc.wait(10)  # its status went to gc's psutil, which reaped it here
+        assert not psutil.pid_exists(template.proc.pid)
     finally:
         template.close()

@@ -140,7 +140,7 @@ def test_nccl_hang_names_the_rank_that_never_entered_the_all_reduce(no_leftovers
 @pytest.mark.gpu
 @pytest.mark.skipif(_cuda_count() == 0, reason="needs a CUDA GPU")
 def test_a_cuda_rank_forked_from_the_template_works_and_the_template_holds_no_gpu(
-    no_leftovers, monkeypatch
+    no_leftovers,
 ):
     """The template never initializes CUDA (no GPU context: NVML sees the rank, not the
     template), so a rank forked from it initializes CUDA itself; a restarted rank does too.
@@ -154,7 +154,6 @@ dist.all_reduce(t)
 (t.item(), torch.cuda.is_initialized(), template.cmdline()[-1])
 """
     forked = (1.0, True, "jupyter_mn.rank.prefork")
-    monkeypatch.setenv("JUPYTER_MN_RANK_TEMPLATE", "1")  # local nodes inherit it
     with Cluster(nodes=1, gpus=1) as cluster:
         assert cluster.run(code).unwrap() == forked
         template, rank = cluster.run("template.pid, os.getpid()").unwrap()

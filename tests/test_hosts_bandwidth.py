@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import pytest
 from daskcli import DaskCLI
 from hosts import HostNet
 
@@ -14,6 +15,8 @@ from jupyter_mn import Cluster
 from jupyter_mn.bandwidth import bench
 
 HOSTS = 3
+#: Shaped links move megabytes at 20-200 Mbit/s.
+pytestmark = pytest.mark.slow
 
 #: Low enough for two shared cores to drive, high enough above the box's noise.
 LINE, LINE_GBS = "200mbit", 0.025

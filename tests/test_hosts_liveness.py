@@ -20,6 +20,10 @@ from jupyter_mn import Cluster
 from jupyter_mn.events import Note
 
 HOSTS = 2
+#: Each fault waits out a liveness window or a heartbeat timeout.
+pytestmark = pytest.mark.slow
+#: The kernel's liveness window here: half the default, so each fault takes seconds less.
+LIVENESS = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +77,8 @@ def test_a_lost_node_ends_the_cell_fast_and_is_the_root_cause(
         action, restore = frozen(pid)
     listener = when_looping(action)
     back = waiting_for(far, restore)
-    with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address) as cluster:
+    spec = {"liveness_timeout": LIVENESS}
+    with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address, **spec) as cluster:
         try:
             result = cluster.run(LOOP.format(seconds=120), on_event=listener)
             ended = time.monotonic()
@@ -85,8 +90,8 @@ def test_a_lost_node_ends_the_cell_fast_and_is_the_root_cause(
         assert listener.done, "rank 1 never said it loops"
         took = ended - listener.done[0]
         assert cause is not None and cause.node == 1 and cause.error.ename == "NodeLost"
-        assert f"node 1 ({far.ip}) unreachable for 10 s" in cause.error.evalue
-        assert 9 < took < 20, took  # the 10 s window, then a kill that needs no waiting
+        assert f"node 1 ({far.ip}) unreachable for 5 s" in cause.error.evalue
+        assert LIVENESS - 1 < took < LIVENESS + 10, took  # the window, then a kill at once
         (near,) = [r for r in result.ranks if r.node == 0]
         assert near.status in ("interrupted", "lost")  # a consequence, not the cause
         assert any("torn down" in note for note in result.notes)
@@ -108,8 +113,9 @@ def test_a_slow_or_lossy_link_raises_no_alarm(link, host_net, dask_hosts, no_lef
     far = host_net.hosts[1]
     listener = when_looping(lambda: BAD_LINKS[link](far))
     try:
-        with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address) as cluster:
-            result = cluster.run(LOOP.format(seconds=14), on_event=listener)
+        spec = {"liveness_timeout": LIVENESS}
+        with Cluster(nodes=2, gpus=1, backend="dask", scheduler=address, **spec) as cluster:
+            result = cluster.run(LOOP.format(seconds=2 * LIVENESS), on_event=listener)
             dropped = far.dropped()
     finally:
         far.heal()
@@ -142,8 +148,9 @@ def test_a_node_cut_off_from_the_kernel_stops_its_ranks_and_leaves_nothing(
     cause = result.root_cause
     assert cause is not None and cause.node == 1 and cause.error.ename == "NodeLost"
     stopped = max(cut.gone) - listener.done[0]
-    # its last beat came at most HEARTBEAT_S before the cut; then a look every 0.5 s and a stop
-    assert HEARTBEAT_TIMEOUT - 2.5 < stopped < HEARTBEAT_TIMEOUT + 3, stopped
+    # its last beat came at most HEARTBEAT_S (2 s) before the cut; then a look every 0.5 s and a
+    # kill (slower on a loaded machine)
+    assert HEARTBEAT_TIMEOUT - 2.5 < stopped < HEARTBEAT_TIMEOUT + 4, stopped
     # the link is back: nothing of the gang runs on that host, and its worker holds no agent
     assert not rank_processes(processes(*far.pids()))
     wait_until(lambda: not cli.actors().get(far.hostname), what="the agent released")

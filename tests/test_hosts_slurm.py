@@ -59,6 +59,7 @@ def _is_task(proc: psutil.Process, job_id: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_release(
     slurm, no_leftovers, monkeypatch
 ):
@@ -140,6 +141,7 @@ def test_a_requeued_job_is_a_preemption_its_loop_saves_in_and_the_next_cell_gets
     wait_until(lambda: not slurm.jobs(), 30, "both jobs to leave squeue")
 
 
+@pytest.mark.slow
 def test_down_cancels_the_job_and_a_killed_kernels_job_ends_within_the_orphan_timeout(slurm):
     kernel = Kernel()
     try:

@@ -119,6 +119,7 @@ def test_every_rank_sees_the_notice_at_the_same_step_and_the_cell_ends_preempted
         assert cluster.status()["state"] in ("BROKEN", "CLOSED")
 
 
+@pytest.mark.slow
 def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, no_leftovers):
     """Ends with an uninterrupted run's parameters; then an idle gang's notice gives it up."""
     sigterm = SigtermAt("step 30")

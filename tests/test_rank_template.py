@@ -20,7 +20,7 @@ import pytest
 from polling import wait_until
 
 from jupyter_mn.node.process import start_in_session
-from jupyter_mn.node.template import ForkedRank, RankTemplate
+from jupyter_mn.node.template import ForkedRank, RankTemplate, spawn
 from jupyter_mn.rank.env import CONTROL_FD
 from jupyter_mn.rank.procview import ROOM_BYTES
 
@@ -51,10 +51,14 @@ MODULES = {
     "raises": "raise ValueError('from the forked module')",
     "killsself": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "sleeps": "import time\ntime.sleep(120)",
+    "termsparent": "import os, signal, time\nwhile not os.path.exists('go'):\n"
+    "    time.sleep(0.05)\nos.kill(os.getppid(), signal.SIGTERM)\ntime.sleep(120)",
     "pkg/__init__": "",
     "pkg/quiet": "if __name__ == '__main__':\n    print('ran as main')",
 }
 JOB = "jmn-template-test"
+#: What a template of JOB started with (``template.spawn``), and what its ranks get here.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "JUPYTER_MN_JOB": JOB}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +73,7 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def template() -> Iterator[RankTemplate]:
-    started = RankTemplate(JOB)
+    started = RankTemplate.own(JOB)
     assert started.wait_ready(), started.failed
     yield started
     started.close()
@@ -104,7 +108,7 @@ def probe(start, env: dict[str, str], cwd: Path) -> dict:
 
 
 def test_a_forked_process_is_what_a_new_process_would_be(template, modules):
-    env = {**template.env, "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}
+    env = {**ENV, "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}
     forked = probe(template.start, env, modules)
     fresh = probe(start_in_session, env, modules)
     assert isinstance(forked["proc"], ForkedRank)  # it did come from the template
@@ -124,7 +128,7 @@ def env_fd(seen: dict) -> str:
 
 def test_proc_shows_its_own_command_line_and_environment(template, modules):
     """As a new process's: ``ps``, psutil and ``jupyter mn gc`` (the job's mark) read them."""
-    env = {**template.env, "RANK": "5", "HF_TOKEN": "s3cr3t", "JUPYTER_MN_JOB": "jmn-own"}
+    env = {**ENV, "RANK": "5", "HF_TOKEN": "s3cr3t", "JUPYTER_MN_JOB": "jmn-own"}
     proc = template.start(argv("sleeps"), env, str(modules))
     assert isinstance(proc, ForkedRank)
     try:
@@ -145,8 +149,8 @@ def test_proc_shows_its_own_command_line_and_environment(template, modules):
     ],
 )
 def test_its_exit_is_seen_as_a_new_process_exit(template, modules, module, code, said):
-    forked = template.start(argv(module), template.env, str(modules))
-    fresh = start_in_session(argv(module), template.env, str(modules))
+    forked = template.start(argv(module), ENV, str(modules))
+    fresh = start_in_session(argv(module), ENV, str(modules))
     assert isinstance(forked, ForkedRank)
     (_, err, got), (_, fresh_err, fresh_code) = outputs(forked), outputs(fresh)
     assert got == fresh_code == code
@@ -157,12 +161,11 @@ def test_its_exit_is_seen_as_a_new_process_exit(template, modules, module, code,
 def test_a_preloaded_module_runs_as_main_without_a_word(modules, no_leftovers):
     """As ``python -m``: runpy would warn that the module was imported already (the rank
     runtime is: the template preloads it)."""
-    preloaded = RankTemplate(
-        JOB, preload=("pkg.quiet",), environ={**os.environ, "PYTHONPATH": str(modules)}
-    )
+    env = {**ENV, "PYTHONPATH": str(modules)}
+    preloaded = RankTemplate.own(JOB, environ=env, preload=("pkg.quiet",))
     try:
         assert preloaded.wait_ready(), preloaded.failed
-        proc = preloaded.start(argv("pkg.quiet"), preloaded.env, str(modules))
+        proc = preloaded.start(argv("pkg.quiet"), env, str(modules))
         assert isinstance(proc, ForkedRank)
         assert outputs(proc) == ("ran as main\n", "", 0)
     finally:
@@ -171,7 +174,7 @@ def test_a_preloaded_module_runs_as_main_without_a_word(modules, no_leftovers):
 
 def test_an_environment_the_template_cannot_stand_for_starts_a_new_process(template, modules):
     """A variable read at start-up (here by OpenMP, at torch's import) needs a new process."""
-    env = {**template.env, "OMP_PROC_BIND": "true"}
+    env = {**ENV, "OMP_PROC_BIND": "true"}
     proc = template.start(argv("exits3"), env, str(modules))
     assert isinstance(proc, subprocess.Popen)
     assert outputs(proc)[2] == 3
@@ -179,19 +182,19 @@ def test_an_environment_the_template_cannot_stand_for_starts_a_new_process(templ
 
 def test_an_environment_larger_than_the_templates_room_starts_a_new_process(template, modules):
     """``/proc`` could not show it (``procview.py``): the rank starts as a new process."""
-    env = {**template.env, "JUPYTER_MN_LARGE": "x" * 2 * ROOM_BYTES}
+    env = {**ENV, "JUPYTER_MN_LARGE": "x" * 2 * ROOM_BYTES}
     proc = template.start(argv("exits3"), env, str(modules))
     assert isinstance(proc, subprocess.Popen)
     assert outputs(proc)[2] == 3
 
 
 def test_failed_imports_leave_ranks_starting_anew_with_a_warning(modules, caplog, no_leftovers):
-    broken = RankTemplate(JOB, preload=("torch", "jupyter_mn_no_such_module"))
+    broken = RankTemplate.own(JOB, preload=("torch", "jupyter_mn_no_such_module"))
     try:
         assert not broken.wait_ready()
         assert "ModuleNotFoundError" in broken.failed
         with caplog.at_level(logging.WARNING, logger="jupyter_mn.agent"):
-            proc = broken.start(argv("exits3"), broken.env, str(modules))
+            proc = broken.start(argv("exits3"), ENV, str(modules))
         assert isinstance(proc, subprocess.Popen) and outputs(proc)[2] == 3
         assert "ranks start as new processes" in caplog.text
     finally:
@@ -199,15 +202,15 @@ def test_failed_imports_leave_ranks_starting_anew_with_a_warning(modules, caplog
 
 
 def test_a_template_that_dies_takes_its_ranks_and_later_ones_start_anew(modules, no_leftovers):
-    doomed = RankTemplate(JOB)
+    doomed = RankTemplate.own(JOB)
     try:
         assert doomed.wait_ready(), doomed.failed
-        rank = doomed.start(argv("sleeps"), doomed.env, str(modules))
+        rank = doomed.start(argv("sleeps"), ENV, str(modules))
         assert isinstance(rank, ForkedRank)
         doomed.proc.kill()
         assert outputs(rank)[2] == -signal.SIGKILL  # ended by its agent: nobody reports it
         assert "its process ended" in doomed.failed
-        later = doomed.start(argv("exits3"), doomed.env, str(modules))
+        later = doomed.start(argv("exits3"), ENV, str(modules))
         assert isinstance(later, subprocess.Popen) and outputs(later)[2] == 3
     finally:
         doomed.close()
@@ -218,12 +221,12 @@ def test_a_fork_answered_too_late_starts_anew_and_the_late_process_is_killed(
 ):
     """One rank, one process: the template's child that comes after the agent gave up on it is
     killed, never left beside the rank started anew (nor taken for the next rank)."""
-    slow = RankTemplate(JOB)
+    slow = RankTemplate.own(JOB)
     try:
         assert slow.wait_ready(), slow.failed
         monkeypatch.setattr("jupyter_mn.node.template._FORK_WAIT_S", 0.0)
         with caplog.at_level(logging.WARNING, logger="jupyter_mn.agent"):
-            proc = slow.start(argv("sleeps"), slow.env, str(modules))
+            proc = slow.start(argv("sleeps"), ENV, str(modules))
             assert isinstance(proc, subprocess.Popen)  # started anew
             assert "did not fork" in slow.failed
             wait_until(lambda: "forked it after its start was given up" in caplog.text, 20)
@@ -237,29 +240,142 @@ def test_a_fork_answered_too_late_starts_anew_and_the_late_process_is_killed(
         slow.close()
 
 
-def test_a_sigterm_to_the_template_is_one_to_its_node(modules, no_leftovers):
-    """Slurm signals every process of the step, and a rank's ``os.getppid()`` is the template:
-    its node process hears the SIGTERM (the preemption notice), and the template serves on."""
-    parent = subprocess.Popen(
+def test_one_template_serves_several_nodes_and_tells_each_of_its_own_ranks(modules, no_leftovers):
+    """The local backend's kernel starts one template for a gang's nodes: each node's ranks
+    are forked on its request, their exits told to it alone; the template serves on until the
+    last node lets it go."""
+    proc, socks = spawn(JOB, 2, ENV)
+    first, second = (RankTemplate(sock) for sock in socks)
+    try:
+        assert first.wait_ready(), first.failed
+        assert second.wait_ready(), second.failed
+        exits = first.start(argv("exits3"), ENV, str(modules))
+        sleeps = second.start(argv("sleeps"), ENV, str(modules))
+        assert isinstance(exits, ForkedRank) and isinstance(sleeps, ForkedRank)
+        assert outputs(exits)[2] == 3
+        assert sleeps.poll() is None
+        first.close()
+        later = second.start(argv("exits3"), ENV, str(modules))
+        assert isinstance(later, ForkedRank) and outputs(later)[2] == 3
+        os.kill(sleeps.pid, signal.SIGKILL)
+        assert sleeps.wait(10) == -signal.SIGKILL
+        second.close()
+        assert proc.wait(10) == 0
+    finally:
+        first.close()
+        second.close()
+        proc.kill()
+        proc.wait()
+
+
+def test_a_node_process_that_dies_takes_its_ranks_and_the_template_serves_on(modules, no_leftovers):
+    """A node killed (its agent never closes anything) leaves the socket's end alone: the
+    template kills the ranks it forked for that node at once, whatever the others do."""
+    proc, (dying, staying) = spawn(JOB, 2, ENV)
+    node = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *_: (print('node heard it', flush=True), "
-            "sys.exit(0)))\n"
+            "import socket, sys, time\n"
             "from jupyter_mn.node.template import RankTemplate\n"
-            f"t = RankTemplate({JOB!r})\n"
+            f"t = RankTemplate(socket.socket(fileno={dying.fileno()}))\n"
             "assert t.wait_ready(), t.failed\n"
-            "print(t.proc.pid, flush=True)\n"
-            "time.sleep(60)\n",
+            f"rank = t.start([sys.executable, '-m', 'sleeps'], {ENV!r}, {str(modules)!r})\n"
+            "print(rank.pid, flush=True)\n"
+            "time.sleep(120)\n",
         ],
         stdout=subprocess.PIPE,
         text=True,
+        pass_fds=(dying.fileno(),),
     )
+    dying.close()
+    other = RankTemplate(staying)
     try:
-        template_pid = int(parent.stdout.readline())
-        os.kill(template_pid, signal.SIGTERM)
-        assert parent.stdout.readline().strip() == "node heard it"
-        assert parent.wait(10) == 0
+        rank = int(node.stdout.readline())
+        assert other.wait_ready(), other.failed
+        sleeps = other.start(argv("sleeps"), ENV, str(modules))
+        node.kill()
+        node.wait()
+        wait_until(lambda: not psutil.pid_exists(rank), 10)  # killed, and reaped
+        assert sleeps.poll() is None and proc.poll() is None
     finally:
-        parent.kill()
+        other.close()
+        node.kill()
+        proc.wait(10)
+
+
+#: A node process: its end of a template (its own, or an inherited socket of a shared one), one
+#: rank of ``module`` forked from it (its pid printed), then, for each line read, whether a
+#: SIGTERM reached the node.
+NODE = """
+import signal, socket, sys
+heard = []
+signal.signal(signal.SIGTERM, lambda *_: heard.append(1))
+from jupyter_mn.node.template import RankTemplate
+fd, module, env, cwd = int(sys.argv[1]), sys.argv[2], eval(sys.argv[3]), sys.argv[4]
+t = RankTemplate.own(env["JUPYTER_MN_JOB"]) if fd < 0 else RankTemplate(socket.socket(fileno=fd))
+assert t.wait_ready(), t.failed
+rank = t.start([sys.executable, "-m", module], env, cwd)
+print(rank.pid, t.ready.pid, flush=True)
+for _ in sys.stdin:
+    print("heard" if heard else "not heard", flush=True)
+"""
+
+
+class Node:
+    """A node process (``NODE``) and what it says."""
+
+    def __init__(self, fd: int, module: str, modules: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", NODE, str(fd), module, repr(ENV), str(modules)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            pass_fds=(fd,) if fd >= 0 else (),
+        )
+        self.rank, self.template = map(int, self.proc.stdout.readline().split())
+
+    def heard(self) -> bool:
+        self.proc.stdin.write("?\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip() == "heard"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_a_sigterm_to_a_nodes_own_template_is_one_to_its_node(modules, no_leftovers):
+    """Slurm signals every process of the step: the node process hears the SIGTERM (the
+    preemption notice), and the template serves on with its rank."""
+    node = Node(-1, "sleeps", modules)
+    try:
+        os.kill(node.template, signal.SIGTERM)
+        wait_until(node.heard, 10, "the node heard it")
+        assert psutil.pid_exists(node.template) and psutil.pid_exists(node.rank)
+    finally:
+        node.close()
+
+
+def test_a_rank_that_sigterms_its_parent_preempts_its_own_node_alone(modules, no_leftovers):
+    """As under torchrun, whose ranks' parent is their node's agent: a rank's
+    ``os.kill(os.getppid(), SIGTERM)`` reaches its node through the template the local
+    backend's nodes share, and no other node."""
+    proc, ends = spawn(JOB, 2, ENV)
+    nodes = []
+    try:
+        for end, module in zip(ends, ("termsparent", "sleeps"), strict=True):
+            nodes.append(Node(end.fileno(), module, modules))
+            end.close()
+        signalled, other = nodes
+        (modules / "go").touch()  # now that both nodes have asked the template for a rank
+        wait_until(signalled.heard, 10, "the rank's node heard it")
+        assert not other.heard()
+        assert proc.poll() is None
+    finally:
+        for node in nodes:
+            node.close()
+        for end in ends:
+            end.close()
+        proc.wait(10)
+        (modules / "go").unlink(missing_ok=True)

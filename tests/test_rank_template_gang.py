@@ -1,10 +1,12 @@
-"""A real gang's ranks come from their node's template (``node/template.py``): fresh processes
-in every way a rank can tell, a restarted rank forked from the same template."""
+"""A real gang's ranks come from a rank template (``node/template.py``; a local gang's nodes
+share one): fresh processes in every way a rank can tell, a restarted rank forked from the same
+template."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import sys
 from collections.abc import Iterator
 
@@ -44,14 +46,9 @@ def probe(gang) -> list[dict]:
     return gang.run(PROBE, return_all=True).unwrap()
 
 
-# These two run before the module's templated gang is up: its background re-forming would
-# count as theirs.
-@pytest.mark.parametrize("value", [None, "0"])
-def test_the_template_is_off_unless_asked_for(monkeypatch, value):
-    if value is None:
-        monkeypatch.delenv(template.ENABLE, raising=False)
-    else:
-        monkeypatch.setenv(template.ENABLE, value)
+# These two run before the module's gang is up: its background re-forming would count as theirs.
+def test_the_template_is_off_when_asked(monkeypatch):
+    monkeypatch.setenv(template.ENABLE, "0")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own, whatever runs here
         started = pool.submit(asyncio.run, template.starter("jmn-off")).result()
     assert started is start_in_session
@@ -59,12 +56,9 @@ def test_the_template_is_off_unless_asked_for(monkeypatch, value):
     assert not [p for p in psutil.Process().children() if p.cmdline() == TEMPLATE]
 
 
-def test_nodes_closed_while_their_templates_import_end_them_without_a_word(
-    capfd, monkeypatch, no_leftovers
-):
+def test_nodes_closed_while_their_template_imports_end_it_without_a_word(capfd, no_leftovers):
     """A gang brought up without ranks and closed at once (``%cluster doctor`` does): its
-    templates are still importing, and end quietly with their nodes."""
-    monkeypatch.setenv(template.ENABLE, "1")
+    template is still importing, and ends quietly with its nodes."""
     with Cluster(nodes=2, gpus=1).nodes():
         pass
     assert "Traceback" not in capfd.readouterr().err
@@ -72,15 +66,13 @@ def test_nodes_closed_while_their_templates_import_end_them_without_a_word(
 
 @pytest.fixture(scope="module")
 def templated() -> Iterator[Cluster]:
-    """A 2×2 gang whose nodes start their ranks from templates (opt-in)."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(template.ENABLE, "1")  # the local nodes inherit it
-        with Cluster(nodes=2, gpus=2) as cluster:
-            cluster.up()
-            yield cluster
+    """A 2×2 gang, its ranks forked from a template (the default)."""
+    with Cluster(nodes=2, gpus=2) as cluster:
+        cluster.up()
+        yield cluster
 
 
-def test_ranks_are_fresh_processes_forked_from_their_nodes_template(templated):
+def test_ranks_are_fresh_processes_forked_from_the_gangs_template(templated):
     seen = probe(templated)
     for rank, info in enumerate(seen):
         assert info["group"] == rank
@@ -91,8 +83,8 @@ def test_ranks_are_fresh_processes_forked_from_their_nodes_template(templated):
         assert info["shared"] == ["/dev/null"]  # nothing of the template's stayed open in it
         assert info["threads"] == FRESH_THREADS
         assert info["cuda"] is False
-    templates = [info["parent"] for info in seen]
-    assert templates[0] == templates[1] != templates[2] == templates[3]  # one per node
+    (shared,) = {info["parent"] for info in seen}  # one for the local gang's nodes
+    assert psutil.Process(shared).parent().pid == os.getpid()  # the kernel's: started first
 
 
 def test_a_killed_rank_is_forked_again_from_the_same_template(templated):

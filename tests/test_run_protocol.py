@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from polling import wait_until
-from procs import ours, wait_gone
+from procs import ours, started_now, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.doctor import doctor
@@ -42,7 +42,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(gate: Path) -> Iterator[Cluster]:
-    started = time.time() - 0.5
+    started = started_now()
     env = {"PYTHONPATH": str(gate), "JMN_TEST_PROBE_GATE": str(gate / "open")}
     c = Cluster(nodes=2, gpus=1, env=env)
     c.up()

@@ -7,7 +7,9 @@ group) reach them. The scheduler is not in the kernel: hearing its workers and r
 batches would take the kernel's CPU and GIL (ipyparallel's controller is a process of its own
 too). All start at once; the workers learn the scheduler's address on stdin once it listens.
 Everything listens on 127.0.0.1 with TLS (fresh certificates per gang, handed over on stdin).
-Ranks are the workers' children: releasing kills what is left. Each node gets GPUs of its own
+The nodes fork their ranks from one rank template the kernel starts first (``node/template.py``:
+one import of torch for the whole gang, overlapping the nodes' start), or start them as their
+workers' children; releasing kills what is left. Each node gets GPUs of its own
 (``CUDA_VISIBLE_DEVICES`` in its worker's environment, which its ranks inherit): node i the
 i-th ``gpus`` of those the kernel sees (``node/visible.py``).
 """
@@ -18,6 +20,7 @@ import contextlib
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +32,7 @@ from distributed import Client
 from distributed.security import Security
 
 from ..errors import SchedulingError
+from ..node import template
 from ..node.daskconfig import DASK_CONFIG
 from ..node.process import rank_command
 from ..node.visible import VISIBLE, local_split
@@ -61,6 +65,8 @@ class LocalProvisioner:
         self._client: Any = None
         #: the scheduler's process, then the nodes' in node order
         self._procs: list[subprocess.Popen[bytes]] = []
+        #: the rank template the nodes share (``node/template.py``), when they use one
+        self._template: subprocess.Popen[bytes] | None = None
 
     def provision(self, spec: ClusterSpec, gang_id: str) -> tuple[Any, list[str]]:
         rank_command()  # the workers inherit this environment: a bad command, before they start
@@ -68,6 +74,7 @@ class LocalProvisioner:
         security = Security.temporary()
         pems = {f: getattr(security, f) for f in _TLS_FIELDS}
         deadline = time.monotonic() + spec.start_timeout
+        ends: list[socket.socket] = []
         try:
             with dask.config.set(DASK_CONFIG):
                 config = dask.config.merge(dask.config.config, _PROCESS_CONFIG)
@@ -76,6 +83,7 @@ class LocalProvisioner:
                 **_PROCESS_ENV,
                 "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
             }
+            ends = self._start_template(gang_id, spec.nodes, env)
             scheduler = self._spawn(
                 env,
                 "scheduler",
@@ -89,8 +97,12 @@ class LocalProvisioner:
                 stdout=subprocess.PIPE,
             )
             for i in range(spec.nodes):
+                node_env = env if node_gpus is None else {**env, VISIBLE: node_gpus[i]}
+                shared = (ends[i].fileno(),) if ends else ()
+                if shared:
+                    node_env = {**node_env, template.SHARED: str(shared[0])}
                 self._spawn(
-                    env if node_gpus is None else {**env, VISIBLE: node_gpus[i]},
+                    node_env,
                     "worker",
                     {
                         "job": gang_id,
@@ -100,7 +112,10 @@ class LocalProvisioner:
                         "memory_limit": 0,
                         "preload": ["jupyter_mn.node.agent"],
                     },
+                    pass_fds=shared,
                 )
+            for end in ends:  # the nodes hold them now: the template ends with the last node
+                end.close()
             _hand(scheduler, json.dumps(pems) + "\n")
             address = self._address(scheduler, deadline)
             for node in self._procs[1:]:
@@ -110,11 +125,22 @@ class LocalProvisioner:
             )
             self._wait_for_nodes(spec.nodes, deadline)
         except Exception as exc:
+            for end in ends:
+                end.close()
             self.release()
             raise SchedulingError(f"could not start {spec.nodes} local node(s): {exc}") from exc
         workers = self._client.scheduler_info(n_workers=-1)["workers"]
         order = sorted(workers, key=lambda a: int(workers[a]["name"]))
         return self._client, order
+
+    def _start_template(self, job: str, nodes: int, env: dict[str, str]) -> list[socket.socket]:
+        """Start the rank template all the nodes fork their ranks from (one import of torch for
+        the gang, started before anything else: it takes longest); each node's end of its
+        socket. None where the nodes start their ranks anew."""
+        if not template.enabled(env):
+            return []
+        self._template, ends = template.spawn(job, nodes, env)
+        return ends
 
     def _spawn(
         self, env: dict[str, str], kind: str, opts: dict[str, Any], **io: Any
@@ -177,7 +203,8 @@ class LocalProvisioner:
             with contextlib.suppress(Exception):
                 self._client.close()
         procs, self._procs, self._client = self._procs, [], None
-        children = [c for p in procs for c in _children(p.pid)]
+        shared, self._template = self._template, None
+        children = [c for p in [*procs, *filter(None, [shared])] for c in _children(p.pid)]
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()  # dask spec closes its server: a worker's agent stops its ranks
@@ -191,6 +218,12 @@ class LocalProvisioner:
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+        if shared is not None:  # it exits once its nodes are gone
+            try:
+                shared.wait(max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                shared.kill()
+                shared.wait()
         for child in children:
             with contextlib.suppress(psutil.Error):
                 child.kill()

@@ -1,6 +1,7 @@
 """The agent's side of its node's rank template (``rank/prefork.py``): start it as soon as the
-node knows its job, fork cell ranks from it, hear their exits; start a rank the old way
-(``process.start_in_session``) whenever it cannot.
+node knows its job (a local gang's nodes share one their kernel started first, ``spawn``, and
+find their end of its socket in ``SHARED``), fork cell ranks from it, hear their exits; start a
+rank the old way (``process.start_in_session``) whenever it cannot.
 
 A forked rank skips the import of torch and the rank runtime (3.6 s of a rank's 4.6 s cold
 start here), at a cold start and at every restart. ``ForkedRank`` is what ``RankHandle`` holds
@@ -34,6 +35,7 @@ import psutil
 from ..rank.env import JOB
 from ..rank.forkwire import (
     MAX_MESSAGE,
+    NODE_PID,
     PRELOAD,
     SOCKET_FD,
     Exited,
@@ -49,6 +51,11 @@ from .process import RANK_PYTHON, start_in_session
 log = logging.getLogger("jupyter_mn.agent")
 
 ENABLE = "JUPYTER_MN_RANK_TEMPLATE"
+#: A local node's end of the socket to the template its kernel started for the gang (a
+#: descriptor number), in its worker process's environment (``gang/local.py``).
+SHARED = "JUPYTER_MN_TEMPLATE_SHARED_FD"
+#: The template's command: as long as a rank's (``procview.py``).
+COMMAND = [sys.executable, "-m", "jupyter_mn.rank.prefork"]
 #: What every rank imports first (``python -c "import torch, jupyter_mn.rank.runtime"``).
 MODULES = ("torch", "jupyter_mn.rank.runtime")
 #: How long ranks wait for their template's imports before they start anew (a cold template
@@ -85,14 +92,18 @@ def _early(name: str) -> bool:
     return name in _EARLY or name.startswith(_EARLY_PREFIXES)
 
 
+def _differs(env: Mapping[str, str], template: Mapping[str, str]) -> list[str]:
+    """The variables read as a process starts whose values ``env`` and ``template`` differ in."""
+    return sorted(k for k in {*env, *template} if _early(k) and env.get(k) != template.get(k))
+
+
 Start = Callable[..., Any]
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this node starts its ranks from a template: asked for with
-    ``JUPYTER_MN_RANK_TEMPLATE=1`` (opt-in until the suite is green with it on: see
-    docs/architecture.md, "The rank template"), never for stand-in ranks."""
-    return environ.get(ENABLE, "0") == "1" and not environ.get(RANK_PYTHON, "").strip()
+    """Whether this node starts its ranks from a template: unless ``JUPYTER_MN_RANK_TEMPLATE=0``,
+    never for stand-in ranks."""
+    return environ.get(ENABLE, "1") != "0" and not environ.get(RANK_PYTHON, "").strip()
 
 
 class ForkedRank:
@@ -127,15 +138,55 @@ def _module(argv: list[str]) -> str | None:
     return None
 
 
-class RankTemplate:
-    """One node's template process and the ranks it forked (``start``)."""
+def spawn(
+    job: str,
+    agents: int,
+    environ: Mapping[str, str],
+    node_pid: int | None = None,
+    preload: tuple[str, ...] = MODULES,
+) -> tuple[subprocess.Popen[bytes], list[socket.socket]]:
+    """Start a template for ``agents`` node agents: its process, and each agent's end of its
+    socket. ``node_pid``: the node process a SIGTERM to it goes on to (a node's own template)."""
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(agents)]
+    theirs = [fd.fileno() for _, fd in pairs]
+    env = {
+        **environ,
+        "PYTHONUNBUFFERED": "1",
+        JOB: job,
+        PRELOAD: ",".join(preload),
+        SOCKET_FD: ",".join(map(str, theirs)),
+        ROOM: "x" * ROOM_BYTES,  # room for a rank's larger environment (``procview.py``)
+    }
+    if node_pid is not None:
+        env[NODE_PID] = str(node_pid)
+    try:
+        proc = subprocess.Popen(
+            COMMAND,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=theirs,
+            start_new_session=True,  # ``jupyter mn gc`` kills it by its session, as a rank
+        )
+    except BaseException:
+        for pair in pairs:
+            for end in pair:
+                end.close()
+        raise
+    for _, end in pairs:
+        end.close()
+    return proc, [ours for ours, _ in pairs]
 
-    def __init__(
-        self, job: str, preload: tuple[str, ...] = MODULES, environ: Mapping[str, str] = os.environ
-    ) -> None:
-        self.env = {**environ, "PYTHONUNBUFFERED": "1", JOB: job}
+
+class RankTemplate:
+    """A node's end of a template (its own, ``proc``, or the one the local backend's kernel
+    started for all of a gang's nodes) and the ranks it forked for this node (``start``)."""
+
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.proc = proc
         #: why ranks do not come from it ("" while it works)
         self.failed = ""
+        #: what it said once its imports were done
+        self.ready: TemplateReady | None = None
         self._ready = threading.Event()
         self._replies: queue.Queue[ForkedRank | ForkFailed] = queue.Queue()
         self._live: dict[int, ForkedRank] = {}
@@ -145,28 +196,19 @@ class RankTemplate:
         self._gave_up = False
         self._reply_lock = threading.Lock()
         self._warned = False
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock = ours
-        self._argv = [sys.executable, "-m", "jupyter_mn.rank.prefork"]
-        #: its start-up environment: room for a rank's larger one (``procview.py``)
-        self._room = {
-            **self.env,
-            PRELOAD: ",".join(preload),
-            SOCKET_FD: str(theirs.fileno()),
-            ROOM: "x" * ROOM_BYTES,
-        }
-        with theirs:
-            self.proc = subprocess.Popen(
-                self._argv,
-                env=self._room,
-                stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,  # ``jupyter mn gc`` kills it by its session, as a rank
-            )
+        self._sock = sock
         self._listener = threading.Thread(
             target=self._listen, name="jupyter-mn-rank-template", daemon=True
         )
         self._listener.start()
+
+    @classmethod
+    def own(
+        cls, job: str, environ: Mapping[str, str] = os.environ, preload: tuple[str, ...] = MODULES
+    ) -> RankTemplate:
+        """A template of this node's own, this process's child."""
+        proc, (sock,) = spawn(job, 1, environ, os.getpid(), preload)
+        return cls(sock, proc)
 
     def wait_ready(self, timeout: float = READY_WAIT_S) -> bool:
         """Whether it can fork now (False: it failed, or is still importing after ``timeout``)."""
@@ -180,19 +222,18 @@ class RankTemplate:
         """``start_in_session(argv, env, cwd, pass_fds)``, forked from the template when it can
         stand in for that command."""
         module = _module(argv)
-        differs = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
-        early = [k for k in differs if _early(k)]
+        ready = self.ready
         if module is None:
             pass
-        elif not fits(argv, env, self._argv, self._room):
-            log.info("rank starts anew: its environment is too large for the template's room")
-        elif early:
-            log.info("rank starts anew: its environment differs from the template's in %s", early)
-        elif not self.wait_ready(0):
+        elif ready is None or not self.wait_ready(0):
             self._warn(self.failed or "it is still importing")
+        elif not fits(argv, env, ready.room):
+            log.info("rank starts anew: its environment is too large for the template's room")
+        elif early := _differs(env, ready.env):
+            log.info("rank starts anew: its environment differs from the template's in %s", early)
         else:
             try:
-                return self._fork(ForkRank(module, dict(env), cwd, tuple(pass_fds)))
+                return self._fork(ForkRank(module, dict(env), cwd, tuple(pass_fds), os.getpid()))
             except (OSError, queue.Empty, RuntimeError) as exc:
                 self.failed = self.failed or f"it did not fork: {type(exc).__name__}: {exc}"
                 self._warn(self.failed)
@@ -247,14 +288,18 @@ class RankTemplate:
             if not data:
                 break
             self._hear(pickle.loads(data))
-        code = self.proc.wait()
-        self.failed = self.failed or f"its process ended (exit code {code})"
+        if self.proc is None:
+            self.failed = self.failed or "it closed its socket"
+        else:
+            code = self.proc.wait()
+            self.failed = self.failed or f"its process ended (exit code {code})"
         self._ready.set()
         for rank in list(self._live.values()):  # no exit status can come: they end now
             self._end_orphan(rank)
 
     def _hear(self, msg: Any) -> None:
         if isinstance(msg, TemplateReady):
+            self.ready = msg
             self._ready.set()
         elif isinstance(msg, TemplateFailed):
             self.failed = f"its imports failed: {msg.error}"
@@ -283,13 +328,14 @@ class RankTemplate:
         rank.ended(-signal.SIGKILL)
 
     def close(self) -> None:
-        """End the template (its ranks are stopped already); it exits at its socket's end."""
+        """Let the template go (its ranks are stopped already): it exits once its sockets'
+        other ends are closed."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        if not self._ready.is_set():  # still importing: nothing of it is needed any more
+        if self.proc is not None and not self._ready.is_set():  # still importing: not needed
             self.proc.kill()
         self._listener.join(_CLOSE_WAIT_S)
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self._sock.close()
@@ -300,9 +346,16 @@ _templates: dict[str, RankTemplate] = {}
 
 
 def prestart(job: str) -> None:
-    """Start ``job``'s template now, so its imports overlap the rest of the node's start."""
-    if enabled() and job not in _templates:
-        _templates[job] = RankTemplate(job)
+    """Start ``job``'s template now, so its imports overlap the rest of the node's start: the
+    one the local backend's kernel started for the gang's nodes (its socket in ``SHARED``),
+    else one of this node's own."""
+    if not enabled() or job in _templates:
+        return
+    shared = os.environ.pop(SHARED, "")  # not the ranks': only this process holds it
+    if shared:
+        _templates[job] = RankTemplate(socket.socket(fileno=int(shared)))
+    else:
+        _templates[job] = RankTemplate.own(job)
 
 
 async def starter(job: str) -> Start:

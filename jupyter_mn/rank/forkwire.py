@@ -13,17 +13,26 @@ from dataclasses import dataclass
 #: The template's modules to import, comma-separated, in its environment (not on its command
 #: line, which its ranks overwrite with theirs: ``procview.py``).
 PRELOAD = "JUPYTER_MN_TEMPLATE_PRELOAD"
-#: The template's end of its socket to the agent (a descriptor number), in its environment.
+#: The template's ends of its sockets, one per agent it serves (descriptor numbers, comma-
+#: separated), in its environment.
 SOCKET_FD = "JUPYTER_MN_TEMPLATE_FD"
+#: The node process a node's own template serves, in its environment (a SIGTERM to the
+#: template goes on to it); unset for the local backend's template, which the kernel starts for
+#: all of a gang's nodes and which learns them from their requests (``ForkRank.node``).
+NODE_PID = "JUPYTER_MN_TEMPLATE_NODE_PID"
 #: Largest message either end reads (a rank's environment is a few KiB).
 MAX_MESSAGE = 1 << 20
 
 
 @dataclass(frozen=True)
 class TemplateReady:
-    """Template → agent: its imports are done (CUDA untouched); it forks from now on."""
+    """Template → agent: its imports are done (CUDA untouched); it forks from now on. ``env``:
+    what it started with (a rank whose variables read at a start differ starts anew), ``room``:
+    the bytes its command line and its environment take (``procview.room``)."""
 
     pid: int
+    env: dict[str, str]
+    room: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,8 @@ class ForkRank:
     env: dict[str, str]
     cwd: str | None
     fds: tuple[int, ...] = ()
+    #: the asking node's process (its agent's pid): where a SIGTERM from this rank goes on to
+    node: int = 0
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ its own descriptors (resource tracker, forkserver liveness) open in every child.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import importlib
 import os
@@ -36,6 +37,7 @@ from typing import Any
 from . import procview
 from .forkwire import (
     MAX_MESSAGE,
+    NODE_PID,
     PRELOAD,
     SOCKET_FD,
     Exited,
@@ -46,17 +48,14 @@ from .forkwire import (
     TemplateReady,
 )
 
-#: The dispositions a fresh process inherits, as this one found them at its start.
+#: The dispositions a fresh process inherits, as this one found them at its start, and the
+#: signals it found blocked (the template blocks SIGTERM: ``_Agents.terms``).
 _STARTED_WITH = {
     sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGCHLD, signal.SIGTERM)
 }
-
-
-def _to_node(signum: int, frame: Any) -> None:
-    """A SIGTERM to the template is one to its node (Slurm signals every process of the step,
-    and a rank's ``os.getppid()`` is the template): the node's process hears it as the
-    preemption notice, and the template lives on until its agent lets it go."""
-    os.kill(os.getppid(), signum)
+_BLOCKED = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+#: How often the template looks for a SIGTERM (blocked: only waiting for it says who sent it).
+_TERM_POLL_S = 0.1
 
 
 def _send(sock: socket.socket, msg: Any) -> None:
@@ -112,6 +111,7 @@ def _become(request: ForkRank, given: list[int], led: int) -> None:
         signal.set_wakeup_fd(-1)
         for sig, handler in _STARTED_WITH.items():
             signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, _BLOCKED)
         null = os.open(os.devnull, os.O_RDONLY)
         held = max([2, *request.fds]) + 1  # ``led``, kept open at a number of its own meanwhile
         _move_fds([null, *given, led], [0, 1, 2, *request.fds, held])
@@ -145,12 +145,14 @@ def _run(module: str) -> int:
     return code
 
 
-def _fork(sock: socket.socket) -> bool:
-    """Serve one request; False once the agent is gone."""
+def _fork(sock: socket.socket) -> tuple[int, int] | None:
+    """Serve one request of ``sock``'s agent: the pid forked (0: none) and the asking node's
+    process; None once the agent is gone."""
     data, given, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 64)
     if not data:
-        return False
+        return None
     request: ForkRank = pickle.loads(data)
+    pid = 0
     try:
         if threading.active_count() > 1:  # only the forking thread would live on in the child
             raise RuntimeError(f"the template runs {threading.active_count()} threads")
@@ -160,61 +162,124 @@ def _fork(sock: socket.socket) -> bool:
         _send(sock, ForkFailed(f"{type(exc).__name__}: {exc}"))
     else:
         if pid == 0:
-            sock.close()
             os.close(waiting)
-            _become(request, given, led)
+            _become(request, given, led)  # closes every descriptor it was not given
         os.close(led)
         os.read(waiting, 1)  # its end: the child is set up (or died trying)
         os.close(waiting)
         _send(sock, Forked(pid))
     for fd in given:
         os.close(fd)
-    return True
+    return pid, request.node
 
 
-def _reap(sock: socket.socket) -> None:
-    """Report every child that ended."""
-    while True:
+class _Agents:
+    """The agents' sockets (one per node the template serves), which one asked for each
+    process (its exit goes to that agent alone) and each agent's node process. An agent gone
+    (its socket's end: its node process died, or it let the template go) takes the processes
+    it asked for: a rank never outlives its node, even while the template serves other nodes."""
+
+    def __init__(self, socks: list[socket.socket], node: int | None) -> None:
+        self.open = set(socks)
+        self._asked: dict[int, socket.socket] = {}
+        #: each agent's node process, as its requests say (a node's own template: from its start)
+        self._nodes: dict[socket.socket, int] = {socks[0]: node} if node else {}
+
+    def serve(self, sock: socket.socket) -> bool:
+        """One request of ``sock``'s; False once that agent is gone."""
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(sock, Exited(pid, os.waitstatus_to_exitcode(status)))
+            forked = _fork(sock)
+        except OSError:  # its end closed mid-request
+            forked = None
+        if forked is None:
+            self.open.discard(sock)
+            self._nodes.pop(sock, None)
+            sock.close()
+            for child, asker in self._asked.items():
+                if asker is sock:  # not reaped yet: its pid is still its own
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child, signal.SIGKILL)
+            return False
+        pid, node = forked
+        if pid:
+            self._asked[pid] = sock
+            self._nodes[sock] = node
+        return True
+
+    def reap(self) -> None:
+        """Report every child that ended, to its agent."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            sock = self._asked.pop(pid, None)
+            if sock in self.open:
+                with contextlib.suppress(OSError):  # its agent is going: no one to tell
+                    _send(sock, Exited(pid, os.waitstatus_to_exitcode(status)))
+
+    def terms(self) -> None:
+        """Pass each SIGTERM on: a rank's (``os.kill(os.getppid(), SIGTERM)``, as under
+        torchrun, whose parent is its node's agent) to that rank's node; anyone else's (Slurm
+        signals every process of a step) to every node it serves. The template lives on until
+        its agents let it go."""
+        while (info := signal.sigtimedwait([signal.SIGTERM], 0)) is not None:
+            asker = self._asked.get(info.si_pid)
+            nodes = [self._nodes[asker]] if asker in self._nodes else list(self._nodes.values())
+            for node in nodes:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(node, signal.SIGTERM)
 
 
-def serve(sock: socket.socket) -> None:
-    """Fork on request and report exits until the agent closes its end."""
+def serve(socks: list[socket.socket], node: int | None = None) -> None:
+    """Fork on request, report exits and pass SIGTERMs on until every agent has closed its
+    end (``node``: the one node process a node's own template serves)."""
+    agents = _Agents(socks, node)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd hears it
     selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
+    for sock in socks:
+        selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    while True:
-        for key, _ in selector.select():
-            if key.fileobj is sock and not _fork(sock):
-                return
+    while agents.open:
+        for key, _ in selector.select(_TERM_POLL_S):
             if key.fileobj == wake_r:
                 os.read(wake_r, 4096)
-        _reap(sock)
+            elif key.fileobj in agents.open and not agents.serve(key.fileobj):
+                selector.unregister(key.fileobj)
+        agents.reap()
+        agents.terms()
+
+
+def _ready(socks: list[socket.socket], msg: Any) -> list[socket.socket]:
+    """Say ``msg`` to every agent; those still there."""
+    heard = []
+    for sock in socks:
+        try:
+            _send(sock, msg)
+            heard.append(sock)
+        except OSError:  # that agent went first (its gang closed while this one imported)
+            sock.close()
+    return heard
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _to_node)
-    sock = socket.socket(fileno=int(os.environ.pop(SOCKET_FD)))
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # said on, not obeyed: ``terms``
+    node = int(os.environ.pop(NODE_PID, "0")) or None
+    socks = [socket.socket(fileno=int(fd)) for fd in os.environ.pop(SOCKET_FD).split(",")]
     try:
-        try:
-            _preload(os.environ.pop(PRELOAD).split(","))
-        except Exception as exc:
-            _send(sock, TemplateFailed(f"{type(exc).__name__}: {exc}"))
-            return
-        _send(sock, TemplateReady(os.getpid()))
-        serve(sock)
-    except ConnectionError:  # the agent went first (a gang closed while this one imported)
+        _preload(os.environ.pop(PRELOAD).split(","))
+    except Exception as exc:
+        _ready(socks, TemplateFailed(f"{type(exc).__name__}: {exc}"))
         return
+    env = {k: v for k, v in os.environ.items() if k != procview.ROOM}
+    if socks := _ready(socks, TemplateReady(os.getpid(), env, procview.room())):
+        serve(socks, node)
+    os._exit(0)  # torch's interpreter teardown takes a while, and nothing here needs it
 
 
 if __name__ == "__main__":

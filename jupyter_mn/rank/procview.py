@@ -29,20 +29,29 @@ def variables(env: Mapping[str, str]) -> bytes:
     return strings(f"{k}={v}" for k, v in env.items())
 
 
-def fits(
-    argv: list[str], env: Mapping[str, str], room_argv: list[str], room_env: Mapping[str, str]
-) -> bool:
-    """Whether a rank's ``argv`` and ``env`` fit where the template's were."""
-    return len(strings(argv)) <= len(strings(room_argv)) and len(variables(env)) <= len(
-        variables(room_env)
-    )
+def _areas() -> tuple[int, int, int, int]:
+    """Where this process's command line and environment strings are: ``/proc/self/stat``'s
+    fields 48-51 (arg_start, arg_end, env_start, env_end)."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    arg_start, arg_end, env_start, env_end = (int(f) for f in fields[45:49])
+    return arg_start, arg_end, env_start, env_end
+
+
+def room() -> tuple[int, int]:
+    """The bytes this process's command line and environment take: what a forked rank has."""
+    arg_start, arg_end, env_start, env_end = _areas()
+    return arg_end - arg_start, env_end - env_start
+
+
+def fits(argv: list[str], env: Mapping[str, str], space: tuple[int, int]) -> bool:
+    """Whether a rank's ``argv`` and ``env`` fit in a template's ``room()``."""
+    return len(strings(argv)) <= space[0] and len(variables(env)) <= space[1]
 
 
 def show(argv: list[str], env: Mapping[str, str]) -> None:
     """Write ``argv`` and ``env`` where ``/proc`` reads this process's (in a forked rank, after
     ``os.environ`` was cleared: no C ``environ`` entry points there any more)."""
-    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    arg_start, arg_end, env_start, env_end = (int(f) for f in fields[45:49])  # fields 48-51
+    arg_start, arg_end, env_start, env_end = _areas()
     _write(arg_start, arg_end, _command_line(argv, arg_end - arg_start))
     _write(env_start, env_end, variables(env).ljust(env_end - env_start, b"\0"))
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 from polling import wait_until
-from procs import ours, rank_processes
+from procs import ours, rank_processes, running
 
 from jupyter_mn.registry import JobModel, Registry
 from kernels import Kernel, Reply
@@ -139,26 +139,31 @@ def test_release_frees_the_gang_and_ends_a_follower(kernel):
 
 def test_gc_kills_a_hung_rank_a_killed_kernel_left(no_leftovers):
     k = Kernel()
-    stuck = None
+    stuck = template = None
     try:
         assert k.run("%%cluster --nodes 2 --gpus 1 --name gc\n1").status == "ok"
         stuck, *others = rank_processes(ours(no_leftovers))
-        os.kill(stuck.pid, signal.SIGSTOP)  # a rank that cannot notice its parent is gone
+        template = stuck.parent()  # the gang's rank template: it would kill the rank
+        for frozen in (stuck, template):  # a rank that cannot notice its node is gone
+            os.kill(frozen.pid, signal.SIGSTOP)
         os.kill(k.pid, signal.SIGKILL)
         k.km.provisioner.process.wait(10)
         assert wait_until(lambda: job_named("gc").state == "ORPHANED", 10, "ORPHANED")
-        _, alive = psutil.wait_procs(others, timeout=20)
-        assert not alive, "a rank outlived its dead kernel"
+        # gone, or a zombie: its template, stopped, cannot reap it
+        wait_until(lambda: not running(others), 20, "the other ranks ended with their nodes")
         assert stuck.is_running()
         dry = mn("gc", "--dry-run").stdout
         assert f"would kill 1 leftover rank process(es): {stuck.pid}" in dry
         assert stuck.is_running()
-        assert f"killed 1 leftover rank process(es): {stuck.pid}" in mn("gc").stdout
+        cleaned = mn("gc").stdout
+        assert f"killed 1 leftover rank process(es): {stuck.pid}" in cleaned
+        assert f"killed its rank template(s): {template.pid}" in cleaned
         assert mn("gc").stdout == "nothing to clean up\n"
         assert "forgot the job" in mn("gc", "--older-than", "0").stdout
         with pytest.raises(LookupError):
             job_named("gc")
     finally:
         k.kc.stop_channels()
-        if stuck is not None and stuck.is_running():
-            stuck.kill()
+        for frozen in (stuck, template):
+            if frozen is not None and frozen.is_running():
+                frozen.kill()

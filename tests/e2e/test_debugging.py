@@ -9,12 +9,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from procs import ours, wait_gone
+from procs import ours, started_now, wait_gone
 
 from kernels import Kernel
 
@@ -43,7 +42,7 @@ y + 5
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
-    started = time.time() - 0.5
+    started = started_now()
     k = Kernel()
     yield k
     k.run("%cluster down")

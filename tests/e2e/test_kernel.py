@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import ast
-import time
 from collections.abc import Iterator
 
 import pytest
-from procs import ours, rank_processes, wait_gone
+from procs import ours, rank_processes, started_now, wait_gone
 
 from kernels import Kernel
 
@@ -39,7 +38,7 @@ def running_ranks(since: float = 0.0) -> list:
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(kernel, cell, expected):
-    since = time.time() - 0.5
+    since = started_now()
     if expected is None:  # an unpicklable notebook variable the cell reads
         setup, cell = cell.split("%%cluster")
         assert kernel.run(setup).status == "ok"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
+import pytest
 from nbclient import NotebookClient
 from procs import ours, running, wait_gone
 
@@ -154,6 +155,7 @@ def test_silent_kernel_is_abandoned_by_its_agents(monkeypatch, no_leftovers):
     assert 3 - HEARTBEAT_S <= gone_after < ORPHAN_S
 
 
+@pytest.mark.slow
 def test_a_preempted_cell_resumes_on_a_new_gang_with_retries(tmp_path, no_leftovers):
     """SIGTERM to node 1's process mid-training, through a real kernel: the text view counts
     the grace period down, every rank saves at one step, and ``--retries 1`` resumes there."""

@@ -119,6 +119,7 @@ def test_the_kubernetes_notebook_runs_against_the_emulated_cluster(cluster, tmp_
     assert cluster.ours() == []
 
 
+@pytest.mark.slow
 def test_pods_exit_by_themselves_when_the_kernel_is_killed(cluster, no_leftovers):
     """The dead-man switch: no kernel connected for --orphan-timeout → the gang's pods exit."""
     from jupyter_mn.gang.kubernetes import gc

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 from conftest import (
     ARTIFACTS,
     failed_log_reads,
@@ -106,6 +107,7 @@ def test_a_reloaded_page_and_a_second_tab_follow_the_running_cell_and_get_its_va
     take_the_gang_down(page)
 
 
+@pytest.mark.slow
 def test_cancel_from_a_reloaded_page_stops_the_cell(lab, page):
     start_and_save(page, lab, "cancel.ipynb", FOREVER)
     page.reload()

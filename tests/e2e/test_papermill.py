@@ -91,6 +91,7 @@ def test_quickstart_notebook(tmp_path, no_leftovers):
     run_quickstart(tmp_path / "out.ipynb")
 
 
+@pytest.mark.slow
 def test_ddp_training_notebook_recovers_from_a_lost_rank(tmp_path, no_leftovers):
     nb = papermill.execute_notebook(
         str(ROOT / "notebooks" / "02-ddp-training.ipynb"),
@@ -180,6 +181,7 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     assert any("[rank 0] from the widget cell" in v for v in values if isinstance(v, str))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # imports Lightning, transformers and inductor on four loaded ranks
 def test_frameworks_notebook_trains_with_each_framework(tmp_path, no_leftovers):
     nb = papermill.execute_notebook(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
+import pytest
 from conftest import (
     ARTIFACTS,
     failed_log_reads,
@@ -186,6 +187,7 @@ NEWEST_STEP = """() => { const v = document.querySelector('.jp-mn-JobPage');
   return m.length ? Math.max(...m) : -1; }"""
 
 
+@pytest.mark.slow
 def test_a_papermill_job_opens_from_the_panel_into_a_live_view_that_ends_with_its_value(
     lab, page, tmp_path
 ):

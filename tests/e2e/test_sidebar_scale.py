@@ -17,7 +17,7 @@ from simulated import loud_cell, simulated_env
 
 from kernels import Kernel
 
-pytestmark = pytest.mark.scale
+pytestmark = [pytest.mark.scale, pytest.mark.slow]
 
 NODES, GPUS, LINES = 16, 32, 50
 #: What "usable" means here: each step of the viewer answers within a few seconds.
