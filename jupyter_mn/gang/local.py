@@ -74,7 +74,6 @@ class LocalProvisioner:
         security = Security.temporary()
         pems = {f: getattr(security, f) for f in _TLS_FIELDS}
         deadline = time.monotonic() + spec.start_timeout
-        ends: list[socket.socket] = []
         try:
             with dask.config.set(DASK_CONFIG):
                 config = dask.config.merge(dask.config.config, _PROCESS_CONFIG)
@@ -84,38 +83,40 @@ class LocalProvisioner:
                 "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(config),
             }
             ends = self._start_template(gang_id, spec.nodes, env)
-            scheduler = self._spawn(
-                env,
-                "scheduler",
-                {
-                    "protocol": "tls",
-                    "host": "127.0.0.1",
-                    "dashboard": False,
-                    "dashboard_address": "127.0.0.1:0",  # its HTTP server (health)
-                    "connect_timeout": spec.start_timeout,
-                },
-                stdout=subprocess.PIPE,
-            )
-            for i in range(spec.nodes):
-                node_env = env if node_gpus is None else {**env, VISIBLE: node_gpus[i]}
-                shared = (ends[i].fileno(),) if ends else ()
-                if shared:
-                    node_env = {**node_env, template.SHARED: str(shared[0])}
-                self._spawn(
-                    node_env,
-                    "worker",
+            try:
+                scheduler = self._spawn(
+                    env,
+                    "scheduler",
                     {
-                        "job": gang_id,
-                        "name": str(i),
+                        "protocol": "tls",
                         "host": "127.0.0.1",
-                        "nthreads": 1,
-                        "memory_limit": 0,
-                        "preload": ["jupyter_mn.node.agent"],
+                        "dashboard": False,
+                        "dashboard_address": "127.0.0.1:0",  # its HTTP server (health)
+                        "connect_timeout": spec.start_timeout,
                     },
-                    pass_fds=shared,
+                    stdout=subprocess.PIPE,
                 )
-            for end in ends:  # the nodes hold them now: the template ends with the last node
-                end.close()
+                for i in range(spec.nodes):
+                    node_env = env if node_gpus is None else {**env, VISIBLE: node_gpus[i]}
+                    shared = (ends[i].fileno(),) if ends else ()
+                    if shared:
+                        node_env = {**node_env, template.SHARED: str(shared[0])}
+                    self._spawn(
+                        node_env,
+                        "worker",
+                        {
+                            "job": gang_id,
+                            "name": str(i),
+                            "host": "127.0.0.1",
+                            "nthreads": 1,
+                            "memory_limit": 0,
+                            "preload": ["jupyter_mn.node.agent"],
+                        },
+                        pass_fds=shared,
+                    )
+            finally:  # the nodes hold theirs now: the template ends with the last node
+                for end in ends:
+                    end.close()
             _hand(scheduler, json.dumps(pems) + "\n")
             address = self._address(scheduler, deadline)
             for node in self._procs[1:]:
@@ -125,8 +126,6 @@ class LocalProvisioner:
             )
             self._wait_for_nodes(spec.nodes, deadline)
         except Exception as exc:
-            for end in ends:
-                end.close()
             self.release()
             raise SchedulingError(f"could not start {spec.nodes} local node(s): {exc}") from exc
         workers = self._client.scheduler_info(n_workers=-1)["workers"]
@@ -136,7 +135,7 @@ class LocalProvisioner:
     def _start_template(self, job: str, nodes: int, env: dict[str, str]) -> list[socket.socket]:
         """Start the rank template all the nodes fork their ranks from (one import of torch for
         the gang, started before anything else: it takes longest); each node's end of its
-        socket. None where the nodes start their ranks anew."""
+        socket (none where the nodes start their ranks anew)."""
         if not template.enabled(env):
             return []
         self._template, ends = template.spawn(job, nodes, env)
@@ -204,7 +203,8 @@ class LocalProvisioner:
                 self._client.close()
         procs, self._procs, self._client = self._procs, [], None
         shared, self._template = self._template, None
-        children = [c for p in [*procs, *filter(None, [shared])] for c in _children(p.pid)]
+        parents = procs if shared is None else [*procs, shared]
+        children = [c for p in parents for c in _children(p.pid)]
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()  # dask spec closes its server: a worker's agent stops its ranks

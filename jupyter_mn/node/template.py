@@ -225,7 +225,7 @@ class RankTemplate:
         ready = self.ready
         if module is None:
             pass
-        elif ready is None or not self.wait_ready(0):
+        elif ready is None or self.failed:
             self._warn(self.failed or "it is still importing")
         elif not fits(argv, env, ready.room):
             log.info("rank starts anew: its environment is too large for the template's room")
