@@ -67,6 +67,8 @@ class CellResult:
     interrupted: str = ""
     #: the hang verdict when it was stopped while ranks waited in a collective (``verdict.py``)
     verdict: str = ""
+    #: the ranks that verdict names as holding the others up
+    culprits: tuple[int, ...] = ()
     #: a node was preempted while the cell ran: the cell did not finish its work (its loop
     #: saved and stopped, or the deadline stopped it), even when every rank returned
     preemption: PreemptionOutcome | None = None
@@ -77,19 +79,31 @@ class CellResult:
 
     @property
     def root_cause(self) -> RankOutcome | None:
-        """The failure that started it: a lost rank, else the earliest primary error."""
+        """The failure that started it: a lost node, the rank the hang verdict names, a lost
+        rank or a primary error, a rank interrupted in its own code, then the ranks that only
+        waited on it (secondary errors, interrupted waits); the earliest first within each.
+
+        Secondary errors come last whatever the order they arrived in: a stop or an abort makes
+        the waiting ranks' collectives raise, sometimes before the interrupt reaches the rank
+        the others waited for.
+        """
         failed = [r for r in self.ranks if r.status != OK]
         if not failed:
             return None
 
         def order(r: RankOutcome) -> tuple[int, float, int]:
             secondary = bool(r.error and r.error.secondary)
-            primary = 0 if r.status == LOST or (r.error and not secondary) else 1
             if r.error and r.error.node_lost:  # explains its peers' kills
-                primary = -1
-            if r.status == INTERRUPTED:  # one busy in its own code before one waiting on peers
-                primary = 3 if secondary else 2
-            return (primary, r.finished_at or float("inf"), r.rank)
+                kind = -1
+            elif r.rank in self.culprits:
+                kind = 0
+            elif r.status == LOST or (r.status == ERROR and not secondary):
+                kind = 1
+            elif r.status == INTERRUPTED and not secondary:  # busy in its own code
+                kind = 2
+            else:  # waited on a peer
+                kind = 3
+            return (kind, r.finished_at or float("inf"), r.rank)
 
         return min(failed, key=order)
 

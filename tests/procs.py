@@ -20,10 +20,10 @@ _RUNNING: dict[float, set[tuple[int, float]]] = {}
 
 
 def started_now() -> float:
-    """A mark for ``ours``: what starts from now on. Create times are only as exact as the boot
-    time (a whole second), so the mark is half a second early, and what runs already (a module
-    gang's ranks forked just before) is remembered and left out."""
-    since = time.time() - 0.5
+    """A mark for ``ours``: what starts from now on. What runs now is remembered (by pid and
+    create time, which tell a reused pid apart) and left out; a create time is never compared
+    with the clock, as it is only as exact as the boot time (a whole second)."""
+    since = time.time()
     running = psutil.process_iter(["pid", "create_time"])
     _RUNNING[since] = {(p.info["pid"], p.info["create_time"]) for p in running}
     return since
@@ -34,9 +34,7 @@ def ours(since: float = 0.0) -> list[psutil.Process]:
     found = []
     before = _RUNNING.get(since, set())
     for proc in psutil.process_iter(["pid", "create_time"]):
-        if proc.pid == os.getpid() or proc.info["create_time"] < since:
-            continue
-        if (proc.pid, proc.info["create_time"]) in before:
+        if proc.pid == os.getpid() or (proc.pid, proc.info["create_time"]) in before:
             continue
         try:
             if proc.environ().get("JUPYTER_MN_TEST_TOKEN") != TOKEN or proc.status() in (

@@ -35,16 +35,14 @@ def listening(proc: psutil.Process) -> set[tuple[str, int]]:
 
 def test_a_local_gang_listens_on_loopback_only(no_leftovers):
     kernel = psutil.Process(os.getpid())
-    before = listening(kernel)
-    started = time.time() - 0.5
+    before, running = listening(kernel), set(kernel.children(recursive=True))
     with Cluster(nodes=2, gpus=2) as cluster:
         total, ifname = cluster.run(ALL_REDUCE).unwrap()
         # the kernel's new listeners (none: its client only connects), then the scheduler's, the
         # workers' and the ranks'
         sockets = {("kernel", *s) for s in listening(kernel) - before}
-        for proc in kernel.children(recursive=True):
-            if proc.create_time() >= started:
-                sockets |= {(" ".join(proc.cmdline()[:5]), *s) for s in listening(proc)}
+        for proc in set(kernel.children(recursive=True)) - running:  # the gang's processes
+            sockets |= {(" ".join(proc.cmdline()[:5]), *s) for s in listening(proc)}
     ranks = [s for s in sockets if "jupyter_mn.rank.runtime" in s[0]]
     assert ranks, f"no rank listens (the store, gloo): {sockets}"
     assert not [s for s in sockets if s[0] == "kernel"], "the scheduler is a process of its own"

@@ -187,6 +187,7 @@ class CellJob(Job[CellResult]):
         result = _assemble(self, time.monotonic() - self.started)
         result.interrupted = self.reason
         result.verdict = self.verdict.text if self.verdict else ""
+        result.culprits = self.verdict.culprits if self.verdict else ()
         result.notes += self.where
         _settle(self.gang, result, interrupted=self.since is not None)
         self.result = result
