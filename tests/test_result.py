@@ -1,4 +1,4 @@
-"""Who caused a failed cell (``CellResult.root_cause``), whatever order the ranks' endings came in."""
+"""Who caused a failed cell (``CellResult.root_cause``), in whatever order the endings came."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def every_order(endings: list[RankOutcome], **result: object):
 
 
 ERROR, INTERRUPTED, LOST = RankStatus.ERROR, RankStatus.INTERRUPTED, RankStatus.LOST
+TIMEOUT = "--timeout 1 s reached"
 
 
 @pytest.mark.parametrize(
@@ -46,19 +47,23 @@ ERROR, INTERRUPTED, LOST = RankStatus.ERROR, RankStatus.INTERRUPTED, RankStatus.
                 ending(2, ERROR, WAITED),
                 ending(3, INTERRUPTED, BUSY),
             ],
-            dict(interrupted="--timeout 1 s reached", verdict="rank 3 never entered", culprits=(3,)),
+            dict(interrupted=TIMEOUT, verdict="rank 3 never entered", culprits=(3,)),
             3,
         ),
         # the same without a verdict (no rank waited in a collective long enough to judge)
         (
-            [ending(0, ERROR, WAITED), ending(1, INTERRUPTED, STOPPED), ending(2, INTERRUPTED, BUSY)],
-            dict(interrupted="--timeout 1 s reached"),
+            [
+                ending(0, ERROR, WAITED),
+                ending(1, INTERRUPTED, STOPPED),
+                ending(2, INTERRUPTED, BUSY),
+            ],
+            dict(interrupted=TIMEOUT),
             2,
         ),
         # a verdict's culprit that was killed for ignoring the interrupt
         (
             [ending(0, ERROR, WAITED), ending(1, LOST, RankError("Killed", "SIGKILL"))],
-            dict(interrupted="--timeout 1 s reached", verdict="rank 1 never entered", culprits=(1,)),
+            dict(interrupted=TIMEOUT, verdict="rank 1 never entered", culprits=(1,)),
             1,
         ),
         # a rank's own error, its peers' broken collectives
@@ -70,7 +75,7 @@ ERROR, INTERRUPTED, LOST = RankStatus.ERROR, RankStatus.INTERRUPTED, RankStatus.
         # a lost node explains everything, the verdict included
         (
             [ending(0, ERROR, RAISED), ending(2, LOST, NODE_GONE), ending(3, INTERRUPTED, BUSY)],
-            dict(interrupted="--timeout 1 s reached", verdict="rank 3 never entered", culprits=(3,)),
+            dict(interrupted=TIMEOUT, verdict="rank 3 never entered", culprits=(3,)),
             2,
         ),
     ],
