@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from daskcli import DaskCLI, tls_config
 
 from jupyter_mn import Cluster
-from jupyter_mn.bandwidth import bench
 from jupyter_mn.gang.script import run_script
+from jupyter_mn.kernel.bandwidth import bench
 
 SCRIPT = """
 import torch.distributed as dist

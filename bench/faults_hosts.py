@@ -23,7 +23,7 @@ from hosts import Host, HostNet
 from looping import LOOP, KernelCut, frozen, link_down, when_looping
 
 from jupyter_mn import Cluster
-from jupyter_mn.bandwidth import bench
+from jupyter_mn.kernel.bandwidth import bench
 
 #: Short, so the kernel-cut row does not wait 15 s; the liveness window stays 10 s.
 HEARTBEAT_TIMEOUT = 5.0

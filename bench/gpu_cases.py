@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from jupyter_mn import Cluster
-from jupyter_mn.bandwidth import bench
 from jupyter_mn.doctor import doctor
-from jupyter_mn.events import GangState, Note, TransportReport
+from jupyter_mn.kernel.bandwidth import bench
 from jupyter_mn.node.visible import gpu_uuids
+from jupyter_mn.wire.events import GangState, Note, TransportReport
 
 ALL_REDUCE = "t = torch.ones(1, device='cuda')\ndist.all_reduce(t)\nt.item()"
 NCCL_LINES = (

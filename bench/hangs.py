@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from faults import GLOO_DEFAULT_S, plain_peer
 
 from jupyter_mn import Cluster
-from jupyter_mn.events import Hung
+from jupyter_mn.wire.events import Hung
 
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 

@@ -24,7 +24,7 @@ import time
 from localnodes import local_node
 
 from jupyter_mn import Cluster
-from jupyter_mn.events import LogLines, Preemption
+from jupyter_mn.wire.events import LogLines, Preemption
 
 TRAIN = """
 import time

@@ -23,10 +23,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from jupyter_mn import Cluster, recorder
-from jupyter_mn.events import LogLines
-from jupyter_mn.joblogs import JobLogWriter, read_logs
-from jupyter_mn.registry import JobModel, Registry
+from jupyter_mn import Cluster
+from jupyter_mn.jobs.joblogs import JobLogWriter, read_logs
+from jupyter_mn.jobs.registry import JobModel, Registry
+from jupyter_mn.kernel import recorder
+from jupyter_mn.wire.events import LogLines
 
 LINE = "step 1234/5000 loss 0.123456 lr 3.0e-04 grad-norm 1.2345 tokens/s 123456"
 

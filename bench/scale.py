@@ -54,7 +54,7 @@ from simulated import LineCount, RegistryWrites, loud_cell, simulated_env  # noq
 os.environ.update(simulated_env())
 
 from jupyter_mn import Cluster, ClusterSpec  # noqa: E402
-from jupyter_mn.registry import Registry  # noqa: E402
+from jupyter_mn.jobs.registry import Registry  # noqa: E402
 from jupyter_mn.views.widget import ClusterWidget  # noqa: E402
 
 GPUS = 8

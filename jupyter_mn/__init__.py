@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .version import __version__ as __version__
+from .wire.version import __version__ as __version__
 
 _LAZY = {
-    "Cluster": ("cluster", "Cluster"),
-    "ClusterSpec": ("spec", "ClusterSpec"),
-    "CellResult": ("result", "CellResult"),
+    "Cluster": ("kernel.cluster", "Cluster"),
+    "ClusterSpec": ("kernel.spec", "ClusterSpec"),
+    "CellResult": ("kernel.result", "CellResult"),
     "cluster_info": ("rank.info", "cluster_info"),
     "ClusterInfo": ("rank.info", "ClusterInfo"),
 }
@@ -50,6 +50,6 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_mn``: register ``%%cluster`` and ``%cluster``."""
-    from .magics import load_ipython_extension as load
+    from .kernel.magics import load_ipython_extension as load
 
     load(ipython)

@@ -18,7 +18,7 @@ from typing import Any
 
 def _seconds(text: str) -> float:
     """An argparse type: a finite number ≥ 0 (``float`` alone lets ``nan`` and ``inf`` through)."""
-    from .specvalues import is_number
+    from .kernel.specvalues import is_number
 
     try:
         value = float(text)
@@ -35,7 +35,7 @@ def _add_config(sub: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from .spec import ClusterSpec, masked_env
+    from .kernel.spec import ClusterSpec, masked_env
 
     spec = ClusterSpec.build()
     print(json.dumps({**dataclasses.asdict(spec), "env": masked_env(spec.env)}, indent=2))
@@ -43,7 +43,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _add_manifests(sub: Any) -> None:
-    from .kubespec import add_flags
+    from .kernel.kubespec import add_flags
 
     p = sub.add_parser(
         "manifests", help="print the Kubernetes objects a gang would be made of (a dry run)"
@@ -60,8 +60,8 @@ def _add_manifests(sub: Any) -> None:
 
 def _manifests(args: argparse.Namespace) -> int:
     from .gang.kubernetes.discovery import dry_run
-    from .kubespec import from_args
-    from .spec import ClusterSpec, parse_env_pairs
+    from .kernel.kubespec import from_args
+    from .kernel.spec import ClusterSpec, parse_env_pairs
 
     spec = ClusterSpec.build(
         {
@@ -91,7 +91,7 @@ def _add_list(sub: Any) -> None:
 def _list(args: argparse.Namespace) -> int:
     import time
 
-    from .registry import Registry
+    from .jobs.registry import Registry
 
     jobs = Registry().jobs()
     if args.json:
@@ -144,8 +144,8 @@ def _logs(args: argparse.Namespace) -> int:
     import time
 
     from .errors import SpecError
-    from .joblogs import Marks, read_logs
-    from .registry import Registry
+    from .jobs.joblogs import Marks, read_logs
+    from .jobs.registry import Registry
 
     registry = Registry()
     job = registry.resolve(args.job)
@@ -202,7 +202,7 @@ def _request(args: argparse.Namespace) -> int:
     """Leave the request for the owning kernel (it polls), then report what it did."""
     import time
 
-    from .registry import Registry
+    from .jobs.registry import Registry
 
     registry = Registry()
     job = registry.resolve(args.job)
@@ -238,8 +238,8 @@ def _add_gc(sub: Any) -> None:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from .gc import collect
-    from .registry import Registry
+    from .jobs.gc import collect
+    from .jobs.registry import Registry
 
     report = collect(Registry(), keep_s=args.older_than * 86400, dry_run=args.dry_run)
     print("\n".join(report) if report else "nothing to clean up")
@@ -247,7 +247,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _add_doctor(sub: Any) -> None:
-    from .flags import add_spec_flags
+    from .kernel.flags import add_spec_flags
 
     p = sub.add_parser(
         "doctor",
@@ -259,10 +259,10 @@ def _add_doctor(sub: Any) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     """Claim the nodes, print the doctor's table, release them; status 1 when a check fails."""
-    from .cluster import Cluster
     from .doctor import doctor
-    from .flags import spec_flags
-    from .spec import ClusterSpec
+    from .kernel.cluster import Cluster
+    from .kernel.flags import spec_flags
+    from .kernel.spec import ClusterSpec
     from .views import TextView
 
     with Cluster(ClusterSpec.build(spec_flags(args))) as cluster:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .result import CellResult
+    from .kernel.result import CellResult
 
 
 class JupyterMNError(Exception):

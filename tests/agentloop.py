@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from jupyter_mn.events import DisplayOutput
+from jupyter_mn.wire.events import DisplayOutput
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from slurm import SlurmCluster
 from slurm import missing as slurm_missing
 
 from jupyter_mn import Cluster
-from jupyter_mn.registry import Registry
+from jupyter_mn.jobs.registry import Registry
 
 #: Kernels, Jupyter servers, papermill runs and the job registry of this test session share one
 #: private runtime dir: the user's own registry is never touched, nor another session's.

@@ -8,7 +8,7 @@ from typing import Any
 
 import psutil
 
-from jupyter_mn.registry import JobModel, NodeModel
+from jupyter_mn.jobs.registry import JobModel, NodeModel
 
 
 def make_job(job_id: str = "jmn-1", **changes: Any) -> JobModel:

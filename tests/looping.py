@@ -14,7 +14,7 @@ import psutil
 from hosts import Host
 from procs import processes, rank_processes
 
-from jupyter_mn.events import LogLines
+from jupyter_mn.wire.events import LogLines
 
 #: Both ranks loop on all_reduce, as training does; "looping" says when to break something.
 #: They agree when to stop (one more collective on one rank alone would wait forever).

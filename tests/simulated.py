@@ -13,7 +13,7 @@ from typing import Any
 
 from standin_rank import standin_env
 
-from jupyter_mn.events import LogLines
+from jupyter_mn.wire.events import LogLines
 
 #: Hundreds of processes on two shared cores: a beat may come late without anything being lost.
 SLOW_MACHINE = {"JUPYTER_MN_HEARTBEAT_TIMEOUT": "300", "JUPYTER_MN_LIVENESS_TIMEOUT": "300"}

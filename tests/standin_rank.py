@@ -32,12 +32,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from jupyter_mn.collectives import RankWhere, WhereRequest
-from jupyter_mn.events import RankError, RankReply, RankStatus
 from jupyter_mn.rank.env import CONTROL_FD, STACKS_FD
 from jupyter_mn.rank.parent import exit_with_parent
 from jupyter_mn.rank.sync import flush_output
-from jupyter_mn.rankwire import RankReady, Reform, Reformed, RunCell, Stop
+from jupyter_mn.wire.collectives import RankWhere, WhereRequest
+from jupyter_mn.wire.events import RankError, RankReply, RankStatus
+from jupyter_mn.wire.rankwire import RankReady, Reform, Reformed, RunCell, Stop
 
 BACKEND = "stand-in"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import time
 
-from jupyter_mn.background import OUTPUT_LINES
 from jupyter_mn.cli import main as jupyter_mn_cli
+from jupyter_mn.kernel.background import OUTPUT_LINES
 
 _NOTE = re.compile(
     r"^jupyter_mn: (\d+) earlier line\(s\) are not kept here: `jupyter mn logs (\S+)` shows"

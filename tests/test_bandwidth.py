@@ -10,7 +10,8 @@ import pytest
 from procs import ours
 
 from jupyter_mn import Cluster
-from jupyter_mn.bandwidth import (
+from jupyter_mn.errors import SpecError
+from jupyter_mn.kernel.bandwidth import (
     ONE_RANK,
     BenchReport,
     BenchRow,
@@ -22,7 +23,6 @@ from jupyter_mn.bandwidth import (
     parse_size,
     slow_links,
 )
-from jupyter_mn.errors import SpecError
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@ import threading
 
 import pytest
 
-from jupyter_mn.cell import CACHE_MIN_BYTES, Shipper, bound_names, compile_cell, free_names
 from jupyter_mn.errors import CaptureError, SpecError
+from jupyter_mn.kernel.cell import CACHE_MIN_BYTES, Shipper, bound_names, compile_cell, free_names
 
 
 def test_free_names_follow_scopes_not_an_ast_walk():

@@ -16,7 +16,7 @@ from jobs import make_job
 from polling import wait_until
 
 from jupyter_mn.cli import main
-from jupyter_mn.registry import Registry
+from jupyter_mn.jobs.registry import Registry
 
 
 def test_config_prints_effective_defaults_from_the_environment(monkeypatch):

@@ -10,8 +10,8 @@ import pytest
 from procs import ours, rank_processes, wait_gone
 
 from jupyter_mn import Cluster
-from jupyter_mn.cell import CACHE_MIN_BYTES
 from jupyter_mn.errors import CellError, SpecError
+from jupyter_mn.kernel.cell import CACHE_MIN_BYTES
 from jupyter_mn.views import TextView
 
 ENV_CHECK = """

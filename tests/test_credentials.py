@@ -1,6 +1,6 @@
 import pytest
 
-from jupyter_mn.credentials import mask_argv
+from jupyter_mn.kernel.credentials import mask_argv
 
 TOKEN = "ghp_" + "k2" * 18
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jupyter_mn.events import DisplayOutput
 from jupyter_mn.node.displaybatch import DisplayBatch
+from jupyter_mn.wire.events import DisplayOutput
 
 
 def frame(n: int, display_id: str = "") -> DisplayOutput:

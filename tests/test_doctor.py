@@ -26,8 +26,8 @@ from jupyter_mn.doctor import doctor, kernel_facts
 from jupyter_mn.doctor.checks import Cell, Check, ifname_matches, judge
 from jupyter_mn.doctor.report import DoctorReport
 from jupyter_mn.errors import PreflightError
+from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.node.probe import rdma_ports
-from jupyter_mn.spec import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 MASTER = ("127.0.0.1", 29500)

@@ -8,7 +8,8 @@ import msgpack
 import pytest
 
 from jupyter_mn.errors import JoinTimeout, RendezvousError
-from jupyter_mn.events import (
+from jupyter_mn.gang.base import rendezvous_cause
+from jupyter_mn.wire.events import (
     GangState,
     GangStatus,
     NodeReply,
@@ -19,7 +20,6 @@ from jupyter_mn.events import (
     from_msg,
     to_msg,
 )
-from jupyter_mn.gang.base import rendezvous_cause
 
 
 def test_a_packed_node_reply_reads_back_as_it_was_sent():

@@ -22,9 +22,9 @@ from procs import TOKEN, node_of, ours, processes, rank_processes, started_now, 
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, CellInterrupted, ClusterBusy, NodeLost, RankLost
-from jupyter_mn.events import LogLines, Note
 from jupyter_mn.gang.run import KILL_AFTER_S
 from jupyter_mn.views import TextView
+from jupyter_mn.wire.events import LogLines, Note
 
 RAISE_S, LOST_S = 1.0 * 3, 2.0 * 3
 #: what a healthy 2×2 gang computes; every test checks the cell after its fault with it

@@ -10,8 +10,8 @@ import pickle
 import subprocess
 import sys
 
-from jupyter_mn.collectives import Collective
 from jupyter_mn.rank.flight import FR_BUFFER_SIZE
+from jupyter_mn.wire.collectives import Collective
 
 SCRIPT = """
 import pickle, sys, time, torch, torch.distributed as dist

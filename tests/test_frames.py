@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 from multiprocessing.connection import Connection
 
-from jupyter_mn.events import DisplayOutput, RankReply, RankStatus
 from jupyter_mn.node.frames import Frames, Undecodable
-from jupyter_mn.rankwire import RankReady, Reformed
+from jupyter_mn.wire.events import DisplayOutput, RankReply, RankStatus
+from jupyter_mn.wire.rankwire import RankReady, Reformed
 
 OK = RankReply(0, RankStatus.OK)
 

@@ -22,7 +22,6 @@ from test_cluster import ENV_CHECK
 from jupyter_mn import Cluster
 from jupyter_mn.cli import main as jupyter_mn_cli
 from jupyter_mn.errors import NodeLost, SchedulingError, SpecError
-from jupyter_mn.events import Note
 from jupyter_mn.gang.dask import (
     Candidate,
     candidates,
@@ -32,7 +31,8 @@ from jupyter_mn.gang.dask import (
     silent_workers,
 )
 from jupyter_mn.gang.shell import run_on_nodes
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.wire.events import Note
 
 
 def dask_cluster(address: str, **options) -> Cluster:
@@ -184,8 +184,8 @@ WHERE = "import os\nprint('{who} runs here')\nos.environ['MASTER_ADDR']"
 def test_two_gangs_of_one_name_are_two_gangs(dask_tls, no_leftovers):
     """Two notebooks both call their gang "train" on one scheduler: each has its own agents and
     sees only its own logs, and releasing one leaves the other working."""
-    from jupyter_mn.joblogs import read_logs
-    from jupyter_mn.registry import Registry
+    from jupyter_mn.jobs.joblogs import read_logs
+    from jupyter_mn.jobs.registry import Registry
 
     first = dask_cluster(dask_tls, nodes=1, gpus=1, name="train")
     second = dask_cluster(dask_tls, nodes=1, gpus=1, name="train")

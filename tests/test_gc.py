@@ -14,9 +14,9 @@ import psutil
 import pytest
 from jobs import make_job
 
-from jupyter_mn.gc import collect
+from jupyter_mn.jobs.gc import collect
+from jupyter_mn.jobs.registry import ORPHAN_AFTER_S, NodeModel, Registry
 from jupyter_mn.node.template import ForkedRank, RankTemplate
-from jupyter_mn.registry import ORPHAN_AFTER_S, NodeModel, Registry
 
 
 @pytest.fixture

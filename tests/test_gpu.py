@@ -8,9 +8,9 @@ from procs import ours, rank_processes
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellInterrupted, SchedulingError, SpecError
-from jupyter_mn.events import GpuSample, Note, TransportReport
 from jupyter_mn.gang.transport import ONE_NODE
 from jupyter_mn.node.gpu import GpuSampler, visible_gpu
+from jupyter_mn.wire.events import GpuSample, Note, TransportReport
 
 UUIDS = ["GPU-1111aaaa-0000", "GPU-2222bbbb-0000", "GPU-3333cccc-0000", "GPU-4444dddd-0000"]
 

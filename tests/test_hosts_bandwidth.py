@@ -12,7 +12,7 @@ from daskcli import DaskCLI
 from hosts import HostNet
 
 from jupyter_mn import Cluster
-from jupyter_mn.bandwidth import bench
+from jupyter_mn.kernel.bandwidth import bench
 
 HOSTS = 3
 #: Shaped links move megabytes at 20-200 Mbit/s.

@@ -18,8 +18,8 @@ from jupyter_mn import Cluster
 from jupyter_mn.checkpoint import latest
 from jupyter_mn.errors import Preempted
 from jupyter_mn.gang.kubernetes.podstate import node_index
-from jupyter_mn.kubespec import KubeOptions
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.kernel.spec import ClusterSpec
 
 #: the kubelet adds a host per pod
 HOSTS = 0

@@ -17,7 +17,7 @@ from polling import wait_until
 from procs import processes, rank_processes
 
 from jupyter_mn import Cluster
-from jupyter_mn.events import Note
+from jupyter_mn.wire.events import Note
 
 HOSTS = 2
 #: Each fault waits out a liveness window or a heartbeat timeout.

@@ -25,14 +25,14 @@ from test_hosts_dask import CHECK
 from jupyter_mn import Cluster
 from jupyter_mn.checkpoint import latest
 from jupyter_mn.errors import Preempted, SchedulingError
-from jupyter_mn.events import NodesWaiting
 from jupyter_mn.gang.slurm import commands
 from jupyter_mn.gang.slurm.provision import dry_run, output_dir
 from jupyter_mn.gang.slurm.sbatch import STEP_MODULE
-from jupyter_mn.gc import collect
-from jupyter_mn.registry import ORPHAN_AFTER_S, Registry
-from jupyter_mn.slurmspec import SlurmOptions
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.jobs.gc import collect
+from jupyter_mn.jobs.registry import ORPHAN_AFTER_S, Registry
+from jupyter_mn.kernel.slurmspec import SlurmOptions
+from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.wire.events import NodesWaiting
 from kernels import Kernel
 
 

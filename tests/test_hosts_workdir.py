@@ -23,8 +23,8 @@ from jupyter_mn import Cluster
 from jupyter_mn.errors import FilesNotSent, SpecError
 from jupyter_mn.gang.script import run_script
 from jupyter_mn.gang.state import GangStatus
-from jupyter_mn.kubespec import KubeOptions
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.kernel.spec import ClusterSpec
 from kernels import Kernel
 
 HOSTS = 2

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jupyter_mn.events import LogLines
-from jupyter_mn.joblogs import JobLogWriter, format_cursor, parse_cursor, read_logs
+from jupyter_mn.jobs.joblogs import JobLogWriter, format_cursor, parse_cursor, read_logs
+from jupyter_mn.wire.events import LogLines
 
 
 def _write(writer: JobLogWriter, node: int, rank: int, *lines: str, t: float = 1.0) -> None:

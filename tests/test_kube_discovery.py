@@ -20,8 +20,8 @@ from jupyter_mn.gang.kubernetes.discovery import (
     parse_version,
     plan,
 )
-from jupyter_mn.kubespec import KubeOptions
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.kernel.spec import ClusterSpec
 
 VOLCANO = {"scheduling.volcano.sh/v1beta1/podgroups": "PodGroup"}
 SCHEDULING = {"scheduling.k8s.io": ("v1", "v1beta1")}

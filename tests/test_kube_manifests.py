@@ -29,9 +29,9 @@ from jupyter_mn.gang.kubernetes.manifests import (
     build,
     selector,
 )
-from jupyter_mn.kubespec import KubeOptions
-from jupyter_mn.names import gang_id
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.kernel.names import gang_id
+from jupyter_mn.kernel.spec import ClusterSpec
 
 MINORS = range(MIN_MINOR, LATEST_MINOR + 1)
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -18,14 +18,14 @@ from distributed.security import Security
 from kube.cluster import NAMESPACE, FakeCluster
 
 from jupyter_mn.errors import SchedulingError
-from jupyter_mn.events import NodesWaiting
 from jupyter_mn.gang.base import Gang
 from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX, GANG_LABEL, NAME_KEY
 from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
-from jupyter_mn.gc import collect as reap
-from jupyter_mn.kubespec import KubeOptions
-from jupyter_mn.registry import ORPHANED, JobModel, NodeModel, Registry
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.jobs.gc import collect as reap
+from jupyter_mn.jobs.registry import ORPHANED, JobModel, NodeModel, Registry
+from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.wire.events import NodesWaiting
 
 IMAGE = "registry.example/jupyter-mn-agent:1"
 
@@ -344,7 +344,7 @@ def test_the_registry_records_the_namespace_and_gc_deletes_there(cluster, regist
     """The kubeconfig says "notebooks"; the gang went to "research" (--namespace)."""
     from jupyter_mn import Cluster
     from jupyter_mn.gang import make_gang
-    from jupyter_mn.recorder import JobRecord
+    from jupyter_mn.kernel.recorder import JobRecord
 
     spec = kube_spec(nodes=1, namespace="research")
     gang = make_gang(spec)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import io
 
-from jupyter_mn.events import GangState, NodesWaiting
-from jupyter_mn.kubespec import KubeOptions
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.views import TextView
 from jupyter_mn.views.widget import ClusterWidget
+from jupyter_mn.wire.events import GangState, NodesWaiting
 
 SPEC = ClusterSpec(nodes=4, gpus=8, backend="kubernetes", kubernetes=KubeOptions(image="a:1"))
 UNSCHEDULABLE = "0/12 nodes are available: 12 Insufficient nvidia.com/gpu."

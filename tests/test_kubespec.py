@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from jupyter_mn import kubespec
 from jupyter_mn.errors import SpecError
-from jupyter_mn.kubespec import KubeOptions, Volume, parse_toleration
-from jupyter_mn.spec import ClusterSpec
+from jupyter_mn.kernel import kubespec
+from jupyter_mn.kernel.kubespec import KubeOptions, Volume, parse_toleration
+from jupyter_mn.kernel.spec import ClusterSpec
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_mn import cluster
 from jupyter_mn.errors import SpecError
-from jupyter_mn.flags import cell_parser
-from jupyter_mn.magics import _words
-from jupyter_mn.spec import MAX_SECONDS, SEED_LIMIT
+from jupyter_mn.kernel import cluster
+from jupyter_mn.kernel.flags import cell_parser
+from jupyter_mn.kernel.magics import _words
+from jupyter_mn.kernel.spec import MAX_SECONDS, SEED_LIMIT
 
 DRY = "--dry-run --k8s-version 1.30 "
 FLAGS = [

@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from jupyter_mn.netfs import on_network_fs
-from jupyter_mn.registry import Registry
+from jupyter_mn.jobs.netfs import on_network_fs
+from jupyter_mn.jobs.registry import Registry
 
 MOUNTS = [
     ("/", "ext4"),

@@ -18,8 +18,8 @@ from procs import node_of, ours
 from jupyter_mn import Cluster
 from jupyter_mn.checkpoint import latest
 from jupyter_mn.errors import Preempted
-from jupyter_mn.events import LogLines, Note, PreemptCause, Preemption
 from jupyter_mn.gang.script import run_script
+from jupyter_mn.wire.events import LogLines, Note, PreemptCause, Preemption
 
 #: A loop that saves and stops when the gang agrees it is preempted; deterministic, so a run
 #: resumed from the preemption checkpoint ends with an uninterrupted run's parameters.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from jupyter_mn.launchspec import Launch
 from jupyter_mn.node.netif import socket_ifname
 from jupyter_mn.rank.env import rank_env
+from jupyter_mn.wire.launchspec import Launch
 
 
 def env(user: dict[str, str], base: dict[str, str], ifname: str | None) -> dict[str, str]:

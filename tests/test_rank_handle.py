@@ -11,18 +11,18 @@ from typing import Any
 
 from agentloop import Recorder, on_loop_thread
 
-from jupyter_mn.events import RankReply
 from jupyter_mn.node.process import RankHandle, pack
-from jupyter_mn.payload import CellPayload
-from jupyter_mn.rankwire import RunCell
+from jupyter_mn.wire.events import RankReply
+from jupyter_mn.wire.payload import CellPayload
+from jupyter_mn.wire.rankwire import RunCell
 
 #: A rank that answers each cell with the size of its source (in its notes), dies on a cell
 #: "die", ends on ``Stop``.
 ECHO = """
 import os
 from multiprocessing.connection import Connection
-from jupyter_mn.events import RankReply, RankStatus
-from jupyter_mn.rankwire import RunCell, Stop
+from jupyter_mn.wire.events import RankReply, RankStatus
+from jupyter_mn.wire.rankwire import RunCell, Stop
 conn = Connection(int(os.environ["JUPYTER_MN_CONTROL_FD"]))
 while True:
     msg = conn.recv()

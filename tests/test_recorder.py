@@ -13,10 +13,10 @@ from polling import wait_until
 from tmpfs import small_tmpfs
 
 from jupyter_mn import Cluster
-from jupyter_mn.events import PreemptCause, Preemption
-from jupyter_mn.joblogs import read_logs
-from jupyter_mn.recorder import Recorder
-from jupyter_mn.registry import JobModel, Registry
+from jupyter_mn.jobs.joblogs import read_logs
+from jupyter_mn.jobs.registry import JobModel, Registry
+from jupyter_mn.kernel.recorder import Recorder
+from jupyter_mn.wire.events import PreemptCause, Preemption
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +126,8 @@ def test_release_request_frees_the_idle_gang(registry, cluster):
 
 def test_gpu_samples_and_transport_reports_reach_the_job(registry, cluster):
     """Telemetry events (issue 4) feed the sidebar's GPU and transport badges."""
-    from jupyter_mn.events import GpuSample, GpuStat, TransportReport
-    from jupyter_mn.recorder import JobRecord
+    from jupyter_mn.kernel.recorder import JobRecord
+    from jupyter_mn.wire.events import GpuSample, GpuStat, TransportReport
 
     gang = cluster.up()  # an earlier test may have released it
     record = JobRecord(registry, cluster, gang)  # fed by hand: no live events race it
@@ -193,8 +193,8 @@ def test_a_job_whose_log_dir_cannot_be_made_is_still_recorded(cluster, tmp_path,
 
 
 def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry, cluster):
-    from jupyter_mn.events import CellDone, GangState, Hung
-    from jupyter_mn.recorder import JobRecord
+    from jupyter_mn.kernel.recorder import JobRecord
+    from jupyter_mn.wire.events import CellDone, GangState, Hung
 
     gang = cluster.up()
     record = JobRecord(registry, cluster, gang)  # fed by hand: no live events race it

@@ -15,9 +15,8 @@ import pytest
 from jobs import make_job
 from tmpfs import fill, small_tmpfs
 
-from jupyter_mn.events import LogLines
-from jupyter_mn.joblogs import JobLogWriter
-from jupyter_mn.registry import (
+from jupyter_mn.jobs.joblogs import JobLogWriter
+from jupyter_mn.jobs.registry import (
     ORPHAN_AFTER_S,
     JobModel,
     JobNotFound,
@@ -25,6 +24,7 @@ from jupyter_mn.registry import (
     Registry,
     RegistryError,
 )
+from jupyter_mn.wire.events import LogLines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,7 +162,7 @@ def test_forget_removes_a_finished_job_and_its_logs_but_refuses_a_live_one(regis
 def test_two_processes_share_the_registry(registry: Registry):
     registry.save(make_job("jmn-here"))
     code = (
-        "import sys; from jupyter_mn.registry import Registry; r = Registry(sys.argv[1]);"
+        "import sys; from jupyter_mn.jobs.registry import Registry; r = Registry(sys.argv[1]);"
         "print(','.join(j.id for j in r.jobs())); r.request('jmn-here', 'cancel', 'cli')"
     )
     out = subprocess.run(

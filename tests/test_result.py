@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from jupyter_mn.events import RankError, RankStatus
-from jupyter_mn.result import CellResult, RankOutcome
+from jupyter_mn.kernel.result import CellResult, RankOutcome
+from jupyter_mn.wire.events import RankError, RankStatus
 
 WAITED = RankError("RuntimeError", "[gloo] Connection closed by peer", secondary=True)
 STOPPED = RankError("KeyboardInterrupt", "", secondary=True)  # interrupted inside a collective

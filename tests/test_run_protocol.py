@@ -19,7 +19,7 @@ from jupyter_mn.doctor import doctor
 from jupyter_mn.errors import Stopped
 from jupyter_mn.gang.script import run_script
 from jupyter_mn.gang.shell import run_on_nodes
-from jupyter_mn.registry import JobModel, Registry
+from jupyter_mn.jobs.registry import JobModel, Registry
 
 #: The probe of the doctor waits for this file (named in the ranks' env) before it goes on, so
 #: the test knows it is cancelling a doctor that is still running.

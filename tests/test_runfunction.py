@@ -8,7 +8,7 @@ import pytest
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, SpecError
-from jupyter_mn.runfunction import parse_call
+from jupyter_mn.kernel.runfunction import parse_call
 
 #: Functions as a notebook defines them: in ``__main__``, reading a notebook global.
 NOTEBOOK = """

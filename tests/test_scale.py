@@ -21,8 +21,8 @@ from simulated import RegistryWrites, loud_cell, simulated_env
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import RendezvousError
+from jupyter_mn.jobs.registry import Registry
 from jupyter_mn.node.process import RANK_PYTHON
-from jupyter_mn.registry import Registry
 from kernels import Kernel
 
 pytestmark = pytest.mark.scale

@@ -16,12 +16,12 @@ from test_nccl import FIXTURES
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import TransportError
-from jupyter_mn.events import GpuSample, Note, TransportReport
 from jupyter_mn.gang.transport import ONE_NODE
-from jupyter_mn.launchspec import Launch
 from jupyter_mn.node.gpu import RankProcess
 from jupyter_mn.node.telemetry import NodeTelemetry
 from jupyter_mn.views import TextView
+from jupyter_mn.wire.events import GpuSample, Note, TransportReport
+from jupyter_mn.wire.launchspec import Launch
 
 ENV = (
     "import os\n{k: os.environ.get(k) for k in ['NCCL_DEBUG', 'NCCL_DEBUG_SUBSYS', "

@@ -7,8 +7,15 @@ import time
 
 from test_nccl import FIXTURES
 
-from jupyter_mn.collectives import Collective, RankWhere
-from jupyter_mn.events import (
+from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.node.nccllog import NcclLog
+from jupyter_mn.views import TextView, View, make_view, widgets_rendered
+from jupyter_mn.views.state import TAIL_LINES
+from jupyter_mn.views.straggler import hints
+from jupyter_mn.views.summary import summary
+from jupyter_mn.views.widget import ClusterWidget
+from jupyter_mn.wire.collectives import Collective, RankWhere
+from jupyter_mn.wire.events import (
     CellDone,
     GangState,
     GangStatus,
@@ -26,13 +33,6 @@ from jupyter_mn.events import (
     Stacks,
     TransportReport,
 )
-from jupyter_mn.node.nccllog import NcclLog
-from jupyter_mn.spec import ClusterSpec
-from jupyter_mn.views import TextView, View, make_view, widgets_rendered
-from jupyter_mn.views.state import TAIL_LINES
-from jupyter_mn.views.straggler import hints
-from jupyter_mn.views.summary import summary
-from jupyter_mn.views.widget import ClusterWidget
 
 SPEC = ClusterSpec(nodes=2, gpus=2)
 
@@ -160,8 +160,8 @@ def test_auto_view_is_text_without_a_widget_frontend():
 
 def test_text_view_prints_the_table_only_when_it_says_something():
     """A warm trivial cell ends quietly; a cold start, a failure or a long cell gets the table."""
-    from jupyter_mn.events import CellDone, GangState, RankTiming
     from jupyter_mn.views.text import TABLE_AFTER_S, TextView
+    from jupyter_mn.wire.events import CellDone, GangState, RankTiming
 
     ok = (RankTiming(0, 0, "ok", 0.01), RankTiming(1, 0, "ok", 0.01))
 

@@ -18,15 +18,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PreflightError, Stopped
-from ..events import RunStarted
 from ..gang.job import INTERRUPTED_BY_USER, WorkerCall
+from ..wire.events import RunStarted
 from .checks import judge
 from .report import DoctorReport
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..events import OnEvent
     from ..gang.base import Gang
+    from ..kernel.cluster import Cluster
+    from ..wire.events import OnEvent
 
 __all__ = ["DoctorReport", "doctor", "examine", "preflight"]
 
@@ -121,7 +121,7 @@ def kernel_facts() -> dict[str, str | None]:
 
     import cloudpickle
 
-    from ..version import __version__
+    from ..wire.version import __version__
 
     try:
         torch = importlib.metadata.version("torch")

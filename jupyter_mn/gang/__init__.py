@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..spec import ClusterSpec
+from ..kernel.spec import ClusterSpec
 from .base import Gang, Provisioner
 from .state import GangStatus
 

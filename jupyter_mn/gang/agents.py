@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..collectives import RankWhere
 from ..errors import RendezvousError
-from ..events import OnEvent
+from ..wire.collectives import RankWhere
+from ..wire.events import OnEvent
 from .cellstream import CellStream
 from .hub import EventHub
 from .inbox import Reply

@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from ..collectives import RankWhere
 from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingError
-from ..events import GangState, Note, OnEvent, Preemption
-from ..launchspec import Launch, Script
-from ..names import gang_id
-from ..rankwire import RankReady
-from ..spec import ClusterSpec
-from ..workdir import Selection
+from ..kernel.names import gang_id
+from ..kernel.spec import ClusterSpec
+from ..kernel.workdir import Selection
+from ..wire.collectives import RankWhere
+from ..wire.events import GangState, Note, OnEvent, Preemption
+from ..wire.launchspec import Launch, Script
+from ..wire.rankwire import RankReady
 from .agents import NodeAgents
 from .files import FileSync
 from .generations import Generations

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SchedulingError, SpecError
-from ..events import Note, OnEvent
+from ..kernel.spec import ClusterSpec
 from ..node.workerfuncs import identity, ignore_sigint, worker_facts
-from ..spec import ClusterSpec
-from ..version import __version__
+from ..wire.events import Note, OnEvent
+from ..wire.version import __version__
 from .hub import topics
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from IPython.core.error import StdinNotImplementedError
 
-from ..debugwire import DebugAnswer, DebugEnded, DebugLine, DebugPrompt, DebugStart
 from ..errors import DebugUnavailable
-from ..result import LOST, OK, CellResult
+from ..kernel.result import LOST, OK, CellResult
+from ..wire.debugwire import DebugAnswer, DebugEnded, DebugLine, DebugPrompt, DebugStart
 
 if TYPE_CHECKING:
     from .base import Gang

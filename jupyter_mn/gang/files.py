@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FilesNotSent
-from ..manifest import FileEntry, FileUpdate, changes
-from ..workdir import SMALL_FILE, Digests, Selection, for_spec, size_text
+from ..kernel.workdir import SMALL_FILE, Digests, Selection, for_spec, size_text
+from ..wire.manifest import FileEntry, FileUpdate, changes
 
 if TYPE_CHECKING:
-    from ..spec import ClusterSpec
+    from ..kernel.spec import ClusterSpec
     from .base import Gang
 
 #: Seconds a node may take to say whether it sees the directory, and to store an update.

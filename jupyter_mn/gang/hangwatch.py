@@ -21,9 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..collectives import RankWhere
-from ..events import Hung
-from ..verdict import explain
+from ..kernel.verdict import explain
+from ..wire.collectives import RankWhere
+from ..wire.events import Hung
 from .inbox import Message
 
 #: Bounds on how often the ranks are looked at.

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Displays, GpuSample, LogLines, OnEvent, TransportReport
+from ..wire.events import Displays, GpuSample, LogLines, OnEvent, TransportReport
 from .inbox import Inbox
 
 log = logging.getLogger(__name__)

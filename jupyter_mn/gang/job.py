@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..events import LogLines, NodeReply, OnEvent, RankState, RunStarted
+from ..wire.events import LogLines, NodeReply, OnEvent, RankState, RunStarted
 from .inbox import Message, Reply
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NodeUnreachable
-from ..events import Preemption, RankState, RankStatus, from_msg
+from ..wire.events import Preemption, RankState, RankStatus, from_msg
 from .inbox import Reply
 from .recover import restarted_note
 

@@ -32,11 +32,11 @@ from distributed import Client
 from distributed.security import Security
 
 from ..errors import SchedulingError
+from ..kernel.spec import ClusterSpec
 from ..node import template
 from ..node.daskconfig import DASK_CONFIG
 from ..node.process import rank_command
 from ..node.visible import VISIBLE, local_split
-from ..spec import ClusterSpec
 
 #: What the processes get besides the kernel's dask config: quiet logs, and glibc returning freed
 #: memory as dask's nanny would have set it (the ranks inherit both).

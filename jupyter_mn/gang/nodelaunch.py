@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..launchspec import Launch, Script
+from ..wire.launchspec import Launch, Script
 
 if TYPE_CHECKING:
     from .base import Gang

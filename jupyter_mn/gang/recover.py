@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RendezvousError
 
 if TYPE_CHECKING:
-    from ..spec import ClusterSpec
+    from ..kernel.spec import ClusterSpec
     from .base import Gang
 
 #: Seconds allowed on top of ``start_timeout`` (restarted ranks import torch before they join).

@@ -24,9 +24,11 @@ from typing import Any
 
 import cloudpickle
 
-from ..credentials import holds_secret
 from ..errors import NodeUnreachable, TransportError
-from ..events import (
+from ..kernel.credentials import holds_secret
+from ..kernel.result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
+from ..kernel.verdict import Verdict, explain
+from ..wire.events import (
     CellDone,
     NodeReply,
     OnEvent,
@@ -36,9 +38,7 @@ from ..events import (
     RankResumed,
     RunStarted,
 )
-from ..payload import CellPayload
-from ..result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
-from ..verdict import Verdict, explain
+from ..wire.payload import CellPayload
 from .base import Gang
 from .debugger import converse
 from .hangwatch import HangWatch, Look

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SpecError
-from ..events import OnEvent, RankState, RunStarted
-from ..launchspec import Script
+from ..kernel.result import LOST, CellResult
 from ..node.workerfuncs import find_script, has_package
-from ..result import LOST, CellResult
+from ..wire.events import OnEvent, RankState, RunStarted
+from ..wire.launchspec import Script
 from .base import Gang
 from .job import INTERRUPTED_BY_USER, Job
 from .run import rank_outcomes

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpecError
-from ..events import RunStarted
 from ..node.workerfuncs import run_command, split_lines, stop_command
+from ..wire.events import RunStarted
 from .base import Gang
 from .inbox import Message
 from .job import INTERRUPTED_BY_USER, WorkerCall

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..events import GangStatus
+from ..wire.events import GangStatus
 
 _MOVES: dict[GangStatus, frozenset[GangStatus]] = {
     GangStatus.PENDING: frozenset({GangStatus.SCHEDULING, GangStatus.CLOSED}),

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import TransportError
-from ..events import Note, TransportReport, from_msg
+from ..wire.events import Note, TransportReport, from_msg
 
 if TYPE_CHECKING:
     from .base import Gang

@@ -23,13 +23,13 @@ from typing import Any
 
 from distributed import get_worker
 
-from ..collectives import RankWhere
-from ..debugwire import DebugAnswer
-from ..events import GangState, GangStatus, NodeReply, Preemption, to_msg
-from ..launchspec import Launch
-from ..manifest import FileUpdate
-from ..payload import CellPayload
-from ..rankwire import RankReady, Reformed
+from ..wire.collectives import RankWhere
+from ..wire.debugwire import DebugAnswer
+from ..wire.events import GangState, GangStatus, NodeReply, Preemption, to_msg
+from ..wire.launchspec import Launch
+from ..wire.manifest import FileUpdate
+from ..wire.payload import CellPayload
+from ..wire.rankwire import RankReady, Reformed
 from . import template
 from .cellrun import CellRuns
 from .cellserver import CellServer

@@ -16,9 +16,9 @@ import os
 import signal
 from collections.abc import Callable
 
-from ..events import NodeReply, RankReply, RankStatus
-from ..payload import CellPayload
-from ..rankwire import LeaveGroup, RunCell
+from ..wire.events import NodeReply, RankReply, RankStatus
+from ..wire.payload import CellPayload
+from ..wire.rankwire import LeaveGroup, RunCell
 from .output import NodeOutput
 from .process import RankHandle, pack
 from .ranks import NodeRanks

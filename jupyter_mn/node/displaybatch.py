@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..events import DisplayOutput
+from ..wire.events import DisplayOutput
 
 
 class DisplayBatch:

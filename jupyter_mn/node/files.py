@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..manifest import FileUpdate, content_digest, safe_path, stamp_here
+from ..wire.manifest import FileUpdate, content_digest, safe_path, stamp_here
 
 CACHE_ENV = "JUPYTER_MN_FILE_CACHE"
 #: The most bytes the cache keeps: the contents used longest ago go first ...

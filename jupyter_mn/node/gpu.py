@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import GpuStat
+from ..wire.events import GpuStat
 from .visible import nvml_text
 
 _MIB = 1024 * 1024

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from ..events import GangState, GangStatus
+from ..wire.events import GangState, GangStatus
 from .ranks import NodeRanks
 from .telemetry import SAMPLE_S, NodeTelemetry
 from .watchdog import CHECK_S, Watchdog, mib

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ..events import TransportReport
+from ..wire.events import TransportReport
 
 _MARK = re.compile(r"NCCL (?:INFO|WARN) (?P<msg>.*?)\s*$")
 _NETWORK = re.compile(r"^Using network (?P<name>.+)$")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..events import DisplayOutput, RankStatus
+from ..wire.events import DisplayOutput, RankStatus
 
 
 class NodeLink(Protocol):

@@ -16,7 +16,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import DisplayOutput, Displays, LogLines, RankPaused, RankState, RankStatus, to_msg
+from ..wire.events import (
+    DisplayOutput,
+    Displays,
+    LogLines,
+    RankPaused,
+    RankState,
+    RankStatus,
+    to_msg,
+)
 from .displaybatch import DisplayBatch
 
 #: Lines arriving within this window share one event.

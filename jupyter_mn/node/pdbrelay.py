@@ -11,7 +11,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from ..debugwire import DebugAnswer, DebugEnded, DebugPrompt
+from ..wire.debugwire import DebugAnswer, DebugEnded, DebugPrompt
 
 
 class PdbRelay:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..events import PreemptCause, Preemption
+from ..wire.events import PreemptCause, Preemption
 
 
 def cause_of(env: Mapping[str, str]) -> PreemptCause:

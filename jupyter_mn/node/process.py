@@ -24,13 +24,13 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..collectives import RankWhere
-from ..debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..errors import RendezvousError
-from ..events import DisplayOutput, RankError, RankReply, RankStatus
 from ..rank import stacks
 from ..rank.env import CONTROL_FD, STACKS_FD
-from ..rankwire import RankReady, Reformed, StartFailed, Stop
+from ..wire.collectives import RankWhere
+from ..wire.debugwire import DebugAnswer, DebugEnded, DebugPrompt
+from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
+from ..wire.rankwire import RankReady, Reformed, StartFailed, Stop
 from .exits import describe_exit
 from .frames import Frames, Undecodable, read_ready
 from .nodelink import NodeLink

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 
-from ..collectives import RankWhere
-from ..debugwire import DebugAnswer, DebugEnded
 from ..errors import JoinTimeout
-from ..events import Preemption, RankStatus
-from ..launchspec import Launch
 from ..rank.env import rank_env
-from ..rankwire import RankReady, Reform, Reformed
+from ..wire.collectives import RankWhere
+from ..wire.debugwire import DebugAnswer, DebugEnded
+from ..wire.events import Preemption, RankStatus
+from ..wire.launchspec import Launch
+from ..wire.rankwire import RankReady, Reform, Reformed
 from . import template
 from .exits import describe_exit
 from .gpu import RankProcess

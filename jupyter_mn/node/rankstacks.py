@@ -14,8 +14,8 @@ import dataclasses
 import subprocess
 from multiprocessing.connection import Connection
 
-from ..collectives import AbortRequest, RankWhere, WhereRequest
-from ..events import Preemption
+from ..wire.collectives import AbortRequest, RankWhere, WhereRequest
+from ..wire.events import Preemption
 from .exits import STOPPED, describe_exit, silent, stopped
 from .frames import Frames, Undecodable, read_ready
 

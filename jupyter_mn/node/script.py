@@ -23,11 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..events import RankError, RankReply, RankStatus
-from ..launchspec import Launch, Script
 from ..rank import nobreak
 from ..rank.causes import says_secondary
 from ..rank.env import rank_env
+from ..wire.events import RankError, RankReply, RankStatus
+from ..wire.launchspec import Launch, Script
 from .exits import describe_exit
 from .netif import socket_ifname
 from .nodelink import NodeLink

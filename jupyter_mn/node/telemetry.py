@@ -17,9 +17,9 @@ import threading
 from pathlib import Path
 
 from ..errors import TransportError
-from ..events import GpuSample, OnEvent, TransportReport
-from ..launchspec import Launch
 from ..rank.flight import FR_BUFFER_SIZE
+from ..wire.events import GpuSample, OnEvent, TransportReport
+from ..wire.launchspec import Launch
 from . import rdma
 from .gpu import GpuSampler, RankProcess
 from .nccllog import NcclLog

@@ -34,7 +34,7 @@ def identity() -> dict[str, Any]:
 
 def worker_facts(kernel: dict[str, Any]) -> dict[str, Any]:
     """Cheap facts for choosing nodes (nothing heavy is imported into the user's worker)."""
-    from ..version import __version__
+    from ..wire.version import __version__
 
     torch = None
     if util.find_spec("torch") is not None:

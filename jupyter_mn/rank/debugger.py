@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, Protocol
 
-from ..debugwire import DebugEnded, DebugLine, DebugPrompt
+from ..wire.debugwire import DebugEnded, DebugLine, DebugPrompt
 
 #: Frames ``n`` and ``s`` step over: the rank's runtime and IPython around the cell, and bdb.
 _NOT_THE_USERS = ["jupyter_mn.*", "IPython.*", "traitlets.*", "bdb"]

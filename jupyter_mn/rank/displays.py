@@ -13,7 +13,7 @@ from typing import Any
 
 from IPython.core.displaypub import CapturingDisplayPublisher
 
-from ..events import DisplayOutput
+from ..wire.events import DisplayOutput
 
 #: matplotlib figures render as PNG without importing matplotlib up front (IPython's inline
 #: default, registered by type name).

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..launchspec import Launch
+    from ..wire.launchspec import Launch
 
 #: The rank's end of its control socket to the agent (cell ranks only): cells, read by the
 #: rank's main thread between cells.

@@ -29,7 +29,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from ..events import RankError, RankReply, RankStatus
+from ..wire.events import RankError, RankReply, RankStatus
 from . import preemption, stacks, timing
 from .causes import is_secondary
 from .displays import LiveDisplayPublisher, figures_as_png
@@ -37,7 +37,7 @@ from .info import cluster_info
 from .reload import Reloader, reloaded_note
 
 if TYPE_CHECKING:
-    from ..payload import CellPayload
+    from ..wire.payload import CellPayload
     from .debugger import RankDebugger
     from .group import ProcessGroup
     from .info import ClusterInfo

@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ..events import Preemption
+from ..wire.events import Preemption
 from . import env as contract
 from . import preemption
 

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ..events import Preemption
+from ..wire.events import Preemption
 
 #: how long a rank that learns of a notice from its peers waits for its own copy
 _PEER_NOTICE_S = 2.0

@@ -19,10 +19,10 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..collectives import AbortRequest, RankWhere
-from ..debugwire import DebugStart
-from ..events import Preemption
-from ..rankwire import LeaveGroup, RankReady, Reform, Reformed, RunCell, StartFailed, Stop
+from ..wire.collectives import AbortRequest, RankWhere
+from ..wire.debugwire import DebugStart
+from ..wire.events import Preemption
+from ..wire.rankwire import LeaveGroup, RankReady, Reform, Reformed, RunCell, StartFailed, Stop
 from . import env as contract
 from . import execute, flight, preemption, stacks
 from .debugger import RankDebugger

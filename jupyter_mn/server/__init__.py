@@ -10,7 +10,7 @@ from typing import Any
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
-    from ..registry import Registry
+    from ..jobs.registry import Registry
     from .handlers import setup_handlers
     from .kernelstatus import untrack_subshell_messages
 

@@ -25,8 +25,8 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from ..joblogs import format_cursor, parse_cursor, read_logs
-from ..registry import JobModel, JobNotFound, Registry, RegistryError
+from ..jobs.joblogs import format_cursor, parse_cursor, read_logs
+from ..jobs.registry import JobModel, JobNotFound, Registry, RegistryError
 
 #: How long a cancel/release POST waits for the kernel's answer before replying 202.
 ANSWER_WAIT_S = 3.0

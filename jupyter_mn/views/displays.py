@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ..events import DisplayOutput, Displays
+from ..wire.events import DisplayOutput, Displays
 
 _BLANK = {"text/plain": ""}
 

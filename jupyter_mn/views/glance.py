@@ -13,7 +13,7 @@ import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..events import NO_NETWORK, GpuStat, TransportReport, number_ranges
+from ..wire.events import NO_NETWORK, GpuStat, TransportReport, number_ranges
 from .state import HISTORY, CellState
 from .summary import evidence, transport_line
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..events import Stacks
+from ..wire.events import Stacks
 
 
 def format_stacks(event: Stacks) -> str:

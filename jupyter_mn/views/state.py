@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import (
+from ..wire.events import (
     CellDone,
     GangState,
     GangStatus,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from ..events import RankTiming
+from ..wire.events import RankTiming
 
 FACTOR = 2.0
 #: Below this difference from the median nothing is flagged (scheduling noise on small cells).

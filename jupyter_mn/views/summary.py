@@ -7,7 +7,7 @@ line, the per-rank table and straggler hints.
 
 from __future__ import annotations
 
-from ..events import CellDone, TransportReport
+from ..wire.events import CellDone, TransportReport
 from .state import CellState
 from .straggler import hints
 

@@ -13,7 +13,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..events import (
+from ..kernel.spec import ClusterSpec
+from ..wire.events import (
     CellDone,
     Displays,
     GangState,
@@ -26,7 +27,6 @@ from ..events import (
     Stacks,
     TransportReport,
 )
-from ..spec import ClusterSpec
 from .displays import RankDisplays
 from .stacks import format_stacks
 from .state import CellState

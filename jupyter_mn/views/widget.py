@@ -22,9 +22,9 @@ import ipywidgets as W
 import traitlets
 from IPython.display import display
 
-from ..events import Displays, GangState, GangStatus
-from ..kernelid import current_kernel_id
-from ..spec import ClusterSpec
+from ..kernel.kernelid import current_kernel_id
+from ..kernel.spec import ClusterSpec
+from ..wire.events import Displays, GangState, GangStatus
 from .displays import RankDisplays
 from .filter import FILTER_STYLE, RankFilter, node_ranks, rank_runs
 from .glance import GLANCE_STYLE, gpu_html, transport_html

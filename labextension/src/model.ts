@@ -1,5 +1,5 @@
 /**
- * The one JSON shape of a job, mirrored from `jupyter_mn/registry.py` (`JobModel`, `NodeModel`).
+ * The one JSON shape of a job, mirrored from `jupyter_mn/jobs/registry.py` (`JobModel`, `NodeModel`).
  * tests/test_registry.py checks that both declare the same fields.
  */
 

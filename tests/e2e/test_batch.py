@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from jupyter_mn.registry import Registry
+from jupyter_mn.jobs.registry import Registry
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03-papermill.ipynb"
 PAPERMILL = Path(sys.executable).with_name("papermill")

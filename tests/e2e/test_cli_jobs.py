@@ -16,7 +16,7 @@ import pytest
 from polling import wait_until
 from procs import ours, rank_processes, running
 
-from jupyter_mn.registry import JobModel, Registry
+from jupyter_mn.jobs.registry import JobModel, Registry
 from kernels import Kernel, Reply
 
 JUPYTER_MN = [sys.executable, "-m", "jupyter_mn.cli"]

@@ -138,7 +138,7 @@ def test_down_shutdown_and_restart_leave_nothing(no_leftovers):
 def test_a_shut_down_kernel_closes_its_gang_and_exits_on_its_own(no_leftovers):
     """Not SIGTERMed by jupyter_client after 2.5 s (ipykernel signals its group's children first),
     and the registry says CLOSED, not ORPHANED."""
-    from jupyter_mn.registry import Registry
+    from jupyter_mn.jobs.registry import Registry
 
     k = Kernel()
     try:

@@ -12,8 +12,8 @@ from conftest import ARTIFACTS, run_command, wait_kernel_idle
 from playwright.sync_api import expect
 from test_nccl import FIXTURES
 
-from jupyter_mn.events import GangState, GpuSample, GpuStat, LogLines, to_msg
 from jupyter_mn.node.nccllog import NcclLog
+from jupyter_mn.wire.events import GangState, GpuSample, GpuStat, LogLines, to_msg
 
 #: The ranks wait for this file, which the test writes once it has seen the cell running.
 GO = "go-widget"
@@ -138,8 +138,8 @@ def sample_events() -> list[dict]:
     return [to_msg(e) for e in events]
 
 
-REPLAY = """from jupyter_mn.events import from_msg
-from jupyter_mn.spec import ClusterSpec
+REPLAY = """from jupyter_mn.wire.events import from_msg
+from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.views.widget import ClusterWidget
 import json
 widget = ClusterWidget(ClusterSpec(nodes=2, gpus=4, rdma=True), title="SAMPLE DATA")

@@ -16,7 +16,7 @@ import nbformat
 import psutil
 from test_papermill import _notebook, _texts
 
-from jupyter_mn.registry import Registry
+from jupyter_mn.jobs.registry import Registry
 
 PAPERMILL = Path(sys.executable).with_name("papermill")
 #: Shaped like a Hugging Face token, made fresh for each run.

@@ -15,9 +15,9 @@ import pytest
 from conftest import jupyter_server
 from jobs import make_job
 
-from jupyter_mn.events import LogLines
-from jupyter_mn.joblogs import JobLogWriter
-from jupyter_mn.registry import JobModel, NodeModel, Registry
+from jupyter_mn.jobs.joblogs import JobLogWriter
+from jupyter_mn.jobs.registry import JobModel, NodeModel, Registry
+from jupyter_mn.wire.events import LogLines
 
 API = "/jupyter-mn/api/jobs"
 HERE = Path(__file__).resolve().parent

@@ -23,7 +23,7 @@ from conftest import (
 from playwright.sync_api import expect
 from polling import wait_until
 
-from jupyter_mn.registry import Registry
+from jupyter_mn.jobs.registry import Registry
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03-papermill.ipynb"
 XSS = '<img src=x onerror="window.__xss=1">'

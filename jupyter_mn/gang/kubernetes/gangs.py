@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SpecError
-from ...spec import ClusterSpec
+from ...kernel.spec import ClusterSpec
 
 if TYPE_CHECKING:
     from .manifests import Target

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import SpecError
-from ...kubespec import KubeOptions, Volume, parse_toleration
-from ...names import MAX_ID, label_value
-from ...spec import ClusterSpec
+from ...kernel.kubespec import KubeOptions, Volume, parse_toleration
+from ...kernel.names import MAX_ID, label_value
+from ...kernel.spec import ClusterSpec
 from . import gangs
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -73,7 +73,7 @@ class Names:
         if len(gang_id) > MAX_ID or not _NAME.match(gang_id):
             raise SpecError(
                 f"gang id {gang_id!r}: not a DNS label of at most {MAX_ID} characters "
-                "(make ids with jupyter_mn.names.gang_id)"
+                "(make ids with jupyter_mn.kernel.names.gang_id)"
             )
         return cls(gang_id)
 

@@ -16,8 +16,8 @@ import warnings
 from typing import Any
 
 from ...errors import JupyterMNError
-from ...events import NodesWaiting, OnEvent
-from ...spec import ClusterSpec
+from ...kernel.spec import ClusterSpec
+from ...wire.events import NodesWaiting, OnEvent
 from .discovery import KUEUE_GROUP, SA_NAMESPACE, choose, discover, load_api
 from .lease import AdmissionLease
 from .manifests import Target, build, labels

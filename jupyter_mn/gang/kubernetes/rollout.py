@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import SchedulingError
-from ...events import NodesWaiting, OnEvent
+from ...wire.events import NodesWaiting, OnEvent
 from . import podstate
 from .manifests import Names, owned_by, selector
 

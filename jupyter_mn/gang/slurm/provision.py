@@ -24,12 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...credentials import secret_name, secret_value
 from ...errors import JupyterMNError, SchedulingError
-from ...events import NodesWaiting, Note, OnEvent
+from ...kernel.credentials import secret_name, secret_value
+from ...kernel.spec import ClusterSpec
 from ...node.pod import TLS_FILES
 from ...node.slurm import TLS_DIR_VAR, tls_address
-from ...spec import ClusterSpec
+from ...wire.events import NodesWaiting, Note, OnEvent
 from . import commands
 from .sbatch import Batch, batch_script, gres, srun_argv, step_env
 
@@ -96,7 +96,7 @@ def _has_gpus(spec: ClusterSpec, timeout: float = 30.0) -> bool:
 def dry_run(spec: ClusterSpec) -> str:
     """The batch script ``--dry-run`` prints (the port is drawn again at submission). GPUs are
     asked as sinfo says where Slurm answers, else as on a GPU cluster (and the header says so)."""
-    from ...names import gang_id
+    from ...kernel.names import gang_id
 
     header = (
         f"# jupyter_mn: {spec.nodes} node(s) x {spec.gpus} rank(s) as one Slurm job "

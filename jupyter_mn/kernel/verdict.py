@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .collectives import Collective, RankWhere
-from .events import Stacks
+from ..wire.collectives import Collective, RankWhere
+from ..wire.events import Stacks
 
 
 class HangKind(enum.Enum):

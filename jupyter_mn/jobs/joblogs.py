@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .events import LogLines
+from ..wire.events import LogLines
 from .registry import open_private, private_dir
 
 log = logging.getLogger(__name__)

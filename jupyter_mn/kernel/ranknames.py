@@ -11,11 +11,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..wire.payload import CellPayload
 from .cell import Shipper, bound_names, compile_cell
-from .payload import CellPayload
 
 if TYPE_CHECKING:
-    from .gang.base import Gang
+    from ..gang.base import Gang
 
 
 class RankNames:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import SpecError
+from ..errors import SpecError
 
 
 def is_number(value: Any, *, low: float, strict: bool = False) -> bool:

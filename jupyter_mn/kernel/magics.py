@@ -130,8 +130,8 @@ class ClusterMagics(Magics):
         return handler(args)
 
     def _run(self, args: Any, cell: str) -> Any:
+        from ..views import make_view
         from . import cluster
-        from .views import make_view
 
         spec = self.spec_from(args)
         if args.dry_run:
@@ -168,7 +168,7 @@ class ClusterMagics(Magics):
 
     def _dry_run(self, spec: ClusterSpec, k8s_version: str | None) -> None:
         if spec.backend == "slurm":
-            from .gang.slurm.provision import dry_run as slurm_dry_run
+            from ..gang.slurm.provision import dry_run as slurm_dry_run
 
             print(slurm_dry_run(spec))
             return
@@ -177,7 +177,7 @@ class ClusterMagics(Magics):
                 "--dry-run prints Kubernetes objects or a Slurm batch script: "
                 "add --backend kubernetes or --backend slurm"
             )
-        from .gang.kubernetes.discovery import dry_run
+        from ..gang.kubernetes.discovery import dry_run
 
         print(dry_run(spec, k8s_version))
 
@@ -192,8 +192,8 @@ class ClusterMagics(Magics):
         return running.status()
 
     def _up(self, args: Any) -> dict[str, Any]:
+        from ..views import TextView
         from . import cluster
-        from .views import TextView
 
         spec = self.spec_from(args)
         target = cluster.session(spec)
@@ -201,8 +201,8 @@ class ClusterMagics(Magics):
         return target.status()
 
     def _stacks(self, args: Any) -> None:
+        from ..views.stacks import format_stacks
         from . import cluster
-        from .views.stacks import format_stacks
 
         running = cluster.current()
         if running is None or running.gang is None:
@@ -212,9 +212,9 @@ class ClusterMagics(Magics):
 
     def _debug(self, args: Any) -> None:
         """``%cluster debug [--rank R]``: pdb on a rank of the last, failed cell."""
+        from ..errors import DebugUnavailable
+        from ..gang.debugger import can_prompt
         from . import cluster
-        from .errors import DebugUnavailable
-        from .gang.debugger import can_prompt
 
         running = cluster.current()
         if running is None:

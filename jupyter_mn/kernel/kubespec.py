@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
+from ..errors import SpecError
 from .specvalues import check_names, env_value, is_number, options_from_environ
 
 GANG_POLICIES = ("auto", "kueue", "volcano", "coscheduling", "native", "none")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import JupyterMNError
+from ..errors import JupyterMNError
 from .netfs import on_network_fs
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CellError, CellInterrupted, NodeLost, Preempted, RankLost
-from .events import Preemption, RankError, RankStatus, RankTiming
+from ..errors import CellError, CellInterrupted, NodeLost, Preempted, RankLost
+from ..wire.events import Preemption, RankError, RankStatus, RankTiming
 
 #: a rank's outcome of a cell
 OK, ERROR, LOST, INTERRUPTED = (

@@ -71,15 +71,15 @@ class NodeVerbs:
         return cluster.session(self.magics.spec_from(args))
 
     def doctor(self, args: Any) -> Any:
-        from .doctor import doctor
-        from .views import TextView
+        from ..doctor import doctor
+        from ..views import TextView
 
         return doctor(self._cluster(args), TextView())
 
     def exec(self, args: Any) -> None:
-        from .errors import SpecError
-        from .gang.shell import check_nodes, run_on_nodes
-        from .views import TextView
+        from ..errors import SpecError
+        from ..gang.shell import check_nodes, run_on_nodes
+        from ..views import TextView
 
         target = self._cluster(args)
         if args.all_nodes == bool(args.node):
@@ -100,8 +100,8 @@ class NodeVerbs:
                 print(f"[node {out.node}] {status}")
 
     def run(self, args: Any) -> int | None:
-        from .gang.script import run_script
-        from .views import TextView
+        from ..gang.script import run_script
+        from ..views import TextView
 
         target = self._cluster(args)
         view = TextView()
@@ -124,8 +124,8 @@ class NodeVerbs:
         return value
 
     def bench(self, args: Any) -> Any:
+        from ..views import TextView
         from .bandwidth import bench, parse_size
-        from .views import TextView
 
         size = parse_size(args.size)
         return bench(self._cluster(args), size, args.iters, args.warmup, TextView())

@@ -18,7 +18,9 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .events import (
+from ..jobs.joblogs import JobLogWriter
+from ..jobs.registry import HEARTBEAT_S, HUNG, JobModel, NodeModel, Registry, Request
+from ..wire.events import (
     CellDone,
     GangState,
     GangStatus,
@@ -31,13 +33,11 @@ from .events import (
     RunStarted,
     TransportReport,
 )
-from .joblogs import JobLogWriter
 from .kernelid import current_kernel_id
-from .registry import HEARTBEAT_S, HUNG, JobModel, NodeModel, Registry, Request
 
 if TYPE_CHECKING:
+    from ..gang import Gang
     from .cluster import Cluster
-    from .gang import Gang
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import SpecError
+from ..errors import SpecError
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -196,7 +196,7 @@ def bench(
 ) -> BenchReport:
     """Measure all-reduce on ``cluster``'s gang (brought up if needed); a gang of one rank has
     nothing to measure and is not brought up."""
-    from .node.workerfuncs import link_facts
+    from ..node.workerfuncs import link_facts
 
     if cluster.spec.world_size == 1:
         return BenchReport(device="one rank", iters=iters, warmup=warmup, notes=[ONE_RANK])

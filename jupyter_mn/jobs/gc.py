@@ -18,8 +18,8 @@ import signal
 import time
 from collections.abc import Callable
 
-from .rank.env import JOB
-from .rank.procview import ROOM
+from ..rank.env import JOB
+from ..rank.procview import ROOM
 from .registry import HOST, ORPHANED, JobModel, Registry
 
 _KILL_WAIT_S = 5.0
@@ -105,8 +105,8 @@ def _marked(gang: str) -> tuple[list, list]:
 def _kubernetes(job: JobModel, dry_run: bool) -> list[str]:
     """Delete the dead kernel's Job and its objects by label, in the job's namespace (the
     kubeconfig's for jobs recorded without one)."""
-    from .errors import JupyterMNError
-    from .gang.kubernetes.gc import collect
+    from ..errors import JupyterMNError
+    from ..gang.kubernetes.gc import collect
 
     try:
         found = collect(job.namespace or None, only={job.gang}, dry_run=dry_run)
@@ -121,8 +121,8 @@ def _kubernetes(job: JobModel, dry_run: bool) -> list[str]:
 
 def _slurm(job: JobModel, dry_run: bool) -> list[str]:
     """Cancel the dead kernel's Slurm job: it is named after the gang."""
-    from .errors import JupyterMNError
-    from .gang.slurm.commands import cancel_named
+    from ..errors import JupyterMNError
+    from ..gang.slurm.commands import cancel_named
 
     try:
         ids = cancel_named(job.gang, dry_run=dry_run)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ..errors import SpecError
 from .credentials import MASK
-from .errors import SpecError
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
 from .names import name_problem

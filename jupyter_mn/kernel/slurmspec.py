@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
+from ..errors import SpecError
 from .specvalues import check_names, is_number, options_from_environ
 
 ENV_PREFIX = "JUPYTER_MN_SLURM_"

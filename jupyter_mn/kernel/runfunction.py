@@ -13,7 +13,7 @@ import ast
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import SpecError
+from ..errors import SpecError
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -34,7 +34,7 @@ def launch(
     cluster: Cluster, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> Any:
     """``Cluster.launch``: ``CALL_CELL`` on ``cluster``'s ranks, shown as a cell's output is."""
-    from .views import make_view
+    from ..views import make_view
 
     names = call_names(fn, args, kwargs)
     view = make_view(cluster.spec, title=f"launch {getattr(fn, '__name__', 'function')}")

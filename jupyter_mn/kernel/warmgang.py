@@ -18,9 +18,9 @@ from .lifetime import GangLifetime
 from .workdir import for_spec
 
 if TYPE_CHECKING:
+    from ..gang.base import Gang, Preflight
+    from ..wire.events import OnEvent
     from .cluster import Cluster
-    from .events import OnEvent
-    from .gang.base import Gang, Preflight
     from .spec import ClusterSpec
 
 
@@ -46,7 +46,7 @@ class WarmGang:
 
     def up(self, on_event: OnEvent | None) -> Gang:
         """The warm gang, or a new one (all ranks or none)."""
-        from .gang import make_gang
+        from ..gang import make_gang
         from .recorder import track
 
         spec = self._cluster.spec
@@ -112,7 +112,7 @@ def preflight_of(spec: ClusterSpec) -> Preflight | None:
     """The doctor's check of new nodes, when ``spec`` asks for it."""
     if not spec.runs_preflight:
         return None
-    from .doctor import preflight
+    from ..doctor import preflight
 
     return preflight
 
@@ -121,7 +121,7 @@ def preflight_of(spec: ClusterSpec) -> Preflight | None:
 def claim_nodes(spec: ClusterSpec, on_event: OnEvent | None, files: bool) -> Iterator[Gang]:
     """Nodes claimed for one job alone (no ranks), released after it; ``files=False``: without
     the notebook's files."""
-    from .gang import make_gang
+    from ..gang import make_gang
 
     selected = for_spec(spec) if files else None  # bad input: nothing started
     gang = make_gang(spec)

@@ -23,9 +23,9 @@ from typing import Any
 import cloudpickle
 from IPython.core.inputtransformer2 import TransformerManager
 
+from ..errors import CaptureError, SpecError
+from ..wire.payload import Captured
 from .credentials import holds_secret
-from .errors import CaptureError, SpecError
-from .payload import Captured
 
 #: Names every rank defines itself; never shipped from the notebook.
 RANK_NAMES = frozenset({"torch", "dist", "cluster_info"})

@@ -12,13 +12,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from ..errors import ClusterBusy
 from .background import BackgroundCell
 from .cell import compile_cell
-from .errors import ClusterBusy
 
 if TYPE_CHECKING:
+    from ..wire.events import OnEvent
     from .cluster import Cluster
-    from .events import OnEvent
     from .result import CellResult
 
 

@@ -18,12 +18,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .views.stacks import format_stacks
-from .views.text import TextView
+from ..views.stacks import format_stacks
+from ..views.text import TextView
 
 if TYPE_CHECKING:
+    from ..wire.events import OnEvent
     from .cluster import Cluster
-    from .events import OnEvent
     from .result import CellResult
 
 #: Lines a handle's ``output`` keeps (about 1 MB of typical lines).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .events import Note, OnEvent
+from ..wire.events import Note, OnEvent
 from .result import LOST, CellResult
 
 

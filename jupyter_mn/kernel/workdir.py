@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pathspec import GitIgnoreSpec
 
-from .errors import JupyterMNError, SpecError
-from .manifest import FileEntry, content_digest, stamp
+from ..errors import JupyterMNError, SpecError
+from ..wire.manifest import FileEntry, content_digest, stamp
 from .spec import WORKDIR_LIMIT, ClusterSpec
 
 #: Files over this size travel only when they are Python sources (data and checkpoints belong

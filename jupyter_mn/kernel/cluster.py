@@ -20,9 +20,9 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .events import OnEvent, Stacks
+from ..wire.events import OnEvent, Stacks
+from ..wire.payload import CellPayload
 from .jobslot import JobSlot
-from .payload import CellPayload
 from .ranknames import RankNames
 from .result import CellResult
 from .retries import with_retries
@@ -31,9 +31,9 @@ from .verdict import explain
 from .warmgang import WarmGang, claim_nodes
 
 if TYPE_CHECKING:
+    from ..gang.base import Gang
+    from ..gang.debugger import LastCell, Prompt, Write
     from .background import BackgroundCell
-    from .gang.base import Gang
-    from .gang.debugger import LastCell, Prompt, Write
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -167,7 +167,7 @@ class Cluster:
         spec's, 300 s; 0: off): after that long without progress while ranks wait in a
         collective, the hang verdict is shown and the cell keeps running.
         """
-        from .gang.debugger import can_prompt
+        from ..gang.debugger import can_prompt
 
         if seed is not None:
             check_seed(seed, self.spec.world_size)
@@ -210,8 +210,8 @@ class Cluster:
         hang_timeout: float,
     ) -> CellResult:
         """Run ``payload`` once, on the gang (brought up if it is not)."""
-        from .gang.debugger import LastCell
-        from .gang.run import run_cell
+        from ..gang.debugger import LastCell
+        from ..gang.run import run_cell
 
         gang = self.up(on_event)
         sent = gang.files.refresh(self.spec)  # what a node's copy of the directory was sent
@@ -258,7 +258,7 @@ class Cluster:
         root-cause rank's, or ``rank``'s. Commands run on that rank; ``q`` ends it, and the
         gang is READY with every namespace as it was. ``prompt`` asks for each line (``input``:
         stdin, or the notebook's input box)."""
-        from .gang.debugger import post_mortem_of
+        from ..gang.debugger import post_mortem_of
 
         with self._job():
             post_mortem_of(self._last, self.gang, rank, prompt or input, write or sys.stdout.write)
