@@ -184,7 +184,7 @@ def test_a_reply_read_together_with_the_peers_close_notify_is_delivered(tls):
     while not (client.handshaken and server.handshaken):
         server.feed(client.outgoing())
         client.feed(server.outgoing())
-    assert client.feed(server.wrap(b"last reply") + server.close()) == b"last reply"
+    assert client.feed(b"".join(server.wrap([b"last reply"])) + server.close()) == b"last reply"
     assert client.feed(b"") is None  # closed: what follows is nothing
 
 
@@ -203,7 +203,7 @@ def test_agents_that_cannot_be_reached_cost_one_wait_not_one_each(agent, tls, mo
         started = time.monotonic()
         assert stream.open_all(targets, context) == [True] + [False] * 6
         assert time.monotonic() - started < 4  # one after the other: 6 s
-        assert stream.send(0, stream.request(21, 1)) and not stream.send(1, b"x")
+        assert stream.send(0, stream.request(21, 1)) and not stream.send(1, [b"x"])
     finally:
         for server in silent:
             server.close()

@@ -84,6 +84,48 @@ def test_a_cell_goes_on_the_cell_stream_and_a_large_one_as_actor_calls(gang_2x2,
     assert result.value == 100_004 and actor_cells == [[0, 1]]
 
 
+TENSORS = """
+g = torch.Generator().manual_seed(dist.get_rank())
+big = torch.rand(9 * 2**20, generator=g)  # 36 MiB: many TLS records, many reads
+tensors = {
+    "big": big,
+    "bf16": torch.rand(3, 5, generator=g).to(torch.bfloat16),
+    "strided": torch.arange(24.0).reshape(4, 6)[:, ::2],
+    "view": big[10:14],
+    "scalar": torch.tensor(2.5),
+    "empty": torch.zeros(0, 3, dtype=torch.int64),
+    "grad": torch.ones(2, requires_grad=True),
+    "param": torch.nn.Parameter(torch.ones(2)),
+    "bool": torch.tensor([True, False]),
+}
+"""
+
+
+def test_tensor_values_arrive_whole_in_every_dtype_and_layout(gang_2x2):
+    """A tensor travels as its memory (``wire/values.py``): the same bytes, dtype, shape and
+    grad flag; a view sends its own elements, not its storage; a Parameter stays one."""
+    import hashlib
+
+    import torch
+
+    gang_2x2.run(TENSORS).unwrap()
+    digest = "hashlib.sha256(tensors['big'].numpy().tobytes()).hexdigest()"
+    sent = gang_2x2.run(f"import hashlib\n{digest}").unwrap()
+    got = gang_2x2.run("tensors").unwrap()
+    assert hashlib.sha256(got["big"].numpy().tobytes()).hexdigest() == sent
+    g = torch.Generator().manual_seed(0)
+    big = torch.rand(9 * 2**20, generator=g)
+    assert torch.equal(got["bf16"], torch.rand(3, 5, generator=g).to(torch.bfloat16))
+    assert got["bf16"].dtype == torch.bfloat16
+    assert torch.equal(got["strided"], torch.arange(24.0).reshape(4, 6)[:, ::2])
+    assert torch.equal(got["view"], big[10:14]) and got["view"].untyped_storage().nbytes() == 16
+    assert got["scalar"].shape == () and got["scalar"].item() == 2.5
+    assert got["empty"].shape == (0, 3) and got["empty"].dtype == torch.int64
+    assert got["grad"].requires_grad and not got["bool"].requires_grad
+    assert isinstance(got["param"], torch.nn.Parameter)
+    assert got["bool"].tolist() == [True, False]
+
+
 def test_pull_copies_names_from_rank_zero(gang_2x2):
     result = gang_2x2.run("w = {'rank': dist.get_rank(), 'x': torch.arange(3)}", pull=["w"])
     assert result.value is None

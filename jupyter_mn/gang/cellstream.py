@@ -16,6 +16,7 @@ import contextlib
 import socket
 import ssl
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..node.frames import Frames, encode
@@ -27,6 +28,10 @@ MAX_REQUEST = 64 * 1024
 SEND_S = 5.0
 #: At most this many agents are connected to at once.
 _CONNECTS = 32
+
+
+#: The most one read takes: a big value arrives in fewer turns of the inbox.
+READ = 1 << 20
 
 
 class StreamLost(ConnectionError):
@@ -53,15 +58,16 @@ class _Channel:
                 raise ConnectionError("closed during the TLS handshake") from None
         self.sock.sendall(tls.outgoing())
 
-    def send(self, data: bytes) -> None:
+    def send(self, parts: Sequence[bytes]) -> None:
         with self._lock:
-            self.sock.sendall(data if self._tls is None else self._tls.wrap(data))
+            for data in parts if self._tls is None else self._tls.wrap(parts):
+                self.sock.sendall(data)
 
     def recv(self) -> bytes | None:
         """What arrived (maybe nothing yet, mid-record); None once the connection is over. Called
         when the socket is readable."""
         try:
-            data = self.sock.recv(1 << 16)
+            data = self.sock.recv(READ)
         except TimeoutError:  # readable, and yet nothing came within SEND_S
             return b""
         if not data or self._tls is None:
@@ -125,11 +131,11 @@ class CellStream:
                 )
         return [channel is not None for channel in channels]
 
-    def send(self, node: int, request: bytes) -> bool:
+    def send(self, node: int, request: Sequence[bytes]) -> bool:
         """Send ``request`` (``encode``d) to ``node``'s agent; False when it has no stream or
         ``request`` is too large for one. A failed send is that node's reply."""
         channel = self._channels.get(node)
-        if channel is None or len(request) > MAX_REQUEST:
+        if channel is None or sum(map(len, request)) > MAX_REQUEST:
             return False
         with self._lock:
             self._waiting[node] = self._waiting.get(node, 0) + 1
@@ -140,7 +146,7 @@ class CellStream:
         return True
 
     @staticmethod
-    def request(payload: object, run_id: int) -> bytes:
+    def request(payload: object, run_id: int) -> tuple[bytes, bytes]:
         return encode((payload, run_id))
 
     def _readable(self, node: int, channel: _Channel, frames: Frames) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .frames import Frames, Undecodable, encode
@@ -77,8 +77,9 @@ class _Connection(asyncio.Protocol):
         if self._tls is not None and not self._tls.handshaken:
             self.transport.abort()
 
-    def write(self, data: bytes) -> None:
-        self._send(data if self._tls is None else self._tls.wrap(data))
+    def write(self, parts: Sequence[bytes]) -> None:
+        for data in parts if self._tls is None else self._tls.wrap(parts):
+            self._send(data)
 
     def _send(self, data: bytes) -> None:
         if data and not self.transport.is_closing():

@@ -65,12 +65,13 @@ class Frames:
         return message
 
 
-def encode(message: Any) -> bytes:
-    """``message`` in the same format (what ``Frames`` decodes), for a stream of our own."""
+def encode(message: Any) -> tuple[bytes, bytes]:
+    """``message`` in the same format (what ``Frames`` decodes), for a stream of our own: its
+    header and its pickle, sent one after the other (joining them would copy a big value)."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) < 2**31:
-        return _SHORT.pack(len(data)) + data
-    return _SHORT.pack(-1) + _LONG.pack(len(data)) + data
+        return _SHORT.pack(len(data)), data
+    return _SHORT.pack(-1) + _LONG.pack(len(data)), data
 
 
 def read_ready(loop: asyncio.AbstractEventLoop, conn: Connection) -> bytes:

@@ -29,6 +29,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+from ..wire import values
 from ..wire.events import RankError, RankReply, RankStatus
 from . import preemption, stacks, timing
 from .causes import is_secondary
@@ -159,19 +160,24 @@ class RankShell(InteractiveShell):
 
 
 class _CpuPickler(cloudpickle.Pickler):
-    """Send accelerator tensors as CPU tensors: the kernel may have no GPU."""
+    """Send tensors as CPU bytes: the kernel may have no GPU, and a plain tensor travels as its
+    memory (``wire/values.py``); other kinds (parameters, sparse, quantized) as torch pickles
+    them, from the CPU."""
 
     def reducer_override(self, obj: Any) -> Any:
         import torch
 
+        if type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized:
+            return values.reduce(obj)
         if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-            return obj.detach().cpu().__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+            return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         return super().reducer_override(obj)
 
 
 def dumps(obj: Any) -> bytes:
+    """``obj`` pickled at protocol 5, where arrays are written from their memory in one copy."""
     buf = io.BytesIO()
-    _CpuPickler(buf, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
+    _CpuPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getvalue()
 
 
