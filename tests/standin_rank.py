@@ -37,7 +37,9 @@ from jupyter_mn.rank.parent import exit_with_parent
 from jupyter_mn.rank.sync import flush_output
 from jupyter_mn.wire.collectives import RankWhere, WhereRequest
 from jupyter_mn.wire.events import RankError, RankReply, RankStatus
+from jupyter_mn.wire.frames import encode, write_all
 from jupyter_mn.wire.rankwire import RankReady, Reform, Reformed, RunCell, Stop
+from jupyter_mn.wire.values import Pickled
 
 BACKEND = "stand-in"
 
@@ -96,9 +98,9 @@ def _cell_lines(frames: list[traceback.FrameSummary]) -> list[str]:
     return lines
 
 
-def _dumps(value: Any, notes: list[str], what: str) -> bytes | None:
+def _dumps(value: Any, notes: list[str], what: str) -> Pickled | None:
     try:
-        return pickle.dumps(value)
+        return Pickled(pickle.dumps(value))
     except Exception as exc:
         notes.append(f"{what} cannot be sent ({type(exc).__name__}: {exc})")
         return None
@@ -163,7 +165,7 @@ def main() -> None:
 
     def send(msg: Any) -> None:
         with lock:
-            conn.send(msg)
+            write_all(conn.fileno(), encode(msg))
 
     exit_with_parent()
     cell = _Cell()
@@ -187,7 +189,8 @@ def main() -> None:
                 frame = sys._current_frames().get(main_thread)
                 stack = traceback.extract_stack(frame) if frame is not None else []
                 lines = tuple(_cell_lines(list(stack)))
-                stacks.send(RankWhere(ns["node_rank"], ns["rank"], cell.active, lines))
+                where = RankWhere(ns["node_rank"], ns["rank"], cell.active, lines)
+                write_all(stacks.fileno(), encode(where))
             except (EOFError, OSError):
                 return
 

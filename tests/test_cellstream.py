@@ -20,8 +20,8 @@ from jupyter_mn.gang.cellstream import MAX_REQUEST, CellStream, StreamLost
 from jupyter_mn.gang.inbox import Inbox, Reply
 from jupyter_mn.node import cellserver
 from jupyter_mn.node.cellserver import CellServer
-from jupyter_mn.node.frames import Frames
 from jupyter_mn.node.tlsbuffers import TlsBuffers
+from jupyter_mn.wire.frames import Frames
 
 
 class Agent:

@@ -1,13 +1,14 @@
-"""The control socket's messages decoded as bytes arrive, as a rank's Connection writes them."""
+"""The control socket's messages decoded as bytes arrive, as a rank writes them."""
 
 from __future__ import annotations
 
 import socket
-from multiprocessing.connection import Connection
+import threading
 
-from jupyter_mn.node.frames import Frames, Undecodable
 from jupyter_mn.wire.events import DisplayOutput, RankReply, RankStatus
+from jupyter_mn.wire.frames import Frames, Undecodable, encode, write_all
 from jupyter_mn.wire.rankwire import RankReady, Reformed
+from jupyter_mn.wire.values import Pickled
 
 OK = RankReply(0, RankStatus.OK)
 
@@ -24,15 +25,18 @@ class Boom:
 
 
 def _wire(*messages: object) -> bytes:
-    """What a rank's ``Connection.send`` puts on its socket for ``messages``."""
+    """What a rank puts on its socket for ``messages`` (written while it is read)."""
     ours, theirs = socket.socketpair()
-    with ours, Connection(theirs.detach()) as conn:
-        for msg in messages:
-            conn.send(msg)
+    with ours, theirs:
+        writer = threading.Thread(
+            target=lambda: [write_all(theirs.fileno(), encode(msg)) for msg in messages]
+        )
+        writer.start()
         data = b""
         ours.settimeout(5)
         while sum(1 for _ in Frames().feed(data)) < len(messages):
             data += ours.recv(1 << 20)
+        writer.join()
         return data
 
 
@@ -46,7 +50,7 @@ def test_a_message_that_does_not_unpickle_is_said_and_the_next_one_still_arrives
 def test_messages_split_anywhere_come_out_whole_and_in_order():
     messages = [
         RankReady(0, 0, 1, "cpu", "gloo", "h"),
-        RankReply(0, RankStatus.OK, value=b"x" * 70_000),
+        RankReply(0, RankStatus.OK, value=Pickled(b"x" * 70_000)),
         Reformed(0, True),
     ]
     data = _wire(*messages)
@@ -62,3 +66,20 @@ def test_an_incomplete_message_waits_for_the_rest():
     frames = Frames()
     assert frames.feed(data[:-1]) == []
     assert frames.feed(data[-1:]) == [OK]
+
+
+def test_a_values_arrays_cross_every_hop_out_of_band_and_arrive_whole():
+    """rank → agent → kernel, as ``wire/values.py`` and the cell stream send it: the arrays'
+    memory is never inside a pickle, and the kernel's array is the bytes the rank had."""
+    import numpy as np
+
+    from jupyter_mn.rank.execute import dumps
+    from jupyter_mn.wire.events import NodeReply
+
+    array = np.random.default_rng(0).random(300_000)
+    (reply,) = Frames().feed(_wire(RankReply(0, RankStatus.OK, value=dumps({"a": array}))))
+    header, pickled, *buffers = encode(NodeReply(0, 1, (reply,)))  # the agent sends it on
+    assert len(pickled) < 4096 and [b.nbytes for b in buffers] == [array.nbytes]
+    (forwarded,) = Frames().feed(b"".join([header, pickled, *buffers]))
+    got = forwarded.ranks[0].value.loads()["a"]
+    assert np.array_equal(got, array) and got.flags.writeable

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ..node.frames import Frames, encode
 from ..node.tlsbuffers import TlsBuffers
+from ..wire.frames import Frames, encode
 from .inbox import Inbox, Reply
 
 MAX_REQUEST = 64 * 1024

@@ -22,8 +22,6 @@ import sys
 import time
 from typing import Any
 
-import cloudpickle
-
 from ..errors import NodeUnreachable, TransportError
 from ..kernel.credentials import holds_secret
 from ..kernel.result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
@@ -251,7 +249,7 @@ def _assemble(job: CellJob, elapsed: float) -> CellResult:
         if job.payload.return_all:
             result.values = [_value(raw[rank]) for rank in sorted(raw)]
         result.displays = list(first.displays)
-        result.pulled = {k: cloudpickle.loads(v) for k, v in (first.pulled or {}).items()}
+        result.pulled = {k: v.loads() for k, v in (first.pulled or {}).items()}
     result.preemption = _preemption(job.gang, first)  # after the value: kept, though not ok
     return result
 
@@ -320,7 +318,7 @@ def _preemption(gang: Gang, first: RankReply | None) -> PreemptionOutcome | None
 
 def _value(reply: RankReply) -> Any:
     if reply.value is not None:
-        return cloudpickle.loads(reply.value)
+        return reply.value.loads()
     if reply.value_repr is not None:
         return RemoteRepr(reply.value_repr)
     return None

@@ -165,12 +165,14 @@ class NodeAgent:
         return to_msg(self._telemetry.report())
 
     async def run(self, payload: CellPayload, run_id: int = 0) -> bytes:
-        """Run a cell on every rank of this node (the actor call; see ``start_run``)."""
-        return await self.start_run(payload, run_id)
+        """Run a cell on every rank of this node (the actor call; see ``start_run``): the
+        reply packed, as dask carries bytes best."""
+        return (await self.start_run(payload, run_id)).packed()
 
-    def start_run(self, payload: CellPayload, run_id: int = 0) -> asyncio.Future[bytes]:
-        """Send a cell to every rank of this node; the future is their packed ``NodeReply``
-        (``cellrun.py``). The cell stream calls this from its read."""
+    def start_run(self, payload: CellPayload, run_id: int = 0) -> asyncio.Future[NodeReply]:
+        """Send a cell to every rank of this node; the future is their ``NodeReply``
+        (``cellrun.py``). The cell stream calls this from its read, and sends the reply's
+        buffers (a value's arrays) out of band."""
         return self.cells.start(payload, run_id)
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:

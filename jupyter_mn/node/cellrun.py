@@ -37,7 +37,7 @@ class _Run:
     ) -> None:
         self.run_id, self.ranks, self.output, self.ended = run_id, ranks, output, ended
         self.replies: dict[int, RankReply] = {}
-        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future[NodeReply] = asyncio.get_running_loop().create_future()
 
     def replied(self, r: RankHandle, reply: RankReply) -> None:
         """Rank ``r``'s reply (from the loop's read of its control socket)."""
@@ -57,7 +57,7 @@ class _Run:
         self.output.send_displays()  # what rank 0 showed last comes before the reply
         self.ended()
         in_order = tuple(self.replies[each.local_rank] for each in self.ranks)
-        self.done.set_result(NodeReply(self.output.node, self.output.flush(), in_order).packed())
+        self.done.set_result(NodeReply(self.output.node, self.output.flush(), in_order))
 
 
 class CellRuns:
@@ -70,8 +70,8 @@ class CellRuns:
         self.run_id = 0
         self.telemetry: NodeTelemetry | None = None  # set once the ranks started
 
-    def start(self, payload: CellPayload, run_id: int = 0) -> asyncio.Future[bytes]:
-        """Send a cell to every rank; the future is their replies (a packed ``NodeReply``)
+    def start(self, payload: CellPayload, run_id: int = 0) -> asyncio.Future[NodeReply]:
+        """Send a cell to every rank; the future is their replies (a ``NodeReply``)
         once output is flushed."""
         assert self.telemetry is not None
         self.run_id = run_id

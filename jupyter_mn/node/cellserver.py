@@ -8,7 +8,7 @@ plain asyncio protocol (its ``data_received`` called straight from the worker's 
 on memory buffers (``tlsbuffers.py``): asyncio's TLS streams took each agent ~0.08 ms more CPU a
 cell, in several more loop turns. Each request (``(payload, run_id)``) starts its run
 (``NodeAgent.start_run``, what an actor call to ``NodeAgent.run`` awaits) from the read that
-brought it, concurrently with others; its reply is ``(run_id, packed NodeReply, None)`` or
+brought it, concurrently with others; its reply is ``(run_id, NodeReply, None)`` or
 ``(run_id, None, error)``, written when the run's future is done.
 """
 
@@ -20,11 +20,11 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .frames import Frames, Undecodable, encode
+from ..wire.frames import Frames, Undecodable, encode
 from .tlsbuffers import TlsBuffers
 
 #: Starts a run now (its requests on their way to the ranks) and returns its reply's future.
-Run = Callable[[Any, int], "asyncio.Future[bytes]"]
+Run = Callable[[Any, int], "asyncio.Future[Any]"]
 #: A connection whose TLS handshake is not done by then is closed (a peer that is not a kernel).
 HANDSHAKE_S = 10.0
 
@@ -98,7 +98,7 @@ class CellServer:
     def __init__(self, run: Run) -> None:
         self._run = run
         self._server: asyncio.Server | None = None
-        self._runs: set[asyncio.Future[bytes]] = set()
+        self._runs: set[asyncio.Future[Any]] = set()
         self.connections: set[_Connection] = set()
         self.port = 0
 
@@ -118,7 +118,7 @@ class CellServer:
         self._runs.add(run)
         run.add_done_callback(functools.partial(self._reply, connection, run_id))
 
-    def _reply(self, connection: _Connection, run_id: int, run: asyncio.Future[bytes]) -> None:
+    def _reply(self, connection: _Connection, run_id: int, run: asyncio.Future[Any]) -> None:
         self._runs.discard(run)
         if run.cancelled():  # closed: the connection goes too
             return

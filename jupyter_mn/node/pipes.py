@@ -21,6 +21,7 @@ import os
 import subprocess
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import IO
 
 from ..rank import stacks
@@ -147,3 +148,15 @@ class PipeReader:
         while self.open_streams:
             self._change.clear()
             await self._change.wait()
+
+
+def read_ready(loop: asyncio.AbstractEventLoop, conn: Connection) -> bytes:
+    """What a rank's socket ``conn`` has, when ``loop`` found it readable (one read does not
+    block); at EOF b"", and ``loop`` stops watching it. A big value comes in 1 MiB reads."""
+    try:
+        data = os.read(conn.fileno(), 1 << 20)
+    except OSError:
+        data = b""
+    if not data:
+        loop.remove_reader(conn.fileno())
+    return data

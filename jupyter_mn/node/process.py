@@ -30,12 +30,12 @@ from ..rank.env import CONTROL_FD, STACKS_FD
 from ..wire.collectives import RankWhere
 from ..wire.debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
+from ..wire.frames import Frames, Undecodable
 from ..wire.rankwire import RankReady, Reformed, StartFailed, Stop
 from .exits import describe_exit
-from .frames import Frames, Undecodable, read_ready
 from .nodelink import NodeLink
 from .pdbrelay import PdbRelay
-from .pipes import PipeReader
+from .pipes import PipeReader, read_ready
 from .rankstacks import RankStacks
 
 STOP_GRACE_S = 3.0

@@ -16,8 +16,9 @@ from multiprocessing.connection import Connection
 
 from ..wire.collectives import AbortRequest, RankWhere, WhereRequest
 from ..wire.events import Preemption
+from ..wire.frames import Frames, Undecodable
 from .exits import STOPPED, describe_exit, silent, stopped
-from .frames import Frames, Undecodable, read_ready
+from .pipes import read_ready
 
 _STACKS_WAIT_S = 1.0
 

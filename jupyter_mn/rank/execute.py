@@ -174,11 +174,16 @@ class _CpuPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-def dumps(obj: Any) -> bytes:
-    """``obj`` pickled at protocol 5, where arrays are written from their memory in one copy."""
+def dumps(obj: Any) -> values.Pickled:
+    """``obj`` pickled at protocol 5, arrays' memory kept apart as buffers (not copied; a
+    read-only one is copied once, so that every hop may send it on as it came)."""
+    buffers: list[pickle.PickleBuffer] = []
     buf = io.BytesIO()
-    _CpuPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
+    _CpuPickler(buf, protocol=5, buffer_callback=buffers.append).dump(obj)
+    writable = tuple(
+        b if not b.raw().readonly else pickle.PickleBuffer(bytearray(b.raw())) for b in buffers
+    )
+    return values.Pickled(buf.getvalue(), writable)
 
 
 _held: dict[str, bytes] = {}
@@ -326,10 +331,10 @@ class _Outputs:
     """What a cell's reply carries besides its outcome: the value (rank 0's, or every rank's),
     and on rank 0 its displays and pulled names; notes for the user."""
 
-    value: bytes | None = None
+    value: values.Pickled | None = None
     value_repr: str | None = None
     displays: tuple[dict[str, Any], ...] = ()
-    pulled: dict[str, bytes] | None = None
+    pulled: dict[str, values.Pickled] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def reply(

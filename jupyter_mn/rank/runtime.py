@@ -22,6 +22,7 @@ from typing import Any
 from ..wire.collectives import AbortRequest, RankWhere
 from ..wire.debugwire import DebugStart
 from ..wire.events import Preemption
+from ..wire.frames import encode, write_all
 from ..wire.rankwire import LeaveGroup, RankReady, Reform, Reformed, RunCell, StartFailed, Stop
 from . import env as contract
 from . import execute, flight, preemption, stacks
@@ -43,7 +44,7 @@ class _Control:
 
     def send(self, msg: Any) -> None:
         with self._lock:
-            self.conn.send(msg)
+            write_all(self.conn.fileno(), encode(msg))
 
     def recv(self) -> Any:
         """The next message from the agent (main thread only)."""
@@ -72,9 +73,10 @@ def _answer_stacks(
             stack = stacks.main_thread(shell) if msg.stack else []
             collectives = flight.latest(flight.trace(), group.formed_ns, flight.group_ranks())
             busy, now = signals.active, time.time_ns()
-            conn.send(
-                RankWhere(info.node_rank, info.rank, busy, tuple(stack), collectives, taken_ns=now)
+            where = RankWhere(
+                info.node_rank, info.rank, busy, tuple(stack), collectives, taken_ns=now
             )
+            write_all(conn.fileno(), encode(where))
         except (EOFError, OSError):
             return
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .collectives import RankWhere
+from .values import Pickled
 
 _KINDS: dict[str, type] = {}
 
@@ -429,10 +430,10 @@ class RankReply:
     #: the last collective of the cell (``rank.timing``), for the straggler hint
     collective: dict[str, Any] | None = None
     #: rank 0's value, pickled; its ``repr`` when it could not be
-    value: bytes | None = None
+    value: Pickled | None = None
     value_repr: str | None = None
     displays: tuple[Any, ...] = ()
-    pulled: dict[str, bytes] | None = None
+    pulled: dict[str, Pickled] | None = None
     notes: tuple[str, ...] = ()
     #: a script's exit status
     exit_code: int | None = None
@@ -464,9 +465,9 @@ class NodeReply:
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
-    def of(cls, packed: bytes) -> NodeReply:
-        """From ``packed()`` bytes."""
-        reply = pickle.loads(packed)
+    def of(cls, packed: bytes | NodeReply) -> NodeReply:
+        """From ``packed()`` bytes (an actor call's reply), or as the cell stream decoded it."""
+        reply = pickle.loads(packed) if isinstance(packed, bytes) else packed
         if not isinstance(reply, NodeReply):
             raise TypeError(f"expected a NodeReply, got {type(reply).__name__}")
         return reply

@@ -1,14 +1,35 @@
-"""A tensor as it travels in a cell's value: its bytes as a NumPy array, rebuilt by the kernel.
+"""A rank's value as it travels to the kernel: a pickle and its buffers, and tensors as arrays.
 
 Torch pickles a tensor through ``torch.save`` into a buffer (about two copies each way, and the
-whole storage for a view); NumPy's pickle at protocol 5 writes the array's memory as it is. A
-rank pickles its values with ``reduce``; unpickling in the kernel calls ``rebuild``, which needs
-torch there, as the tensor it makes does anyway.
+whole storage for a view); NumPy's pickle at protocol 5 hands the array's memory over as a
+buffer. A rank pickles its values with ``reduce`` for tensors, keeping the buffers out of the
+pickle (``Pickled``); they cross each hop out of band (``frames.py``), and the kernel's
+``loads`` rebuilds arrays on the memory they arrived in. ``rebuild`` needs torch there, as the
+tensor it makes does anyway.
 """
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Pickled:
+    """A value pickled at protocol 5 with its buffers apart."""
+
+    data: bytes
+    buffers: tuple[pickle.PickleBuffer, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(b.raw().nbytes for b in self.buffers)
+
+    def loads(self) -> Any:
+        import cloudpickle  # what pickled it: a notebook function's value needs it
+
+        return cloudpickle.loads(self.data, buffers=self.buffers)
 
 
 def reduce(tensor: Any) -> tuple[Any, tuple[Any, ...]]:

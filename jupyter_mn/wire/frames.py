@@ -1,0 +1,115 @@
+"""Messages on a byte stream of our own: a rank's control and stacks sockets to its agent, and the
+cell stream between the agent and the kernel.
+
+A message is pickled at protocol 5 with its buffers out of band (``pickle.PickleBuffer``: a
+value's arrays, see ``values.py``), and goes as a header (the pickle's length, the number of
+buffers and each one's length, 64-bit), the pickle, then each buffer as it is in memory. So a
+256 MiB tensor is never copied into a pickle, nor into the message that carries it on: the
+reader fills one buffer per message, sized by the header, and hands the buffers on as
+``PickleBuffer``s, which the next hop sends out of band again.
+
+The agent reads a rank's socket on its event loop whenever it is readable (a reader thread per
+rank cost a cross-thread wake-up per reply), so a message may arrive in pieces. A message the
+agent cannot unpickle (rank 0 displayed data holding a class of its own ``__main__``) is dropped
+as an ``Undecodable`` and the messages after it are still read: left at the head of the stream
+it would have hidden the cell's reply for good.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_HEAD = struct.Struct("!QI")  # the pickle's length, how many buffers follow it
+_SIZE = struct.Struct("!Q")  # each buffer's length
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A complete message that did not unpickle, in place of it."""
+
+    error: str
+
+
+def encode(message: Any) -> list[bytes | memoryview]:
+    """``message`` as the parts to write one after the other (joining them would copy a big
+    value): the header, the pickle, each buffer."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    views = [b.raw() for b in buffers]
+    sizes = b"".join(_SIZE.pack(v.nbytes) for v in views)
+    return [_HEAD.pack(len(data), len(views)) + sizes, data, *views]
+
+
+def write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    """Write ``parts`` to a blocking ``fd`` (``os.writev`` may write part of them)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        written = os.writev(fd, views[:64])
+        while views and written >= views[0].nbytes:
+            written -= views.pop(0).nbytes
+        if written:
+            views[0] = views[0][written:]
+
+
+class Frames:
+    """Incremental decoder: ``feed`` bytes, get the complete messages so far."""
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        #: the message being read: its body (pickle and buffers), how much of it has come, and
+        #: the lengths of its parts
+        self._body: bytearray | None = None
+        self._filled = 0
+        self._sizes: tuple[int, ...] = ()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
+        messages: list[Any] = []
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            if self._body is None:
+                view = self._read_head(view)
+                continue
+            n = min(view.nbytes, len(self._body) - self._filled)
+            self._body[self._filled : self._filled + n] = view[:n]
+            self._filled += n
+            view = view[n:]
+            if self._filled == len(self._body):
+                messages.append(self._decode())
+        return messages
+
+    def _read_head(self, view: memoryview) -> memoryview:
+        """Take header bytes from ``view``; once the header is whole, the body is sized."""
+        need = _HEAD.size
+        if len(self._head) >= _HEAD.size:
+            need += _SIZE.size * _HEAD.unpack_from(self._head)[1]
+        take = min(need - len(self._head), view.nbytes)
+        self._head += view[:take]
+        if len(self._head) < _HEAD.size:
+            return view[take:]
+        length, count = _HEAD.unpack_from(self._head)
+        if len(self._head) < _HEAD.size + _SIZE.size * count:
+            return view[take:]  # the buffers' lengths follow
+        sizes = [
+            _SIZE.unpack_from(self._head, _HEAD.size + _SIZE.size * i)[0] for i in range(count)
+        ]
+        self._sizes = (length, *sizes)
+        self._body, self._filled = bytearray(sum(self._sizes)), 0
+        self._head = bytearray()
+        return view[take:]
+
+    def _decode(self) -> Any:
+        body, sizes = memoryview(self._body or b""), self._sizes
+        self._body, self._sizes = None, ()
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(body[start : start + size])
+            start += size
+        try:
+            return pickle.loads(parts[0], buffers=[pickle.PickleBuffer(p) for p in parts[1:]])
+        except Exception as exc:  # what unpickling runs may raise anything
+            return Undecodable(f"{type(exc).__name__}: {exc}")
