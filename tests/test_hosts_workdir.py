@@ -60,9 +60,9 @@ def cli(host_net, notebook, tmp_path_factory) -> Iterator[DaskCLI]:
 
 
 def _cached(cli: DaskCLI, hostname: str) -> int:
-    """Bytes in a node's file cache."""
+    """Bytes in a node's file cache (its own folder in ``JUPYTER_MN_FILE_CACHE``)."""
     folder = cli.folder / f"files-{hostname}"
-    return sum(p.stat().st_size for p in folder.glob("*")) if folder.exists() else 0
+    return sum(p.stat().st_size for p in folder.glob("*/*")) if folder.exists() else 0
 
 
 def _sent(stdout: str) -> int:
