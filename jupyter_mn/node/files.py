@@ -136,7 +136,7 @@ class NodeFiles:
     def folder(self) -> str:
         """The copy (made on first use: the ranks' working directory)."""
         if self._folder is None:
-            self._folder = tempfile.mkdtemp(prefix=f"jupyter-mn-{self.job}-")
+            self._folder = tempfile.mkdtemp(prefix=f"jupyter-mn-copy-{self.job}-")
         return self._folder
 
     @property
