@@ -50,11 +50,12 @@ def _place(job: str) -> NodeFiles:
     return node
 
 
-def test_a_cache_directory_another_user_made_first_is_not_used(other):
+def test_a_cache_directory_another_user_made_first_is_not_used(other, caplog):
     planted = _fallback(other)
     other.sh(f"mkdir -m 777 {planted}")
     node = _place("gang-a")
     try:
+        assert f"{planted}: owned by uid {other.uid}, mode 777" in caplog.text
         assert list(planted.iterdir()) == []  # nothing of the user's went into it
         st = node.cache.stat()
         assert node.cache != planted and st.st_uid == os.getuid()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import logging
 import os
 import re
 import shutil
@@ -29,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..manifest import FileUpdate, content_digest, safe_path, stamp_here
+
+log = logging.getLogger("jupyter_mn.agent")
 
 CACHE_ENV = "JUPYTER_MN_FILE_CACHE"
 #: The most bytes the cache keeps: the contents used longest ago go first ...
@@ -51,7 +54,7 @@ class UntrustedCache(OSError):
 def sees(root: str, paths: Iterable[str], expected: str) -> bool:
     """Whether this node sees the kernel's directory ``root`` itself: the same files at the
     same path, with the same sizes and times (a shared filesystem), owned by this user (or
-    root) and writable by no other user: a look-alike tree someone else made in a shared
+    root) and not writable by every user: a look-alike tree someone else made in a shared
     place (``/tmp/proj``) is not run."""
     paths = list(paths)
     if not os.path.isdir(root):
@@ -108,20 +111,21 @@ def open_cache() -> tuple[Path, int]:
     """The cache's folder and a descriptor of it: the first trusted place (``cache_places``),
     else a private temporary folder for this process (removed when it exits)."""
     global _private
+    refused = []
     for path in cache_places():
-        with contextlib.suppress(OSError):
+        try:
             return path, open_trusted(path)
+        except OSError as exc:
+            refused.append(str(exc))
     if _private is None:
         _private = Path(tempfile.mkdtemp(prefix=f"jupyter-mn-files-{os.getuid()}-"))
         atexit.register(shutil.rmtree, _private, ignore_errors=True)
+        log.warning(
+            "file cache: none of its places can be trusted (%s); using %s until this process exits",
+            "; ".join(refused),
+            _private,
+        )
     return _private, os.open(_private, _OPEN | os.O_DIRECTORY)
-
-
-def cache_dir() -> Path:
-    """Where file contents are kept between gangs (made on first use)."""
-    path, fd = open_cache()
-    os.close(fd)
-    return path
 
 
 class NodeFiles:
