@@ -199,8 +199,8 @@ def _walk(
 
     An ignored directory is not entered (as git: nothing inside it can be re-included), nor
     is a linked one (it may lead anywhere, or in a circle). A link to a file that is gone holds
-    nothing and is passed over; one to a file outside ``root`` is added to ``withheld``; one
-    in a circle is a ``SpecError``.
+    nothing and is passed over; one to a file outside ``root``, or to one that never travels,
+    is added to ``withheld``; one in a circle is a ``SpecError``.
     """
     never = GitIgnoreSpec.from_lines([*ALWAYS_EXCLUDED, *CREDENTIALS, *exclude])
     inside = os.path.join(os.path.realpath(root), "")
@@ -246,9 +246,14 @@ def _walk(
                     f"{full}: a symbolic link that leads in a circle; remove it or leave it "
                     f"out with --workdir-exclude {path}"
                 ) from None
-            if os.path.islink(full) and not os.path.realpath(full).startswith(inside):
-                withheld.append((path, "a link to a file outside the directory"))
-                continue
+            if os.path.islink(full):
+                target = os.path.realpath(full)
+                if not target.startswith(inside):
+                    withheld.append((path, "a link to a file outside the directory"))
+                    continue
+                if never.match_file(target[len(inside) :]):  # `ln -s .env settings`
+                    withheld.append((path, "a link to a file that is left out"))
+                    continue
             if stat.S_ISREG(st.st_mode):
                 yield path, st
 

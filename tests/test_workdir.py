@@ -248,6 +248,7 @@ def test_credentials_and_links_outside_the_directory_reach_neither_a_node_nor_it
     outside = make(tmp_path / "elsewhere", {"aws": "[default]\nkey = secret-outside\n"})
     (root / "creds").symlink_to(outside / "aws")  # `ln -s ~/.aws/credentials creds`
     (root / "same.py").symlink_to(root / "model.py")  # a link inside the directory travels
+    (root / "settings").symlink_to(root / ".env")  # but not one to what never does
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(root / "runtime"))
     make(root, {"runtime/jupyter-mn/slurm/g-tls/tls.key": "secret-runtime\n"})
     selection = select(str(root))
@@ -256,6 +257,7 @@ def test_credentials_and_links_outside_the_directory_reach_neither_a_node_nor_it
         "creds": "a link to a file outside the directory",
         "deploy/id_ed25519.txt": "it looks like a credential",
         "notes.txt": "it looks like a credential",
+        "settings": "a link to a file that is left out",
     }
     # shipped as FileSync ships it: the entries, the contents the node lacks, the update
     monkeypatch.setenv("JUPYTER_MN_FILE_CACHE", str(tmp_path / "cache"))
