@@ -263,9 +263,13 @@ class NodeFiles:
             return
         partial = f".{digest}.{os.getpid()}.{time.monotonic_ns()}"
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600, dir_fd=self._fd)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(partial, digest, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(partial, digest, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except BaseException:  # a full disk: no partial file is left (trimming skips its name)
+            self._drop(partial)
+            raise
 
     def remove(self) -> None:
         """The gang is over: its copy goes (the cache stays for the next gang)."""
