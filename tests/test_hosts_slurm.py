@@ -63,20 +63,22 @@ def _is_task(proc: psutil.Process, job_id: str) -> bool:
 def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_release(
     slurm, no_leftovers, monkeypatch
 ):
-    """The job's environment holds neither the gang's key nor the kernel's credentials."""
+    """The job's environment holds neither the gang's key nor the kernel's credentials, nor
+    what the allowlist does not name (``MYSQL_PWD``)."""
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "planted-hub-token")
+    monkeypatch.setenv("MYSQL_PWD", "planted-mysql-pwd")
     cluster = Cluster(nodes=2, gpus=1, backend="slurm", idle_timeout=10)
     try:
         rows = [json.loads(v) for v in cluster.run(CHECK, return_all=True).unwrap()]
         leaked = cluster.run(
-            "import os\n[k for k, v in os.environ.items() if 'hub-token' in v or 'KEY-----' in v]"
+            "import os\n[k for k, v in os.environ.items() if 'planted-' in v or 'KEY-----' in v]"
         )
         assert leaked.value == []
         (job,) = slurm.jobs()
         tasks = [_environ(p) for p in psutil.process_iter() if _is_task(p, job.split()[0])]
         assert len(tasks) == 2  # their environment as the job gave it (slurmctld keeps it)
         for env in tasks:
-            assert not [v for v in env.values() if "hub-token" in v or "KEY---" in v]
+            assert not [v for v in env.values() if "planted-" in v or "KEY---" in v]
         assert not list(output_dir().glob("*-tls"))  # the nodes have read the certificate
         assert job.split()[1] == "RUNNING"
         wait_until(lambda: not slurm.jobs(), 10 + 30, "the idle release to cancel the job")

@@ -60,9 +60,9 @@ def cli(host_net, notebook, tmp_path_factory) -> Iterator[DaskCLI]:
 
 
 def _cached(cli: DaskCLI, hostname: str) -> int:
-    """Bytes in a node's file cache."""
+    """Bytes in a node's file cache (its own folder in ``JUPYTER_MN_FILE_CACHE``)."""
     folder = cli.folder / f"files-{hostname}"
-    return sum(p.stat().st_size for p in folder.glob("*")) if folder.exists() else 0
+    return sum(p.stat().st_size for p in folder.glob("*/*")) if folder.exists() else 0
 
 
 def _sent(stdout: str) -> int:
@@ -179,6 +179,51 @@ def test_pods_that_do_not_see_the_notebook_get_its_directory(
     assert [r[1:3] for r in rows] == [(6, 0.5), (6, 0.5)]
     assert all(r[3] != str(notebook) for r in rows)  # each pod runs in its copy
     assert moved[0] == moved[1] == sum((notebook / p).stat().st_size for p in rows[0][4])
+
+
+#: What a rank finds in its working directory: each file's path, and whether any holds a planted
+#: credential.
+LISTED = """import os
+found = sorted(os.path.relpath(os.path.join(d, f)) for d, _, fs in os.walk(".") for f in fs)
+(os.getcwd(), [p for p in found if "__pycache__" not in p],
+ [p for p in found if "planted" in open(p, errors="replace").read()])
+"""
+
+
+def test_credentials_and_a_link_outside_reach_neither_the_node_nor_its_cache(
+    cli, host_net, notebook, tmp_path, no_leftovers
+):
+    planted = {
+        ".ssh/id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\nplanted-ssh\n",
+        ".aws/credentials": "[default]\naws_secret_access_key = planted-aws\n",
+        ".env": "DB_PASSWORD=planted-env\n",
+    }
+    outside = tmp_path / "credentials"
+    outside.write_text("[default]\naws_secret_access_key = planted-outside\n")
+    for path, text in planted.items():
+        (notebook / path).parent.mkdir(exist_ok=True)
+        (notebook / path).write_text(text)
+    (notebook / "creds").symlink_to(outside)  # `ln -s ~/.aws/credentials creds`
+    options = {"backend": "dask", "scheduler": cli.address, "nodes": 2, "gpus": 1}
+    try:
+        with Cluster(**options, preflight=False, workdir=str(notebook)) as cluster:
+            result = cluster.run(LISTED, return_all=True)
+            assert cluster.gang.files.copies == [1]
+        copy = result.unwrap()[1]
+        assert copy[0] != str(notebook)  # node 1 runs in its copy
+        assert copy[1] == [".gitignore", "config.yaml", "data.py", "model.py"]
+        assert copy[2] == []
+        assert "files left behind: creds (a link to a file outside the directory)" in " ".join(
+            result.notes
+        )
+        cache = cli.folder / f"files-{host_net.hosts[1].hostname}"
+        cached = [p for p in cache.rglob("*") if p.is_file()]
+        assert cached and not [p for p in cached if "planted" in p.read_text(errors="replace")]
+    finally:
+        (notebook / "creds").unlink()
+        for folder in (".ssh", ".aws"):
+            shutil.rmtree(notebook / folder)
+        (notebook / ".env").unlink()
 
 
 def test_over_the_limit_or_bad_input_fails_before_anything_starts(cli, notebook, no_leftovers):

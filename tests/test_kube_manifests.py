@@ -280,6 +280,15 @@ def test_env_values_reach_the_pods_through_a_secret_and_never_show_in_the_job():
     assert [o["kind"] for o in build(spec_for(1, rdma=False), GANG, Target())].count("Secret") == 1
 
 
+def test_env_may_not_override_what_the_pods_are_told_by_jupyter_mn():
+    for name in ("NODE_RANK", "NNODES", "JUPYTER_MN_SCHEDULER", "JUPYTER_MN_ANYTHING"):
+        spec = spec_for(2, rdma=False).replace(env={name: "0"})
+        with pytest.raises(SpecError, match=f"--env {name}: set by jupyter_mn in every pod"):
+            build(spec, GANG, Target())
+    rdma = spec_for(2, rdma=True).replace(env={"NCCL_SOCKET_IFNAME": "ib0"})
+    assert build(rdma, GANG, Target())  # NCCL's settings stay the user's to choose
+
+
 def test_owner_annotation_and_kernel_pod_owner():
     owner = {"apiVersion": "v1", "kind": "Pod", "name": "jupyter-alice", "uid": "u-1"}
     job = job_of(build(spec_for(1, rdma=False), GANG, Target(), owner="nb pid 7", job_owner=owner))

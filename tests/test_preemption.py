@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -194,3 +196,39 @@ def test_a_scripts_ranks_on_the_preempted_node_get_its_sigterm(tmp_path, no_left
     assert result.ok, (sigterm.lines, result.error())
     stops = {line.split()[-1] for line in sigterm.lines if " stops at step " in line}
     assert len(stops) == 1 and len([t for t in sigterm.lines if " stops at " in t]) == 4
+
+
+#: A rank's shield, then a child it forks (as a DataLoader's worker) and ends with terminate().
+FORKED_CHILD = """
+import multiprocessing, os, signal
+from jupyter_mn.rank import preemption
+
+preemption.shield()
+ctx = multiprocessing.get_context("fork")
+ready = ctx.Event()
+
+def work():
+    ready.set()
+    while True:
+        signal.pause()
+
+child = ctx.Process(target=work)
+child.start()
+assert ready.wait(30)
+child.terminate()
+child.join(15)
+code = child.exitcode
+if code is None:
+    child.kill()
+    child.join()
+os.kill(os.getpid(), signal.SIGTERM)  # the rank itself keeps its shield
+print(code)
+"""
+
+
+def test_a_child_the_rank_forks_ends_on_sigterm_while_the_rank_keeps_its_shield():
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_CHILD], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(-signal.SIGTERM)

@@ -141,18 +141,34 @@ def test_an_unknown_config_option_is_named():
         SlurmOptions.from_mapping({"partion": "gpu"})
 
 
-def test_the_job_gets_the_kernels_environment_without_its_credentials_and_the_key_in_files(
+def test_the_job_gets_an_allowlist_of_the_kernels_environment_and_the_key_in_files(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
-    environ = {
+    kept = {
         "PATH": "/usr/bin",
+        "LD_LIBRARY_PATH": "/opt/cuda/lib64",
         "CUDA_HOME": "/opt/cuda",
+        "NCCL_IB_HCA": "mlx5",
+        "MODULEPATH": "/etc/modulefiles",
+        "LMOD_CMD": "/usr/share/lmod/lmod",
+        "CONDA_PREFIX": "/opt/conda/envs/ml",
+        "VIRTUAL_ENV": "/home/me/.venv",
+        "PYTHONPATH": "/home/me/lib",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "LC_ALL": "C.UTF-8",
+    }
+    environ = {
+        **kept,
         "JUPYTERHUB_API_TOKEN": "abc",
         "AWS_SECRET_ACCESS_KEY": "xyz",
         "DATABASE_URL": "postgres://me:pw@db/x",
+        "MYSQL_PWD": "hunter2",  # a credential's name no filter foresaw
+        "WANDB_ENTITY": "team",  # nothing secret, but not the job's business
+        "CUDA_TOKEN": "abc",  # an allowed prefix does not let a credential through
+        "NCCL_DEBUG_FILE": "ya29." + "a0AfH6SMB" * 3,
     }
-    assert job_environ(environ) == {"PATH": "/usr/bin", "CUDA_HOME": "/opt/cuda"}
+    assert job_environ(environ) == kept
     folder = write_tls("jmn-1234abcd", ("CA", "CERT", "-----BEGIN PRIVATE KEY-----"))
     assert folder.parent == output_dir() and folder.stat().st_mode & 0o777 == 0o700
     assert [(f.name, f.stat().st_mode & 0o777) for f in sorted(folder.iterdir())] == [

@@ -17,6 +17,7 @@ from test_nccl import FIXTURES
 from jupyter_mn import Cluster
 from jupyter_mn.errors import TransportError
 from jupyter_mn.gang.transport import ONE_NODE
+from jupyter_mn.node.files import NodeFiles
 from jupyter_mn.node.gpu import RankProcess
 from jupyter_mn.node.telemetry import NodeTelemetry
 from jupyter_mn.views import TextView
@@ -146,15 +147,21 @@ def test_an_agent_cleans_up_the_log_folders_of_agents_that_died(tmp_path):
         check=True,
     ).stdout.strip()
     temp = Path(tempfile.gettempdir())
-    stale = temp / f"jupyter-mn-jmn-0dead000-node0-p{dead}-x1"
-    live = temp / f"jupyter-mn-jmn-0live000-node0-p{os.getpid()}-x2"
-    for folder in (stale, live):
+    stale = temp / f"jupyter-mn-nccl-jmn-0dead000-node0-p{dead}-x1"
+    live = temp / f"jupyter-mn-nccl-jmn-0live000-node0-p{os.getpid()}-x2"
+    # a live agent's, and a running gang's copy, of a job whose name looks like a dead agent's
+    named = f"bert-node2-p{dead}-5f3a9c2e"
+    live_named = temp / f"jupyter-mn-nccl-{named}-node0-p{os.getpid()}-x3"
+    copy = Path(NodeFiles(named).folder)
+    for folder in (stale, live, live_named):
         folder.mkdir()
         (folder / "nccl-rank0.log").write_text("h:1:1 [0] NCCL INFO init\n")
     launch = Launch("job", 1, 1, "127.0.0.1", 0, "local", ("127.0.0.1",), 60.0)
     telemetry = NodeTelemetry(0, launch, [].append)
     try:
         assert not stale.exists() and live.exists()
+        assert live_named.exists() and copy.exists()
     finally:
         telemetry.close()
-        shutil.rmtree(live, ignore_errors=True)
+        for folder in (live, live_named, copy):
+            shutil.rmtree(folder, ignore_errors=True)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import io
+import re
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
+import pytest
 from test_nccl import FIXTURES
 
 from jupyter_mn.kernel.spec import ClusterSpec
@@ -13,7 +18,7 @@ from jupyter_mn.views import TextView, View, make_view, widgets_rendered
 from jupyter_mn.views.state import TAIL_LINES
 from jupyter_mn.views.straggler import hints
 from jupyter_mn.views.summary import summary
-from jupyter_mn.views.widget import ClusterWidget
+from jupyter_mn.views.widget import CANCEL_ESM, ClusterWidget
 from jupyter_mn.wire.collectives import Collective, RankWhere
 from jupyter_mn.wire.events import (
     CellDone,
@@ -472,3 +477,47 @@ def test_the_widget_shows_a_hung_banner_while_the_cell_runs():
     widget.state.apply(CellDone(2, False, 310.0))
     widget._draw(widget.state.take_dirty())
     assert "HUNG" not in widget._header.value
+
+
+#: The Cancel button's module in a page of its own (node): a click, and the URL it posts to.
+_CANCEL_PAGE = """
+const posted = [];
+let click;
+globalThis.document = {
+  cookie: "_xsrf=x",
+  getElementById: () => null,
+  createElement: () => ({ style: {}, addEventListener: (kind, fn) => { click = fn; } }),
+};
+globalThis.fetch = async (url) => { posted.push(url); return { ok: true }; };
+const { default: widget } = await import(process.argv[2]);
+const model = { get: (k) => ({ running: true, kernel_id: process.argv[3] })[k], on: () => {} };
+widget.render({ model, el: { appendChild: () => {} } });
+await click();
+console.log(posted.join("\\n"));
+"""
+
+
+def test_the_cancel_button_posts_to_its_own_kernel_whatever_the_id_holds(tmp_path):
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("needs node to run the widget's module")
+    (tmp_path / "cancel.mjs").write_text(CANCEL_ESM)
+    (tmp_path / "page.mjs").write_text(_CANCEL_PAGE)
+    posted = subprocess.run(
+        [node, str(tmp_path / "page.mjs"), str(tmp_path / "cancel.mjs"), "../../api/contents/x?"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert posted == "/api/kernels/..%2F..%2Fapi%2Fcontents%2Fx%3F/interrupt"
+
+
+def test_a_job_reference_is_drawn_live_only_in_a_trusted_notebook():
+    """The renderer polls the server's jobs and offers Cancel: JupyterLab may use it for
+    trusted outputs only (an untrusted notebook's reference shows its plain text)."""
+    source = (Path(__file__).parents[1] / "labextension" / "src" / "jobview.ts").read_text()
+    factory = re.search(
+        r"rendererFactory: IRenderMime\.IRendererFactory = \{(.*?)\n\}", source, re.S
+    )
+    assert factory and re.search(r"^\s*safe: false,$", factory[1], re.M)

@@ -223,3 +223,75 @@ def test_local_ranks_run_in_the_workdir_and_reload_what_was_edited(
 
         assert cluster.launch(version) == 20
         del sys.modules["model"]
+
+
+SECRETS = {
+    ".ssh/id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-ssh\n",
+    ".aws/credentials": "[default]\naws_secret_access_key = secret-aws\n",
+    ".env": "DB_PASSWORD=secret-env\n",
+    ".netrc": "machine h login me password secret-netrc\n",
+    ".git-credentials": "https://me:secret-git@github.com\n",
+    ".kube/config": "token: secret-kube\n",
+    ".docker/config.json": '{"auths": {"r": {"auth": "secret-docker"}}}\n',
+    ".gnupg/private-keys-v1.d/k.key": "secret-gpg\n",
+    "sub/.env.local": "TOKEN=secret-envlocal\n",
+    ".local/share/jupyter/runtime/jpserver-1.json": '{"token": "secret-jupyter"}\n',
+    "kernel-1234.json": '{"key": "secret-hmac"}\n',
+    "deploy/id_ed25519.txt": "-----BEGIN PRIVATE KEY-----\nsecret-pem\n",
+    "notes.txt": "aws key AKIA" + "Q" * 16 + " secret-shape\n",
+}
+
+
+def test_credentials_and_links_outside_the_directory_reach_neither_a_node_nor_its_cache(
+    tmp_path, monkeypatch
+):
+    root = make(tmp_path / "notebook", {"model.py": "x = 1\n", "data.yaml": "lr: 1\n", **SECRETS})
+    outside = make(tmp_path / "elsewhere", {"aws": "[default]\nkey = secret-outside\n"})
+    (root / "creds").symlink_to(outside / "aws")  # `ln -s ~/.aws/credentials creds`
+    (root / "same.py").symlink_to(root / "model.py")  # a link inside the directory travels
+    (root / "settings").symlink_to(root / ".env")  # but not one to what never does
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(root / "runtime"))
+    make(root, {"runtime/jupyter-mn/slurm/g-tls/tls.key": "secret-runtime\n"})
+    selection = select(str(root))
+    assert [f.path for f in selection.files] == ["data.yaml", "model.py", "same.py"]
+    assert dict(selection.withheld) == {
+        "creds": "a link to a file outside the directory",
+        "deploy/id_ed25519.txt": "it looks like a credential",
+        "notes.txt": "it looks like a credential",
+        "settings": "a link to a file that is left out",
+    }
+    # shipped as FileSync ships it: the entries, the contents the node lacks, the update
+    monkeypatch.setenv("JUPYTER_MN_FILE_CACHE", str(tmp_path / "cache"))
+    entries = Digests().entries(selection)
+    node = NodeFiles("gang")
+    lacking = node.missing([e.digest for e in entries.values()])
+    blobs = {e.digest: Digests().blob(str(root), e) for e in entries.values()}
+    node.apply(FileUpdate(tuple(entries.values()), (), {d: blobs[d] for d in lacking}))
+    try:
+        landed = [p for where in (node.folder, tmp_path / "cache") for p in Path(where).rglob("*")]
+        texts = [p.read_text() for p in landed if p.is_file()]
+        assert len(texts) == 3 + 2  # the copy's three files, the cache's two contents
+        assert not [t for t in texts if "secret" in t]
+        assert sorted(p.name for p in Path(node.folder).iterdir()) == [
+            "data.yaml",
+            "model.py",
+            "same.py",
+        ]
+    finally:
+        node.remove()
+
+
+def test_the_home_directory_and_a_link_in_a_circle_are_refused_with_what_to_do(
+    tmp_path, monkeypatch
+):
+    home = make(tmp_path / "home", {"model.py": ""})
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(SpecError, match=r"home directory: its keys .* --workdir DIR"):
+        select(str(home))
+    with pytest.raises(SpecError, match=r"home directory"):
+        select("~")
+    project = make(home / "project", {"model.py": ""})
+    assert paths(project) == ["model.py"]  # a folder in it travels
+    (project / "loop").symlink_to(project / "loop")
+    with pytest.raises(SpecError, match=r"loop: a symbolic link that leads in a circle; .* loop"):
+        select(str(project))

@@ -106,6 +106,9 @@ class FileSync:
                 f"files over {size_text(SMALL_FILE)} that are not Python sources stay behind "
                 f"(put them on storage the nodes share): {large}"
             )
+        if first and selection.withheld:
+            named = "; ".join(f"{path} ({why})" for path, why in selection.withheld[:10])
+            notes.append(f"files left behind: {named}")
         return notes
 
     def _ask(self, call: Callable[[Any, int], Any]) -> dict[int, Any]:

@@ -4,22 +4,29 @@ A notebook imports its neighbours (``from model import Net``) and reads files be
 whose filesystem is not the kernel's (a pod, a worker elsewhere) gets a copy. What travels: the
 directory's files less ``.gitignore``'s (each directory's own, as git reads them), the user's
 ``--workdir-exclude`` patterns and what never belongs on a node (version control, caches,
-environments); Python sources of any size and other files up to ``SMALL_FILE``; all of it within
-``--workdir-limit``. Everything is checked here, in the kernel, before anything starts.
+environments, and credentials: ``CREDENTIALS`` by name, other files by content); Python sources
+of any size and other files up to ``SMALL_FILE``; all of it within ``--workdir-limit``. A link
+to a file outside the directory is not followed, and the home directory is not sent at all:
+copies land in every node's working directory and a cache that outlives the gang. Everything is
+checked here, in the kernel, before anything starts.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from jupyter_core.paths import jupyter_runtime_dir
 from pathspec import GitIgnoreSpec
 
 from ..errors import JupyterMNError, SpecError
 from ..wire.manifest import FileEntry, content_digest, stamp
+from .credentials import secret_value
 from .spec import WORKDIR_LIMIT, ClusterSpec
 
 #: Files over this size travel only when they are Python sources (data and checkpoints belong
@@ -42,6 +49,32 @@ ALWAYS_EXCLUDED = (
     ".hypothesis/",
     ".tox/",
 )
+#: Never sent, wherever they are in the directory: keys, tokens and passwords by their usual
+#: names, and Jupyter's runtime files (the server's token, the kernels' HMAC keys, a gang's TLS
+#: key). A ``!pattern`` in a ``.gitignore`` does not bring them back.
+CREDENTIALS = (
+    ".ssh/",
+    ".aws/",
+    ".azure/",
+    ".kube/",
+    ".gnupg/",
+    ".docker/",
+    "**/.config/gcloud/",
+    ".netrc",
+    "_netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".env",
+    ".env.*",
+    ".envrc",
+    "**/.local/share/jupyter/runtime/",
+    "kernel-*.json",
+    "jpserver-*.json",
+)
+#: Files other than Python sources up to this size are read, and left behind when their
+#: content looks like a credential (``credentials.secret_value``): a key or a token file under
+#: another name. Python sources travel as they are (the ranks import them).
+SCANNED = 1 << 20
 #: How many of the largest files an over-the-limit error names.
 _NAMED = 5
 
@@ -64,6 +97,8 @@ class Selection:
     root: str
     files: tuple[Listed, ...] = ()
     skipped: tuple[Listed, ...] = ()
+    #: files left behind for what they hold or where they lead: (path, why), for the note
+    withheld: tuple[tuple[str, str], ...] = ()
 
     @property
     def total(self) -> int:
@@ -97,11 +132,18 @@ def for_spec(spec: ClusterSpec) -> Selection | None:
 
 
 def select(root: str, exclude: Sequence[str] = (), limit: int = WORKDIR_LIMIT) -> Selection:
-    """The files of ``root`` that travel; ``SpecError`` for a directory that is not there, a
-    file that cannot be read, or more than ``limit`` bytes (naming the largest files)."""
+    """The files of ``root`` that travel; ``SpecError`` for a directory that is not there or is
+    the home directory, a file that cannot be read, a link in a circle, or more than ``limit``
+    bytes (naming the largest files)."""
     root = directory(root)
-    files, skipped = [], []
-    for path, st in _walk(root, exclude):
+    if os.path.realpath(root) == os.path.realpath(os.path.expanduser("~")):
+        raise SpecError(
+            f"{root} is your home directory: its keys and tokens would travel to the nodes "
+            "with it. Start the notebook in a project's folder, name one with --workdir DIR, "
+            "or send nothing with --no-workdir"
+        )
+    files, skipped, withheld = [], [], []
+    for path, st in _walk(root, exclude, withheld):
         full = os.path.join(root, path)
         if not os.access(full, os.R_OK):
             raise SpecError(
@@ -109,9 +151,12 @@ def select(root: str, exclude: Sequence[str] = (), limit: int = WORKDIR_LIMIT) -
                 f"leave it out with --workdir-exclude {path}"
             )
         listed = Listed(path, st.st_size, st.st_mtime_ns, st.st_ino, bool(st.st_mode & 0o111))
-        small = st.st_size <= SMALL_FILE or path.endswith(".py")
-        (files if small else skipped).append(listed)
-    selection = Selection(root, tuple(files), tuple(skipped))
+        python = path.endswith(".py")
+        if not python and st.st_size <= SCANNED and _looks_secret(full, listed):
+            withheld.append((path, "it looks like a credential"))
+            continue
+        (files if python or st.st_size <= SMALL_FILE else skipped).append(listed)
+    selection = Selection(root, tuple(files), tuple(skipped), tuple(withheld))
     if selection.total > limit:
         raise SpecError(_too_large(selection, limit))
     return selection
@@ -137,14 +182,29 @@ def size_text(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _walk(root: str, exclude: Sequence[str]) -> Iterator[tuple[str, os.stat_result]]:
+@functools.lru_cache(maxsize=4096)
+def _looks_secret(full: str, listed: Listed) -> bool:
+    """Whether the file's content looks like a credential (read again only once it changed)."""
+    try:
+        with open(full, "rb") as f:
+            return secret_value(f.read(SCANNED))
+    except OSError:
+        return False  # read again when it is sent, which says why it cannot be
+
+
+def _walk(
+    root: str, exclude: Sequence[str], withheld: list[tuple[str, str]]
+) -> Iterator[tuple[str, os.stat_result]]:
     """Regular files under ``root`` (relative, ``/``-separated, sorted) that no rule leaves out.
 
     An ignored directory is not entered (as git: nothing inside it can be re-included), nor
     is a linked one (it may lead anywhere, or in a circle). A link to a file that is gone holds
-    nothing and is passed over.
+    nothing and is passed over; one to a file outside ``root``, or to one that never travels,
+    is added to ``withheld``; one in a circle is a ``SpecError``.
     """
-    never = GitIgnoreSpec.from_lines([*ALWAYS_EXCLUDED, *exclude])
+    never = GitIgnoreSpec.from_lines([*ALWAYS_EXCLUDED, *CREDENTIALS, *exclude])
+    inside = os.path.join(os.path.realpath(root), "")
+    runtime = os.path.realpath(jupyter_runtime_dir())  # wherever JUPYTER_RUNTIME_DIR puts it
     # each directory's .gitignore files, from the top: (where it is, its rules)
     rules: dict[str, list[tuple[str, GitIgnoreSpec]]] = {"": []}
 
@@ -162,7 +222,10 @@ def _walk(root: str, exclude: Sequence[str]) -> Iterator[tuple[str, os.stat_resu
         kept = []
         for name in sorted(dirs):
             path = f"{rel}/{name}" if rel else name
-            if os.path.islink(os.path.join(here, name)) or _ignored(never, levels, path + "/"):
+            full = os.path.join(here, name)
+            if os.path.islink(full) or _ignored(never, levels, path + "/"):
+                continue
+            if os.path.realpath(full) == runtime:
                 continue
             kept.append(name)
             rules[path] = levels
@@ -171,10 +234,26 @@ def _walk(root: str, exclude: Sequence[str]) -> Iterator[tuple[str, os.stat_resu
             path = f"{rel}/{name}" if rel else name
             if _ignored(never, levels, path):
                 continue
+            full = os.path.join(here, name)
             try:
-                st = os.stat(os.path.join(here, name))
+                st = os.stat(full)
             except FileNotFoundError:  # a link to nothing
                 continue
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise SpecError(f"{full}: cannot be read ({exc.strerror})") from None
+                raise SpecError(
+                    f"{full}: a symbolic link that leads in a circle; remove it or leave it "
+                    f"out with --workdir-exclude {path}"
+                ) from None
+            if os.path.islink(full):
+                target = os.path.realpath(full)
+                if not target.startswith(inside):
+                    withheld.append((path, "a link to a file outside the directory"))
+                    continue
+                if never.match_file(target[len(inside) :]):  # `ln -s .env settings`
+                    withheld.append((path, "a link to a file that is left out"))
+                    continue
             if stat.S_ISREG(st.st_mode):
                 yield path, st
 

@@ -173,9 +173,11 @@ class NodeTelemetry:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-#: The NCCL log folders of node agents: ``jupyter-mn-<job>-node<N>-p<agent pid>-<random>``.
-_PREFIX = "jupyter-mn-"
-_OWNER = re.compile(r"-node\d+-p(\d+)-[^/]*$")
+#: The NCCL log folders of node agents: ``jupyter-mn-nccl-<job>-node<N>-p<agent pid>-<random>``;
+#: the pid is the last ``-node<N>-p<pid>-`` of the name (a job may be called ``bert-node2-p4``),
+#: and no other folder of a gang starts so (its copy of the notebook's directory included).
+_PREFIX = "jupyter-mn-nccl-"
+_OWNER = re.compile(r"-node\d+-p(\d+)-[^-]+$")
 
 
 def sweep_stale() -> None:
@@ -184,7 +186,7 @@ def sweep_stale() -> None:
     for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-node*-p*-*"):
         found = _OWNER.search(folder.name)
         with contextlib.suppress(OSError):
-            if found and folder.stat().st_uid == os.getuid() and not _alive(int(found[1])):
+            if found and folder.lstat().st_uid == os.getuid() and not _alive(int(found[1])):
                 shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ completed, so the rank's reply tells the kernel whether the grace period was use
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -22,14 +23,21 @@ _notice: Preemption | None = None
 _heard_at = 0.0
 #: the newest checkpoint completed after the notice, and seconds after it
 _saved: tuple[str, float] | None = None
+#: whether forked children get SIGTERM's default back (registered once)
+_shielded = False
 
 
 def shield() -> None:
     """Keep running on SIGTERM: Slurm signals every process of a job's step, ranks included,
     when it preempts or requeues the job; the notice reaches the rank through its agent, and the
     agent stops it at the deadline. (A handler, not SIG_IGN, which the rank's own children would
-    inherit through exec.)"""
+    inherit through exec; and a child it forks, a DataLoader's worker, gets the default back, so
+    that its ``terminate()`` ends it.)"""
+    global _shielded
     signal.signal(signal.SIGTERM, _noted_elsewhere)
+    if not _shielded:
+        _shielded = True
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
 def _noted_elsewhere(signum: int, frame: Any) -> None:

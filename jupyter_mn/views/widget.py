@@ -94,7 +94,8 @@ export default {
       const headers = { "X-XSRFToken": xsrf() };
       if (config.token) { headers["Authorization"] = "token " + config.token; }
       try {
-        const url = base + "api/kernels/" + model.get("kernel_id") + "/interrupt";
+        const id = encodeURIComponent(model.get("kernel_id"));  // a name, never a path
+        const url = base + "api/kernels/" + id + "/interrupt";
         const reply = await fetch(url, { method: "POST", headers, credentials: "same-origin" });
         button.textContent = reply.ok ? "Cancelled" : "Cancel failed (" + reply.status + ")";
       } catch (e) {

@@ -124,9 +124,10 @@ function pickJob(jobs: IJobModel[], kernelId: string): IJobModel | undefined {
   return mine.find(j => j.state === 'RUNNING') ?? mine[0];
 }
 
-/** The renderer of job references, ranked before plain text. */
+/** The renderer of job references, ranked before plain text. Not safe: it polls the server's
+ * jobs and offers Cancel, so an untrusted notebook's output is shown as its plain text. */
 export const rendererFactory: IRenderMime.IRendererFactory = {
-  safe: true,
+  safe: false,
   mimeTypes: [JOB_MIME],
   createRenderer: () => new JobView()
 };

@@ -319,6 +319,12 @@ def _env(spec: ClusterSpec, gang_id: str) -> list[dict[str, Any]]:
             {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
             {"name": "NCCL_IB_DISABLE", "value": "0"},
         ]
+    contract = {e["name"] for e in env if not e["name"].startswith("NCCL_")}
+    taken = sorted(k for k, _ in spec.env if k in contract or k.startswith("JUPYTER_MN_"))
+    if taken:
+        raise SpecError(
+            f"--env {', '.join(taken)}: set by jupyter_mn in every pod; use another name"
+        )
     env += [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": names.env_secret, "key": key}}}
         for key, _ in spec.env

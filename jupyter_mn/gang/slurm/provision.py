@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import JupyterMNError, SchedulingError
-from ...kernel.credentials import secret_name, secret_value
+from ...kernel.credentials import secret_item
 from ...kernel.spec import ClusterSpec
 from ...node.pod import TLS_FILES
 from ...node.slurm import TLS_DIR_VAR, tls_address
@@ -69,12 +70,80 @@ def write_tls(gang_id: str, pem: tuple[str, ...]) -> Path:
     return folder
 
 
+#: What a job's environment keeps of the kernel's (``job_environ``): what finds programs,
+#: libraries, GPUs and networks, module systems and Python environments, Slurm's own settings,
+#: the locale and the user's identity; each a name, or a prefix (``CUDA_*``).
+EXPORTED = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "LIBRARY_PATH",
+    "CPATH",
+    "PKG_CONFIG_PATH",
+    "MANPATH",
+    "CC",
+    "CXX",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "CUDA_*",
+    "NCCL_*",
+    "NVIDIA_*",
+    "GLOO_*",
+    "UCX_*",
+    "FI_*",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "HSA_*",
+    "OMP_*",
+    "MKL_*",
+    "KMP_*",
+    "OPENBLAS_*",
+    "MODULE*",
+    "LMOD*",
+    "__LMOD_*",
+    "_LMFILES_",
+    "LOADEDMODULES",
+    "CONDA_*",
+    "VIRTUAL_ENV",
+    "PYTHON*",
+    "TORCH_*",
+    "TRITON_*",
+    "HF_HOME",
+    "HF_HUB_*",
+    "HF_DATASETS_*",
+    "TRANSFORMERS_*",
+    "XDG_*",
+    "DASK_*",
+    "JUPYTER_MN_*",
+    "JUPYTER_RUNTIME_DIR",
+    "JUPYTER_CONFIG_DIR",
+    "JUPYTER_DATA_DIR",
+    "SLURM_*",
+    "SBATCH_*",
+    "SRUN_*",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+)
+_EXPORTED = re.compile(
+    "|".join(re.escape(n.rstrip("*")) + (r"\w*" if n.endswith("*") else "") for n in EXPORTED)
+)
+
+
 def job_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The kernel's environment for the job (sbatch exports it: modules, PATH, CUDA settings)
-    without what looks like a credential (``JUPYTERHUB_API_TOKEN``, ``AWS_SECRET_ACCESS_KEY``):
-    slurmctld keeps a job's environment, and with ``AccountingStoreFlags=job_env`` so does the
-    accounting database. ``--env`` values reach the ranks through the gang, not the job."""
-    return {k: v for k, v in environ.items() if not (secret_name(k) or secret_value(v))}
+    """What the job (sbatch exports it) or the step (srun) gets of the kernel's environment:
+    the names ``EXPORTED`` allows, less what looks like a credential among them. slurmctld keeps
+    a job's environment, and with ``AccountingStoreFlags=job_env`` so does the accounting
+    database: a name not foreseen (``MYSQL_PWD``, ``SIGNING_KEY``, a token under a neutral name)
+    stays in the kernel. ``--env`` values reach the ranks through the gang, not the job."""
+    return {k: v for k, v in environ.items() if _EXPORTED.fullmatch(k) and not secret_item(k, v)}
 
 
 def plan(spec: ClusterSpec, gang_id: str, port: int, has_gpus: bool) -> str:
