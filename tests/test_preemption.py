@@ -21,6 +21,7 @@ from jupyter_mn import Cluster
 from jupyter_mn.checkpoint import latest
 from jupyter_mn.errors import Preempted
 from jupyter_mn.gang.script import run_script
+from jupyter_mn.rank.env import JOB
 from jupyter_mn.wire.events import LogLines, Note, PreemptCause, Preemption
 
 #: A loop that saves and stops when the gang agrees it is preempted; deterministic, so a run
@@ -55,12 +56,14 @@ seen if seen else [p.detach().clone() for p in model.parameters()]
 """
 
 
-def worker_of(rank: int) -> psutil.Process:
-    """The node process (its dask worker) that runs ``rank`` (a cell's or a script's)."""
+def worker_of(cluster: Cluster, rank: int) -> psutil.Process:
+    """The node process (its dask worker) that runs ``rank`` (a cell's or a script's) of
+    ``cluster``'s gang: a gang given up may still be ending."""
     for proc in ours():
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get("RANK") == str(rank) and "dask_spec" in " ".join(
-                node_of(proc).cmdline()
+            env = proc.environ()
+            if (env.get(JOB), env.get("RANK")) == (cluster.gang.id, str(rank)) and (
+                "dask_spec" in " ".join(node_of(proc).cmdline())
             ):
                 return node_of(proc)
     raise AssertionError(f"rank {rank} is not running")
@@ -69,8 +72,8 @@ def worker_of(rank: int) -> psutil.Process:
 class SigtermAt:
     """An ``on_event`` that sends SIGTERM to node 1's process once rank 0 printed ``line``."""
 
-    def __init__(self, line: str) -> None:
-        self.line, self.sent_at = line, 0.0
+    def __init__(self, line: str, cluster: Cluster) -> None:
+        self.line, self.cluster, self.sent_at = line, cluster, 0.0
         self.notices: list[Preemption] = []
         #: the grace period left when each notice reached the kernel
         self.left: list[float] = []
@@ -87,7 +90,7 @@ class SigtermAt:
             for _, _, texts in event.items:
                 self.lines.extend(texts)
                 if not self.sent_at and self.line in texts:
-                    os.kill(worker_of(2).pid, signal.SIGTERM)  # rank 2 lives on node 1
+                    os.kill(worker_of(self.cluster, 2).pid, signal.SIGTERM)  # rank 2: node 1
                     self.sent_at = time.monotonic()
 
 
@@ -95,8 +98,8 @@ def test_every_rank_sees_the_notice_at_the_same_step_and_the_cell_ends_preempted
     tmp_path, no_leftovers
 ):
     ckpt = tmp_path / "ckpt"
-    sigterm = SigtermAt("step 5")
     with Cluster(nodes=2, gpus=2) as cluster:
+        sigterm = SigtermAt("step 5", cluster)
         result = cluster.run(
             TRAIN,
             namespace={"CKPT": str(ckpt), "STEPS": 100_000},
@@ -124,9 +127,9 @@ def test_every_rank_sees_the_notice_at_the_same_step_and_the_cell_ends_preempted
 @pytest.mark.slow
 def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, no_leftovers):
     """Ends with an uninterrupted run's parameters; then an idle gang's notice gives it up."""
-    sigterm = SigtermAt("step 30")
     steps = {"STEPS": 120}
     with Cluster(nodes=2, gpus=2, retries=1) as cluster:
+        sigterm = SigtermAt("step 30", cluster)
         resumed = cluster.run(
             TRAIN, namespace={"CKPT": str(tmp_path / "a"), **steps}, on_event=sigterm
         )
@@ -138,7 +141,7 @@ def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, 
         assert all(torch.equal(a, b) for a, b in zip(resumed.value, reference.value, strict=True))
 
         idle = cluster.gang
-        os.kill(worker_of(2).pid, signal.SIGTERM)
+        os.kill(worker_of(cluster, 2).pid, signal.SIGTERM)
         wait_until(lambda: not idle.status.usable, 30, "the idle gang to be given up")
         assert cluster.run("1 + 1").unwrap() == 2 and cluster.gang is not idle
 
@@ -155,8 +158,8 @@ while True:
 
 def test_a_loop_that_never_asks_is_stopped_at_the_deadline_not_before(no_leftovers):
     grace = 4.0
-    sigterm = SigtermAt("looping")
     with Cluster(nodes=2, gpus=2, grace=grace) as cluster:
+        sigterm = SigtermAt("looping", cluster)
         result = cluster.run(IGNORES_NOTICES, on_event=sigterm)
         took = time.monotonic() - sigterm.sent_at
         assert grace <= took < grace + 15, took
@@ -187,8 +190,8 @@ dist.destroy_process_group()
 def test_a_scripts_ranks_on_the_preempted_node_get_its_sigterm(tmp_path, no_leftovers):
     script = tmp_path / "handles_sigterm.py"
     script.write_text(SCRIPT)
-    sigterm = SigtermAt("looping")
     with Cluster(nodes=2, gpus=2) as cluster:
+        sigterm = SigtermAt("looping", cluster)
         cluster.up()  # the warm gang's agents run it
         with cluster.nodes() as gang:
             result = run_script(gang, str(script), (), sigterm)

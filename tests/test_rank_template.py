@@ -57,8 +57,13 @@ MODULES = {
     "pkg/quiet": "if __name__ == '__main__':\n    print('ran as main')",
 }
 JOB = "jmn-template-test"
+
+
 #: What a template of JOB started with (``template.spawn``), and what its ranks get here.
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "JUPYTER_MN_JOB": JOB}
+def rank_env() -> dict[str, str]:
+    """A rank's environment as its node would give it now: read when used, since what the
+    environment of the test process holds by then is what a template started then inherits."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "JUPYTER_MN_JOB": JOB}
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +83,14 @@ def template() -> Iterator[RankTemplate]:
     yield started
     started.close()
     assert started.proc.returncode is not None  # it ended with its socket
+
+
+def gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie its parent has not reaped yet."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def argv(module: str) -> list[str]:
@@ -108,10 +121,10 @@ def probe(start, env: dict[str, str], cwd: Path) -> dict:
 
 
 def test_a_forked_process_is_what_a_new_process_would_be(template, modules):
-    env = {**ENV, "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}
+    env = {**rank_env(), "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}
     forked = probe(template.start, env, modules)
     fresh = probe(start_in_session, env, modules)
-    assert isinstance(forked["proc"], ForkedRank)  # it did come from the template
+    assert isinstance(forked["proc"], ForkedRank), template.failed  # it came from the template
     assert forked["ppid"] == template.proc.pid != fresh["ppid"]
     assert forked["pid"] == forked["sid"] == forked["pgid"]  # it leads its own session
     same = ("fds", "threads", "env", "name", "argv0", "argc", "path0", "cwd", "sigint")
@@ -128,7 +141,7 @@ def env_fd(seen: dict) -> str:
 
 def test_proc_shows_its_own_command_line_and_environment(template, modules):
     """As a new process's: ``ps``, psutil and ``jupyter mn gc`` (the job's mark) read them."""
-    env = {**ENV, "RANK": "5", "HF_TOKEN": "s3cr3t", "JUPYTER_MN_JOB": "jmn-own"}
+    env = {**rank_env(), "RANK": "5", "HF_TOKEN": "s3cr3t", "JUPYTER_MN_JOB": "jmn-own"}
     proc = template.start(argv("sleeps"), env, str(modules))
     assert isinstance(proc, ForkedRank)
     try:
@@ -149,8 +162,8 @@ def test_proc_shows_its_own_command_line_and_environment(template, modules):
     ],
 )
 def test_its_exit_is_seen_as_a_new_process_exit(template, modules, module, code, said):
-    forked = template.start(argv(module), ENV, str(modules))
-    fresh = start_in_session(argv(module), ENV, str(modules))
+    forked = template.start(argv(module), rank_env(), str(modules))
+    fresh = start_in_session(argv(module), rank_env(), str(modules))
     assert isinstance(forked, ForkedRank)
     (_, err, got), (_, fresh_err, fresh_code) = outputs(forked), outputs(fresh)
     assert got == fresh_code == code
@@ -161,7 +174,7 @@ def test_its_exit_is_seen_as_a_new_process_exit(template, modules, module, code,
 def test_a_preloaded_module_runs_as_main_without_a_word(modules, no_leftovers):
     """As ``python -m``: runpy would warn that the module was imported already (the rank
     runtime is: the template preloads it)."""
-    env = {**ENV, "PYTHONPATH": str(modules)}
+    env = {**rank_env(), "PYTHONPATH": str(modules)}
     preloaded = RankTemplate.own(JOB, environ=env, preload=("pkg.quiet",))
     try:
         assert preloaded.wait_ready(), preloaded.failed
@@ -174,7 +187,7 @@ def test_a_preloaded_module_runs_as_main_without_a_word(modules, no_leftovers):
 
 def test_an_environment_the_template_cannot_stand_for_starts_a_new_process(template, modules):
     """A variable read at start-up (here by OpenMP, at torch's import) needs a new process."""
-    env = {**ENV, "OMP_PROC_BIND": "true"}
+    env = {**rank_env(), "OMP_PROC_BIND": "true"}
     proc = template.start(argv("exits3"), env, str(modules))
     assert isinstance(proc, subprocess.Popen)
     assert outputs(proc)[2] == 3
@@ -182,7 +195,7 @@ def test_an_environment_the_template_cannot_stand_for_starts_a_new_process(templ
 
 def test_an_environment_larger_than_the_templates_room_starts_a_new_process(template, modules):
     """``/proc`` could not show it (``procview.py``): the rank starts as a new process."""
-    env = {**ENV, "JUPYTER_MN_LARGE": "x" * 2 * ROOM_BYTES}
+    env = {**rank_env(), "JUPYTER_MN_LARGE": "x" * 2 * ROOM_BYTES}
     proc = template.start(argv("exits3"), env, str(modules))
     assert isinstance(proc, subprocess.Popen)
     assert outputs(proc)[2] == 3
@@ -194,7 +207,7 @@ def test_failed_imports_leave_ranks_starting_anew_with_a_warning(modules, caplog
         assert not broken.wait_ready()
         assert "ModuleNotFoundError" in broken.failed
         with caplog.at_level(logging.WARNING, logger="jupyter_mn.agent"):
-            proc = broken.start(argv("exits3"), ENV, str(modules))
+            proc = broken.start(argv("exits3"), rank_env(), str(modules))
         assert isinstance(proc, subprocess.Popen) and outputs(proc)[2] == 3
         assert "ranks start as new processes" in caplog.text
     finally:
@@ -205,12 +218,12 @@ def test_a_template_that_dies_takes_its_ranks_and_later_ones_start_anew(modules,
     doomed = RankTemplate.own(JOB)
     try:
         assert doomed.wait_ready(), doomed.failed
-        rank = doomed.start(argv("sleeps"), ENV, str(modules))
+        rank = doomed.start(argv("sleeps"), rank_env(), str(modules))
         assert isinstance(rank, ForkedRank)
         doomed.proc.kill()
         assert outputs(rank)[2] == -signal.SIGKILL  # ended by its agent: nobody reports it
         assert "its process ended" in doomed.failed
-        later = doomed.start(argv("exits3"), ENV, str(modules))
+        later = doomed.start(argv("exits3"), rank_env(), str(modules))
         assert isinstance(later, subprocess.Popen) and outputs(later)[2] == 3
     finally:
         doomed.close()
@@ -221,22 +234,22 @@ def test_a_fork_answered_too_late_starts_anew_and_the_late_process_is_killed(
 ):
     """One rank, one process: the template's child that comes after the agent gave up on it is
     killed, never left beside the rank started anew (nor taken for the next rank)."""
-    slow = RankTemplate.own(JOB)
+    slow, proc = RankTemplate.own(JOB), None
     try:
         assert slow.wait_ready(), slow.failed
         monkeypatch.setattr("jupyter_mn.node.template._FORK_WAIT_S", 0.0)
         with caplog.at_level(logging.WARNING, logger="jupyter_mn.agent"):
-            proc = slow.start(argv("sleeps"), ENV, str(modules))
+            proc = slow.start(argv("sleeps"), rank_env(), str(modules))
             assert isinstance(proc, subprocess.Popen)  # started anew
             assert "did not fork" in slow.failed
             wait_until(lambda: "forked it after its start was given up" in caplog.text, 20)
         late = int(caplog.text.split("killed pid ")[1].split(":")[0])
-        assert (late != proc.pid and not psutil.pid_exists(late)) or (
-            psutil.Process(late).status() == psutil.STATUS_ZOMBIE
-        )
-        proc.kill()
-        proc.wait()
+        assert late != proc.pid
+        wait_until(lambda: gone(late), 20, "the late process to end")  # SIGKILL takes a moment
     finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
         slow.close()
 
 
@@ -244,18 +257,18 @@ def test_one_template_serves_several_nodes_and_tells_each_of_its_own_ranks(modul
     """The local backend's kernel starts one template for a gang's nodes: each node's ranks
     are forked on its request, their exits told to it alone; the template serves on until the
     last node lets it go."""
-    proc, socks = spawn(JOB, 2, ENV)
+    proc, socks = spawn(JOB, 2, rank_env())
     first, second = (RankTemplate(sock) for sock in socks)
     try:
         assert first.wait_ready(), first.failed
         assert second.wait_ready(), second.failed
-        exits = first.start(argv("exits3"), ENV, str(modules))
-        sleeps = second.start(argv("sleeps"), ENV, str(modules))
+        exits = first.start(argv("exits3"), rank_env(), str(modules))
+        sleeps = second.start(argv("sleeps"), rank_env(), str(modules))
         assert isinstance(exits, ForkedRank) and isinstance(sleeps, ForkedRank)
         assert outputs(exits)[2] == 3
         assert sleeps.poll() is None
         first.close()
-        later = second.start(argv("exits3"), ENV, str(modules))
+        later = second.start(argv("exits3"), rank_env(), str(modules))
         assert isinstance(later, ForkedRank) and outputs(later)[2] == 3
         os.kill(sleeps.pid, signal.SIGKILL)
         assert sleeps.wait(10) == -signal.SIGKILL
@@ -271,7 +284,7 @@ def test_one_template_serves_several_nodes_and_tells_each_of_its_own_ranks(modul
 def test_a_node_process_that_dies_takes_its_ranks_and_the_template_serves_on(modules, no_leftovers):
     """A node killed (its agent never closes anything) leaves the socket's end alone: the
     template kills the ranks it forked for that node at once, whatever the others do."""
-    proc, (dying, staying) = spawn(JOB, 2, ENV)
+    proc, (dying, staying) = spawn(JOB, 2, rank_env())
     node = subprocess.Popen(
         [
             sys.executable,
@@ -280,7 +293,7 @@ def test_a_node_process_that_dies_takes_its_ranks_and_the_template_serves_on(mod
             "from jupyter_mn.node.template import RankTemplate\n"
             f"t = RankTemplate(socket.socket(fileno={dying.fileno()}))\n"
             "assert t.wait_ready(), t.failed\n"
-            f"rank = t.start([sys.executable, '-m', 'sleeps'], {ENV!r}, {str(modules)!r})\n"
+            f"rank = t.start([sys.executable, '-m', 'sleeps'], {rank_env()!r}, {str(modules)!r})\n"
             "print(rank.pid, flush=True)\n"
             "time.sleep(120)\n",
         ],
@@ -293,7 +306,7 @@ def test_a_node_process_that_dies_takes_its_ranks_and_the_template_serves_on(mod
     try:
         rank = int(node.stdout.readline())
         assert other.wait_ready(), other.failed
-        sleeps = other.start(argv("sleeps"), ENV, str(modules))
+        sleeps = other.start(argv("sleeps"), rank_env(), str(modules))
         node.kill()
         node.wait()
         wait_until(lambda: not psutil.pid_exists(rank), 10)  # killed, and reaped
@@ -327,7 +340,7 @@ class Node:
 
     def __init__(self, fd: int, module: str, modules: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", NODE, str(fd), module, repr(ENV), str(modules)],
+            [sys.executable, "-c", NODE, str(fd), module, repr(rank_env()), str(modules)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -361,7 +374,7 @@ def test_a_rank_that_sigterms_its_parent_preempts_its_own_node_alone(modules, no
     """As under torchrun, whose ranks' parent is their node's agent: a rank's
     ``os.kill(os.getppid(), SIGTERM)`` reaches its node through the template the local
     backend's nodes share, and no other node."""
-    proc, ends = spawn(JOB, 2, ENV)
+    proc, ends = spawn(JOB, 2, rank_env())
     nodes = []
     try:
         for end, module in zip(ends, ("termsparent", "sleeps"), strict=True):
