@@ -138,6 +138,44 @@ def test_widget_parts_and_its_text_plain_carry_the_same_facts():
     assert "[rank 0] line 499" in text and "node 1: inter-node NET/Socket" in text
 
 
+def test_an_ended_cell_folds_into_one_plain_output_and_leaves_no_widget_model(monkeypatch):
+    """A thousand cells of 39 models each stayed alive before: now the root and one HTML stay
+    (for a page reloaded while the cell ran), and the output that replaces the widget holds
+    every node's lines, the panels and the table."""
+    from ipywidgets.widgets import widget as ipywidget
+
+    from jupyter_mn.views import widget as module
+
+    shown: list = []
+    monkeypatch.setattr(module, "display", lambda obj, **kw: _Handle(shown, obj))
+    before = len(ipywidget._instances)
+    widget = ClusterWidget(SPEC, title="train")
+    assert len(ipywidget._instances) - before == 39  # live: its widgets, layouts and styles
+    for event in events():
+        widget(event)
+    widget.close()
+    assert len(ipywidget._instances) - before == 5  # root, its HTML: their layouts, its style
+    assert widget.root.children[0].value == widget.final_bundle()["text/html"]
+    assert shown[-1] == widget.final_bundle()
+    folded = shown[-1]["text/html"]
+    assert "[rank 0] line 499" in folded and "[rank 2]" in folded  # node 1's lines too
+    assert "jp-mn-state" in folded and "gloo (CPU)" in folded and "straggler: rank 3" in folded
+    assert "application/vnd.jupyter.widget-view+json" not in widget._repr_mimebundle_()
+    assert shown[-1]["text/plain"] == summary(widget.state)
+
+
+class _Handle:
+    """What ``display(obj, display_id=True)`` returns: updates go to ``shown``, as bundles."""
+
+    def __init__(self, shown: list, obj: object) -> None:
+        self.shown = shown
+        self.update(obj)
+
+    def update(self, obj: object) -> None:
+        bundle = getattr(obj, "_repr_mimebundle_", None)
+        self.shown.append(bundle() if bundle else obj)
+
+
 def test_both_views_count_down_a_preemption_until_the_cell_is_done():
     notice = Preemption(2, PreemptCause.SLURM, time.time() + 94.4)
     out, err = io.StringIO(), io.StringIO()

@@ -8,6 +8,12 @@ whose ranks all print at 10 messages a second: each node's tab is redrawn in tur
 which changes with every node's ~1 Hz sample, gets at most a quarter of the byte budget. Its
 ``text/plain`` is the text summary, so a saved notebook or a papermill output stays readable
 without a kernel.
+
+Once the cell has ended the view folds: its output becomes plain HTML (header, GPU and
+transport panels, every node's last lines, the notes), which a saved notebook shows without a
+kernel, and the widget's parts are closed: a 2×2 cell's live view is 39 models (its widgets
+with their layouts and styles), a finished one keeps 5 (the root, which a page reloaded while
+the cell ran still shows, with one HTML of the folded view).
 """
 
 from __future__ import annotations
@@ -108,6 +114,17 @@ export default {
 """
 
 
+def _models(widget: W.Widget) -> list[W.Widget]:
+    """``widget``, its children's trees, and the layout and style models each one holds."""
+    found = [widget]
+    for name in ("layout", "style"):
+        if isinstance(part := getattr(widget, name, None), W.Widget):
+            found.append(part)
+    for child in getattr(widget, "children", ()):
+        found += _models(child)
+    return found
+
+
 def job_reference(kernel_id: str, cell_id: int) -> dict[str, Any]:
     """The output that stands for the cell's job where the widget cannot be drawn (no text:
     elsewhere it shows nothing)."""
@@ -166,12 +183,32 @@ class ClusterWidget:
         self._drawn_at = 0.0
         self._gpu_due = 0.0
         self._draw_lock = threading.Lock()
+        #: the cell has ended: the output is ``final_bundle()``, the parts' models are closed
+        self.folded = False
+        self._final: W.HTML | None = None  # the root's one child once folded
 
     # ---- display
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        if self.folded:
+            return self.final_bundle()
         bundle = self.root._repr_mimebundle_(**kwargs) or {}
         bundle["text/plain"] = summary(self.state)
         return bundle
+
+    def final_bundle(self) -> dict[str, Any]:
+        """What stays of the cell: its parts as they were last drawn, as HTML, and the text
+        summary."""
+        logs = "".join(
+            f'<div class="jp-mn-node"><b>node {node}</b>{log.value}</div>'
+            for node, log in enumerate(self._logs)
+            if self.state.logs[node].total or self.state.logs[node].live
+        )
+        panels = f'<div class="jp-mn-panels">{self._gpu.value}{self._transport.value}</div>'
+        body = self._header.value + panels + logs + self._notes.value
+        return {
+            "text/html": f'{STYLE}{GLANCE_STYLE}<div class="jp-mn-done">{body}</div>',
+            "text/plain": summary(self.state),
+        }
 
     def show(self) -> None:
         self._draw({"header", "gpu", "transport"} | {f"log{n}" for n in range(len(self._logs))})
@@ -190,7 +227,9 @@ class ClusterWidget:
         self.state.apply(event)
 
     def close(self) -> None:
-        """Final draw of everything and the text summary; the Cancel button goes away."""
+        """Final draw of everything and the text summary, then fold: the output becomes
+        ``final_bundle()``, the root holds it as one HTML and every other model is closed (the
+        Cancel button goes with them)."""
         if self._thread is None:
             return
         self._stop.set()
@@ -198,7 +237,18 @@ class ClusterWidget:
         self.state.ended = self.state.ended or time.monotonic()
         self._draw({*self._pending, *self.state.take_dirty(), "header", "summary"})
         self._pending.clear()
-        self._cancel.running = False
+        self.folded = True
+        parts = [m for child in self.root.children for m in _models(child)]
+        # a page reloaded while the cell ran still shows the root: it keeps the folded view
+        self._final = W.HTML()
+        self.root.children = (self._final,)
+        for model in parts:
+            model.close()
+        self._show_final()
+
+    def _show_final(self) -> None:
+        assert self._final is not None
+        self._final.value = self.final_bundle()["text/html"]
         if self._handle is not None:
             self._handle.update(self)
 
@@ -216,8 +266,7 @@ class ClusterWidget:
                 unsubscribe()
                 self.state.apply(event)
                 self._draw({"header", "summary"})
-                if self._handle is not None:
-                    self._handle.update(self)  # the text/plain a saved notebook keeps
+                self._show_final()
 
         unsubscribe = gang.hub.subscribe(settled)
         if gang.status != GangStatus.RENDEZVOUS:  # it settled before we listened

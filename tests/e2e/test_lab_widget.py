@@ -1,6 +1,6 @@
 """The live widget in JupyterLab (real browser): a 2×2 cell with 2,000 lines per rank, Cancel
-only while it runs, the rank filter; and the GPU and transport panels on recorded sample events
-(this machine has no GPU), whose screenshot is the README's."""
+only while it runs, the rank filter, the folded view once it ended; and the GPU and transport
+panels on recorded sample events (this machine has no GPU), whose screenshot is the README's."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from test_nccl import FIXTURES
 from jupyter_mn.node.nccllog import NcclLog
 from jupyter_mn.wire.events import GangState, GpuSample, GpuStat, LogLines, to_msg
 
-#: The ranks wait for this file, which the test writes once it has seen the cell running.
-GO = "go-widget"
+#: The ranks wait for this file, which the test writes once it has seen the cell running, and
+#: for the second before they end, once the test has used the live widget's filter and tabs.
+GO, DONE = "go-widget", "done-widget"
 LOUD = (
     "%%cluster --nodes 2 --gpus 2\nimport os, time\n"
     f"while not os.path.exists({GO!r}):\n    time.sleep(0.05)\n"
     "for i in range(2000):\n"
     "    print(f'rank {dist.get_rank()} line {i}')\n"
     "    if i % 250 == 0:\n        time.sleep(0.25)\n"
+    f"while not os.path.exists({DONE!r}):\n    time.sleep(0.05)\n"
     "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 )
 
@@ -42,6 +44,8 @@ def last_line_in_view(page, node: int) -> bool:
 
 
 def test_widget_shows_each_node_its_ranks_state_gpus_and_transport(lab, page):
+    """Live: a tab per node, a rank filter, the tail in view. Ended: one plain output with every
+    node's lines, and no widget model left (the page holds none for a finished cell)."""
     page.goto(lab.notebook("widget.ipynb", [LOUD, "%cluster down"]))
     wait_kernel_idle(page)
     run_command(page, "notebook:run-all-cells")
@@ -51,11 +55,9 @@ def test_widget_shows_each_node_its_ranks_state_gpus_and_transport(lab, page):
     expect(cancel).to_be_visible()
     expect(cancel).to_be_enabled()
     (lab.root / GO).touch()  # the kernel's working directory: the ranks' too
-    expect(state).to_have_text("READY", timeout=120_000)
-    expect(cancel).to_be_hidden()
     node0, node1 = page.locator('pre[data-node="0"]'), page.locator('pre[data-node="1"]')
-    expect(node0).to_contain_text("[rank 0] rank 0 line 1999", timeout=30_000)
-    expect(node0).to_contain_text("[rank 1] rank 1 line 1999")
+    expect(node0).to_contain_text("[rank 0] rank 0 line 1999", timeout=120_000)
+    expect(node0).to_contain_text("[rank 1] rank 1 line 1999", timeout=30_000)
     expect(node0).not_to_contain_text("[rank 2]")
     assert last_line_in_view(page, 0)  # the tail is in view, not scrolled away
     choose = page.locator(".jp-mn-node", has=node0).locator(".jp-mn-filter select")
@@ -69,9 +71,17 @@ def test_widget_shows_each_node_its_ranks_state_gpus_and_transport(lab, page):
     expect(node0).to_contain_text("[rank 0] rank 0 line 1999", use_inner_text=True)
     page.locator(".lm-TabBar-tab", has_text="node 1").first.click()
     expect(node1).to_be_visible()
-    expect(node1).to_contain_text("[rank 2] rank 2 line 1999")
-    expect(node1).to_contain_text("[rank 3] rank 3 line 1999")
+    expect(node1).to_contain_text("[rank 3] rank 3 line 1999", timeout=30_000)
     assert last_line_in_view(page, 1)
+    (lab.root / DONE).touch()
+    expect(state).to_have_text("READY", timeout=120_000)
+    expect(cancel).to_be_hidden()
+    # folded: both nodes' lines in view at once, no tabs, no filter
+    expect(node0).to_contain_text("[rank 0] rank 0 line 1999")
+    expect(node1).to_be_visible()
+    expect(node1).to_contain_text("[rank 2] rank 2 line 1999")
+    expect(page.locator(".jp-mn-done .lm-TabBar-tab")).to_have_count(0)
+    expect(page.locator(".jp-mn-filter")).to_have_count(0)
     expect(page.locator(".jp-mn-gpu").first).to_contain_text("no GPU")
     expect(page.locator(".jp-mn-transport").first).to_contain_text("nodes 0-1: gloo (CPU)")
     result = page.locator(".jp-OutputArea-executeResult .jp-OutputArea-output").first

@@ -151,12 +151,13 @@ def test_rank_zero_plots_and_tables_show_while_the_cell_runs(kernel, tmp_path, v
         PLOT.format(shape=SHAPE, view=view, gate=str(gate.path)), on_msg=gate
     )
     assert gate.seen_at is not None, "the figure was not shown before the cell ended"
-    outputs = [
-        m
-        for m in msgs
-        if m["msg_type"] in ("display_data", "update_display_data")
-        and WIDGET_VIEW not in m["content"]["data"]  # the cell's widget
-    ]
+    shown = [m for m in msgs if m["msg_type"] in ("display_data", "update_display_data")]
+    views = {  # the cell's own output: its widget, folded when the cell ended
+        m["content"].get("transient", {}).get("display_id")
+        for m in shown
+        if WIDGET_VIEW in m["content"]["data"]
+    }
+    outputs = [m for m in shown if m["content"].get("transient", {}).get("display_id") not in views]
     pngs = [m for m in outputs if "image/png" in m["content"]["data"]]
     first = pngs[0]
     assert first["msg_type"] == "display_data"

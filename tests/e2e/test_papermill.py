@@ -172,13 +172,14 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     assert " rank  node  status" in text
     widget_out = nb.cells[1].outputs
     shown = next(o for o in widget_out if o["output_type"] == "display_data")
-    assert "application/vnd.jupyter.widget-view+json" in shown["data"]
-    plain = shown["data"]["text/plain"]  # the final text, from update_display_data
+    # folded when the cell ended (update_display_data): plain HTML (nbclient keeps the state of
+    # every model it saw opened in the metadata, closed or not)
+    assert "application/vnd.jupyter.widget-view+json" not in shown["data"]
+    assert "[rank 0] from the widget cell" in shown["data"]["text/html"]
+    plain = shown["data"]["text/plain"]
     assert "[rank 1] from the widget cell" in plain and "node 0: gloo (CPU)" in plain
     assert "· READY ·" in plain
-    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
-    values = [m["state"].get("value", "") for m in state.values()]
-    assert any("[rank 0] from the widget cell" in v for v in values if isinstance(v, str))
+
 
 
 @pytest.mark.slow
