@@ -1,0 +1,232 @@
+"""The real control plane (tests/kube/real.py) and our kubelet against it.
+
+These run where the binaries are built (``tests/kube/gobuild/build.sh``); with ``CI=true``
+they build them if needed and fail, never skip, when the control plane cannot start.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from kube import kueue, real
+from kube.rest import RestError
+
+from jupyter_mn.gang.kubernetes.manifests import Target, build
+from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.spec import ClusterSpec
+
+kubernetes = pytest.importorskip("kubernetes")
+from kubernetes import client, config  # noqa: E402
+
+NODES = {"node-a": 2, "node-b": 2}
+#: Placeholder TLS files: the Secrets' shape, as provisioning fills them.
+_TLS = {name: "-----BEGIN X-----\n-----END X-----\n" for name in ("ca.crt", "tls.crt", "tls.key")}
+
+
+class Plane(NamedTuple):
+    control: real.ControlPlane
+    api: client.ApiClient
+
+
+def _binaries() -> Path:
+    found = real.cached()
+    if found is not None:
+        return found
+    if os.environ.get("CI") != "true":
+        pytest.skip("no control-plane binaries: tests/kube/gobuild/build.sh builds them")
+    return real.binaries()
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    """A control plane with Kueue when this machine can run it, and two nodes of 2 GPUs."""
+    bins = _binaries()
+    root = tmp_path_factory.mktemp("real")
+    with_kueue = kueue.missing() is None
+    with real.ControlPlane(root, nodes=NODES, with_kueue=with_kueue, bin_dir=bins) as cp:
+        api = config.new_client_from_config(str(cp.kubeconfig))
+        yield Plane(cp, api)
+        api.close()
+
+
+@pytest.fixture(autouse=True)
+def no_refusals(plane: Plane) -> Iterator[None]:
+    """Fail a test in which the API server refused one of our kubelet's requests."""
+    nodes = plane.control.nodes.nodes if plane.control.nodes else []
+    before = sum(len(n.errors) for n in nodes)
+    yield
+    errors = [e for n in nodes for e in n.errors]
+    assert not errors[before:], "the API server refused the kubelet:\n" + "\n".join(errors)
+
+
+def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.2)
+
+
+def test_the_official_client_lists_namespaces_and_parses_the_version(plane: Plane) -> None:
+    names = {n.metadata.name for n in client.CoreV1Api(plane.api).list_namespace().items}
+    assert {"default", "kube-system", "kube-node-lease"} <= names
+    version = client.VersionApi(plane.api).get_code()
+    assert (version.git_version, version.major, version.minor) == (real.KUBERNETES, "1", "37")
+
+
+def test_our_kubelet_makes_nodes_that_go_ready_untainted(plane: Plane) -> None:
+    core = client.CoreV1Api(plane.api)
+
+    def ready() -> bool:
+        nodes = {n.metadata.name: n for n in core.list_node().items}
+        return set(nodes) == set(NODES) and all(
+            any(c.type == "Ready" and c.status == "True" for c in n.status.conditions)
+            and not n.spec.taints
+            for n in nodes.values()
+        )
+
+    eventually(ready, what="both nodes Ready without the not-ready taint")
+    gpus = {n.metadata.name: n.status.allocatable["nvidia.com/gpu"] for n in core.list_node().items}
+    assert gpus == {name: str(count) for name, count in NODES.items()}
+    lease = client.CoordinationV1Api(plane.api).read_namespaced_lease("node-a", "kube-node-lease")
+    assert lease.spec.holder_identity == "node-a"
+
+
+def _pod(name: str, code: str, gpus: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11",
+                    "command": ["python", "-c", code],
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_pod_bound_by_the_real_scheduler_runs_as_a_process(plane: Plane) -> None:
+    core = client.CoreV1Api(plane.api)
+    core.create_namespaced_pod("default", _pod("hello", "print('hello from a pod')"))
+    pod = eventually(
+        lambda: (
+            (p := core.read_namespaced_pod("hello", "default")).status.phase == "Succeeded" and p
+        ),
+        what="pod hello Succeeded",
+    )
+    assert pod.spec.node_name in NODES
+    assert pod.status.container_statuses[0].state.terminated.exit_code == 0
+    node_dir = plane.control.root / "nodes" / pod.spec.node_name
+    assert "hello from a pod" in (node_dir / "hello" / "container.log").read_text()
+    core.delete_namespaced_pod("hello", "default")
+    eventually(lambda: not _exists(core, "hello"), what="pod hello deleted")
+
+
+def _exists(core: client.CoreV1Api, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, "default")
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_a_deleted_pod_hears_sigterm_and_is_gone_after_the_final_delete(plane: Plane) -> None:
+    core = client.CoreV1Api(plane.api)
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('sigterm', flush=True), sys.exit(0)))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    core.create_namespaced_pod("default", _pod("sleeper", code))
+    pod = eventually(
+        lambda: (
+            (p := core.read_namespaced_pod("sleeper", "default")).status.phase == "Running" and p
+        ),
+        what="pod sleeper Running",
+    )
+    log = plane.control.root / "nodes" / pod.spec.node_name / "sleeper" / "container.log"
+    eventually(lambda: "up" in log.read_text(), what="the process started")
+    core.delete_namespaced_pod("sleeper", "default")
+    eventually(lambda: not _exists(core, "sleeper"), timeout=30, what="pod sleeper gone")
+    assert "sigterm" in log.read_text()
+
+
+#: Collection paths of the kinds the backend creates (namespace filled in).
+_PATHS = {
+    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "Service": "/api/v1/namespaces/{ns}/services",
+    "Secret": "/api/v1/namespaces/{ns}/secrets",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    "Pod": "/api/v1/namespaces/{ns}/pods",
+    "Workload": "/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/workloads",
+    "PodGroup": "/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups",
+}
+
+
+def _dry_run(plane: Plane, obj: dict[str, Any]) -> str | None:
+    """Create ``obj`` with ``dryRun=All`` (validation and admission, webhooks included,
+    nothing stored) and strict field validation (an unknown or misspelt field is an error,
+    not a warning, as ``kubectl apply`` has it); the refusal's message, or None."""
+    collection = _PATHS[obj["kind"]].format(ns=obj["metadata"]["namespace"])
+    path = f"{collection}?dryRun=All&fieldValidation=Strict"
+    try:
+        plane.control.rest.create(path, obj)
+    except RestError as exc:
+        return str(exc)
+    return None
+
+
+def _as_pod(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod the Job controller would make of index 0 (its template, as a Pod)."""
+    template = job["spec"]["template"]
+    meta = {**template.get("metadata", {}), "name": job["metadata"]["name"] + "-0-x"}
+    meta["namespace"] = job["metadata"]["namespace"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
+
+
+@pytest.mark.parametrize("policy", ["none", "native", "kueue"])
+def test_the_backends_objects_pass_validation_and_admission(plane: Plane, policy: str) -> None:
+    if policy == "kueue" and not plane.control.with_kueue:
+        pytest.skip(kueue.missing() or "")
+    spec = ClusterSpec(
+        nodes=2,
+        gpus=2,
+        backend="kubernetes",
+        env=(("SECRET_TOKEN", "x"),),
+        kubernetes=KubeOptions(image="agent:1", queue=kueue.LOCAL_QUEUE),
+    )
+    objects = build(spec, "jmn-5f3a9c2e", Target(37, policy, "default"), tls=_TLS)
+    job = next(o for o in objects if o["kind"] == "Job")
+    refused = {o["kind"]: _dry_run(plane, o) for o in [*objects, _as_pod(job)]}
+    assert {k: v for k, v in refused.items() if v} == {}
+
+
+def test_the_gangs_pods_are_admitted_where_pod_security_is_restricted(plane: Plane) -> None:
+    namespace = {
+        "metadata": {
+            "name": "restricted",
+            "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+        }
+    }
+    plane.control.rest.create("/api/v1/namespaces", namespace)
+    spec = ClusterSpec(nodes=2, gpus=2, backend="kubernetes", kubernetes=KubeOptions(image="a:1"))
+    job = build(spec, "jmn-5f3a9c2e", Target(37, "none", "restricted"))[0]
+    assert _dry_run(plane, _as_pod(job)) is None
