@@ -8,6 +8,7 @@
 # GOCACHE/GOMODCACHE stay where Go keeps them, so a second run costs seconds.
 #
 # Usage: tests/kube/gobuild/build.sh            build what is missing, print the cache folder
+#        tests/kube/gobuild/build.sh --cached   print it if everything is built, else exit 1
 # Environment: JUPYTER_MN_KUBE_CACHE, GOFLAGS (e.g. -p=1 where memory is short).
 set -euo pipefail
 
@@ -18,6 +19,17 @@ KUEUE=v0.17.0
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${JUPYTER_MN_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jupyter_mn/kube}
 export CGO_ENABLED=0
+binaries=("etcd-$ETCD/etcd" "kueue-$KUEUE/kueue")
+for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+    binaries+=("kubernetes-$KUBERNETES/$cmd")
+done
+if [[ ${1:-} == --cached ]]; then
+    for binary in "${binaries[@]}"; do
+        [[ -x $cache/$binary ]] || exit 1
+    done
+    echo "$cache"
+    exit 0
+fi
 
 # build NAME DEST MODULE_DIR PACKAGE LDFLAGS: go build into a temporary name, then rename, so
 # that an interrupted build never leaves a binary that looks cached.
