@@ -230,3 +230,34 @@ def test_the_gangs_pods_are_admitted_where_pod_security_is_restricted(plane: Pla
     spec = ClusterSpec(nodes=2, gpus=2, backend="kubernetes", kubernetes=KubeOptions(image="a:1"))
     job = build(spec, "jmn-5f3a9c2e", Target(37, "none", "restricted"))[0]
     assert _dry_run(plane, _as_pod(job)) is None
+
+
+def test_kueue_admits_a_queued_job_that_then_runs_on_our_nodes(plane: Plane) -> None:
+    if not plane.control.with_kueue:
+        pytest.skip(kueue.missing() or "")
+    pod = _pod("unused", "print('admitted')")
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "queued", "labels": {"kueue.x-k8s.io/queue-name": "user-queue"}},
+        "spec": {
+            "completions": 2,
+            "parallelism": 2,
+            "completionMode": "Indexed",
+            "backoffLimit": 0,
+            "template": {"spec": pod["spec"]},
+        },
+    }
+    batch = client.BatchV1Api(plane.api)
+    created = batch.create_namespaced_job("default", job)
+    assert created.spec.suspend, "Kueue's webhook suspends a queued Job"
+    done = eventually(
+        lambda: (j := batch.read_namespaced_job("queued", "default")).status.succeeded == 2 and j,
+        what="Job queued admitted and both pods Succeeded",
+    )
+    assert not done.spec.suspend
+    workloads = client.CustomObjectsApi(plane.api).list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "default", "workloads"
+    )["items"]
+    assert [w["status"]["admission"]["clusterQueue"] for w in workloads] == [kueue.CLUSTER_QUEUE]
+    batch.delete_namespaced_job("queued", "default", propagation_policy="Foreground")
