@@ -125,8 +125,9 @@ class Rollout:
                 result = self.custom.create_namespaced_custom_object(
                     group, version, self.namespace, plural, obj, _preload_content=False
                 )
-            else:
-                result = getattr(self.custom, f"{verb}_namespaced_custom_object")(
+            else:  # the client names a custom object's read "get"
+                custom_verb = "get" if verb == "read" else verb
+                result = getattr(self.custom, f"{custom_verb}_namespaced_custom_object")(
                     group,
                     version,
                     self.namespace,
