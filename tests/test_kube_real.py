@@ -261,3 +261,37 @@ def test_kueue_admits_a_queued_job_that_then_runs_on_our_nodes(plane: Plane) -> 
     )["items"]
     assert [w["status"]["admission"]["clusterQueue"] for w in workloads] == [kueue.CLUSTER_QUEUE]
     batch.delete_namespaced_job("queued", "default", propagation_policy="Foreground")
+
+
+@pytest.mark.parametrize("policy", ["none", "native", "kueue"])
+def test_the_backend_brings_a_gang_up_on_the_real_control_plane(
+    plane: Plane, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Provisioning up to "every pod Ready", as a cell does it: discovery, the objects, the
+    real Job controller, scheduler (and Kueue), our kubelet running the agents; then release."""
+    if policy == "kueue" and not plane.control.with_kueue:
+        pytest.skip(kueue.missing() or "")
+    from distributed.security import Security
+
+    from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
+
+    monkeypatch.setenv("KUBECONFIG", str(plane.control.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    spec = ClusterSpec(
+        nodes=2,
+        gpus=2,
+        backend="kubernetes",
+        kubernetes=KubeOptions(image="agent:1", gang=policy, schedule_timeout=90),
+    )
+    provisioner = KubernetesProvisioner()
+    try:
+        _, _, pods = provisioner.bring_up(spec, f"jmn-real{policy}", Security.temporary())
+        assert sorted(pods) == [0, 1]
+        assert {p["spec"]["nodeName"] for p in pods.values()} == set(NODES)
+    finally:
+        provisioner.release()
+    core = client.CoreV1Api(plane.api)
+    left = core.list_namespaced_pod(
+        "default", label_selector=f"jupyter-mn.io/gang=jmn-real{policy}"
+    )
+    assert not left.items

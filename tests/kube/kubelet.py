@@ -69,6 +69,20 @@ def _value_from(
     return pod[section][key]
 
 
+class ClusterDns:
+    """Cluster DNS for pods: ``<hostname>.<subdomain>[.<ns>.svc[.cluster.local]]`` → pod IP,
+    in one file that every pod process reads (``dns/sitecustomize.py``). One per cluster: the
+    kubelets of all its nodes write it, so a pod finds pods on other nodes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.names: dict[str, str] = {}
+        self.write()
+
+    def write(self) -> None:
+        self.path.write_text(json.dumps(self.names))
+
+
 class ProcessKubelet:
     def __init__(
         self,
@@ -76,9 +90,11 @@ class ProcessKubelet:
         root: Path,
         net: HostNet | None = None,
         hidden: Sequence[str] = (),
+        dns: ClusterDns | None = None,
     ) -> None:
         """``secret(namespace, name)`` reads a Secret as the pod's node may (the emulator's
-        store, or the real API server with the node's own credentials)."""
+        store, or the real API server with the node's own credentials); ``dns``: the names
+        this kubelet's pods share with other nodes' pods (default: its own)."""
         self.secret, self.root, self.net = secret, root, net
         #: directories a pod does not see (on test hosts): its filesystem is not the kernel's
         self.hidden = tuple(hidden)
@@ -87,9 +103,7 @@ class ProcessKubelet:
         self.graces: dict[str, float] = {}
         #: each pod's host, with test hosts
         self.pod_hosts: dict[str, Host] = {}
-        self.hosts: dict[str, str] = {}
-        self.hosts_file = root / "hosts.json"
-        self.hosts_file.write_text("{}")
+        self.dns = dns or ClusterDns(root / "hosts.json")
         net = (random.randrange(1, 250), random.randrange(1, 250))
         self._ips = (f"127.{net[0]}.{net[1]}.{i}" for i in range(2, 250))
         self._ready: set[str] = set()
@@ -134,8 +148,8 @@ class ProcessKubelet:
                 f"{short}.{meta['namespace']}.svc",
                 f"{short}.{meta['namespace']}.svc.cluster.local",
             ):
-                self.hosts[host] = ip
-            self.hosts_file.write_text(json.dumps(self.hosts))
+                self.dns.names[host] = ip
+            self.dns.write()
         log = (workdir / "container.log").open("wb")
         self.graces[name] = spec.get("terminationGracePeriodSeconds", 30)
         self.procs[name] = subprocess.Popen(
@@ -186,7 +200,7 @@ class ProcessKubelet:
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the image's python
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DNS_DIR), env.get("PYTHONPATH")]))
-        env["JUPYTER_MN_TEST_HOSTS"] = str(self.hosts_file)
+        env["JUPYTER_MN_TEST_HOSTS"] = str(self.dns.path)
         env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
         if self.hidden:  # the container's own filesystem keeps its cache (not the machine's home)
             env["JUPYTER_MN_FILE_CACHE"] = str(self.root / pod["metadata"]["name"] / "files")

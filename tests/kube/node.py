@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 from kube.control import MERGE, Api
-from kube.kubelet import ProcessKubelet
+from kube.kubelet import ClusterDns, ProcessKubelet
 from kube.pki import Authority
 
 #: How often a node renews its Lease and reconciles its pods.
@@ -106,9 +106,17 @@ class RealNode:
     """One node: its Node object and Lease, and a ``ProcessKubelet`` running its pods."""
 
     def __init__(
-        self, name: str, server: str, pki: Authority, root: Path, gpus: int, cpus: int = 16
+        self,
+        name: str,
+        server: str,
+        pki: Authority,
+        root: Path,
+        gpus: int,
+        dns: ClusterDns,
+        cpus: int = 16,
     ) -> None:
-        self.name, self.server, self.gpus, self.cpus = name, server, gpus, cpus
+        """``dns``: the cluster's, shared by its nodes."""
+        self.name, self.server, self.gpus, self.cpus, self.dns = name, server, gpus, cpus, dns
         pair = pki.client(f"node-{name}", f"system:node:{name}", "system:nodes")
         self.ssl = ssl.create_default_context(cafile=str(pki.cert))
         self.ssl.load_cert_chain(pair.cert, pair.key)
@@ -124,7 +132,7 @@ class RealNode:
         connector = aiohttp.TCPConnector(ssl=self.ssl)
         async with aiohttp.ClientSession(self.server, connector=connector) as session:
             self.api = NodeApi(session)
-            self.kubelet = ProcessKubelet(self._secret, self.root)
+            self.kubelet = ProcessKubelet(self._secret, self.root, dns=self.dns)
             try:
                 await self._register()
                 ready.set()
@@ -228,12 +236,13 @@ class RealNode:
             await asyncio.sleep(TICK_S)
 
     async def _guarded(self, step: Coroutine[Any, Any, None]) -> None:
-        """One step of a loop: a refusal is recorded, a lost connection retried next time
-        (the API server may be restarting)."""
+        """One step of a loop: a refusal is recorded; a missing object (a pod's Secret) and a
+        lost connection (the API server restarting) are retried next time."""
         try:
             await step
         except Refused as exc:
-            self.errors.append(str(exc))
+            if exc.status != 404:  # an object not there (yet, or any more): as a kubelet, retry
+                self.errors.append(str(exc))
         except aiohttp.ClientError:
             pass
 

@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: the helpers are the tests' ``k
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kube import kueue
+from kube.kubelet import ClusterDns
 from kube.node import Nodes, RealNode
 from kube.pki import Authority, KeyPair, signing_key
 from kube.processes import Process, StartError, child_env, free_ports
@@ -282,11 +283,11 @@ class ControlPlane:
     def _nodes(self) -> None:
         """Our kubelet's nodes, awaited until the node lifecycle controller has lifted the
         not-ready taint it puts on every new node (else nothing schedules there)."""
+        folder = self.root / "nodes"
+        folder.mkdir(exist_ok=True)
+        dns = ClusterDns(folder / "hosts.json")
         self.nodes = Nodes(
-            [
-                RealNode(n, self.server, self.pki, self.root / "nodes", g)
-                for n, g in self.node_gpus.items()
-            ]
+            [RealNode(n, self.server, self.pki, folder, g, dns) for n, g in self.node_gpus.items()]
         )
         self.nodes.__enter__()
         for name in self.node_gpus:
