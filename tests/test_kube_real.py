@@ -7,6 +7,7 @@ they build them if needed and fail, never skip, when the control plane cannot st
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from kube import kueue, real
 from kube.rest import RestError
 
-from jupyter_mn.gang.kubernetes.manifests import Target, build
+from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, Target, build
 from jupyter_mn.kubespec import KubeOptions
 from jupyter_mn.spec import ClusterSpec
 
@@ -295,3 +296,55 @@ def test_the_backend_brings_a_gang_up_on_the_real_control_plane(
         "default", label_selector=f"jupyter-mn.io/gang=jmn-real{policy}"
     )
     assert not left.items
+
+
+@pytest.mark.parametrize("policy", ["native", "kueue"])
+def test_a_gang_larger_than_the_cluster_waits_whole_with_the_schedulers_reason(
+    plane: Plane, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 pods of 2 GPUs on 2 nodes of 2 (Kueue: 6 GPUs against a quota of 4): not one pod is
+    bound while it waits, the reason is the real scheduler's (Kueue's), and the timeout
+    leaves no object."""
+    if policy == "kueue" and not plane.control.with_kueue:
+        pytest.skip(kueue.missing() or "")
+    from distributed.security import Security
+
+    from jupyter_mn.errors import SchedulingError
+    from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
+
+    monkeypatch.setenv("KUBECONFIG", str(plane.control.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    core = client.CoreV1Api(plane.api)
+    gang = f"jmn-toobig{policy}"
+    bound: set[str] = set()
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            pods = core.list_namespaced_pod("default", label_selector=f"{GANG_LABEL}={gang}")
+            bound.update(p.metadata.name for p in pods.items if p.spec.node_name)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    provisioner = KubernetesProvisioner()
+    events: list[Any] = []
+    provisioner.notify = events.append
+    spec = ClusterSpec(
+        nodes=3,
+        gpus=2,
+        backend="kubernetes",
+        kubernetes=KubeOptions(image="agent:1", gang=policy, schedule_timeout=8),
+    )
+    try:
+        with pytest.raises(SchedulingError, match="not all 3 pods were ready within 8 s"):
+            provisioner.bring_up(spec, gang, Security.temporary())
+    finally:
+        provisioner.release()
+        watching.set()
+        watcher.join()
+    assert not bound
+    reasons = " ".join(f"{e.reason} {e.message}" for e in events)
+    expected = {"native": "minCount (3) cannot be satisfied", "kueue": "insufficient quota"}
+    assert expected[policy] in reasons
+    assert not core.list_namespaced_pod("default", label_selector=f"{GANG_LABEL}={gang}").items

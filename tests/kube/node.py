@@ -51,6 +51,11 @@ async def _checked(resp: aiohttp.ClientResponse, what: str, ok: tuple[int, ...] 
     return await resp.json()
 
 
+class NotYet(Exception):
+    """A pod's Secret that is not there yet, or that the Node authorizer no longer lets this
+    node read (403: its pod is gone meanwhile): the pod waits, as a kubelet's does."""
+
+
 class NodeApi(Api):
     """The kubelet's requests: nodes, leases, secrets, pod status and final deletes; every
     refusal raises ``Refused`` with the server's own message."""
@@ -141,7 +146,12 @@ class RealNode:
                 await asyncio.to_thread(self.kubelet.shutdown)
 
     async def _secret(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self.api.get("secrets", namespace, name)
+        try:
+            return await self.api.get("secrets", namespace, name)
+        except Refused as exc:
+            if exc.status in (403, 404):
+                raise NotYet(str(exc)) from exc
+            raise
 
     # ---- the Node and its Lease
     def _status(self) -> dict[str, Any]:
@@ -236,13 +246,14 @@ class RealNode:
             await asyncio.sleep(TICK_S)
 
     async def _guarded(self, step: Coroutine[Any, Any, None]) -> None:
-        """One step of a loop: a refusal is recorded; a missing object (a pod's Secret) and a
-        lost connection (the API server restarting) are retried next time."""
+        """One step of a loop: a refusal is recorded; a Secret not readable yet and a lost
+        connection (the API server restarting) are retried next time."""
         try:
             await step
+        except NotYet:
+            pass
         except Refused as exc:
-            if exc.status != 404:  # an object not there (yet, or any more): as a kubelet, retry
-                self.errors.append(str(exc))
+            self.errors.append(str(exc))
         except aiohttp.ClientError:
             pass
 
