@@ -126,7 +126,7 @@ class ControlPlane:
 
     # ---- starting
     def start(self) -> None:
-        bins = self.bin_dir or binaries()
+        bins = self.bin_dir = self.bin_dir or binaries()
         for sub in ("pki", "logs", "etc"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.pki = Authority(self.root / "pki")
@@ -316,7 +316,8 @@ def _up(plane: ControlPlane) -> None:
     start = time.monotonic()
     with plane:
         took = time.monotonic() - start
-        print(f"ready in {took:.1f} s: KUBECONFIG={plane.kubeconfig}", flush=True)
+        kubectl = plane.bin_dir / f"kubernetes-{KUBERNETES}" / "kubectl"
+        print(f"ready in {took:.1f} s: KUBECONFIG={plane.kubeconfig} {kubectl}", flush=True)
         done.wait()
 
 

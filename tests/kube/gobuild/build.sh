@@ -20,7 +20,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${JUPYTER_MN_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jupyter_mn/kube}
 export CGO_ENABLED=0
 binaries=("etcd-$ETCD/etcd" "kueue-$KUEUE/kueue")
-for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     binaries+=("kubernetes-$KUBERNETES/$cmd")
 done
 if [[ ${1:-} == --cached ]]; then
@@ -54,7 +54,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 build etcd "$cache/etcd-$ETCD" "$here/etcd" . ""
-for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     build "$cmd" "$cache/kubernetes-$KUBERNETES" "$here/kubernetes" "./$cmd" "$k8s_ldflags"
 done
 # Kueue's go.mod has no replace lines, so its own module builds as it is; a module-aware
