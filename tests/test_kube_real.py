@@ -58,7 +58,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 @pytest.fixture(autouse=True)
 def no_refusals(plane: Plane) -> Iterator[None]:
     """Fail a test in which the API server refused one of our kubelet's requests."""
-    nodes = plane.control.nodes.nodes if plane.control.nodes else []
+    nodes = list(plane.control.nodes.nodes.values()) if plane.control.nodes else []
     before = sum(len(n.errors) for n in nodes)
     yield
     errors = [e for n in nodes for e in n.errors]
@@ -348,3 +348,27 @@ def test_a_gang_larger_than_the_cluster_waits_whole_with_the_schedulers_reason(
     expected = {"native": "minCount (3) cannot be satisfied", "kueue": "insufficient quota"}
     assert expected[policy] in reasons
     assert not core.list_namespaced_pod("default", label_selector=f"{GANG_LABEL}={gang}").items
+
+
+def test_a_stopped_kubelet_loses_its_node_until_it_comes_back(plane: Plane) -> None:
+    """The Lease is the heartbeat: a node whose kubelet stops is Ready=Unknown and tainted
+    unreachable after the controller-manager's grace period; restarted, it finds its Node and
+    is Ready and untainted again."""
+    assert plane.control.nodes is not None
+    core = client.CoreV1Api(plane.api)
+
+    def state() -> tuple[str, set[str]]:
+        node = core.read_node("node-b")
+        ready = next(c.status for c in node.status.conditions if c.type == "Ready")
+        return ready, {t.key for t in node.spec.taints or []}
+
+    plane.control.nodes.stop("node-b")
+    try:
+        eventually(
+            lambda: state() == ("Unknown", {"node.kubernetes.io/unreachable"}),
+            timeout=real.NODE_GRACE_S + 30,
+            what="node-b Unknown and tainted unreachable",
+        )
+    finally:
+        plane.control.nodes.start("node-b")
+    eventually(lambda: state() == ("True", set()), what="node-b Ready and untainted again")

@@ -198,7 +198,12 @@ class RealNode:
             "metadata": {"name": self.name, "labels": labels},
             "status": self._status(),
         }
-        created = await self.api.post("nodes", "", node)
+        try:
+            created = await self.api.post("nodes", "", node)
+        except Refused as exc:  # a kubelet restarting finds its Node
+            if exc.status != 409:
+                raise
+            created = await self.api.get("nodes", "", self.name)
         self._uid = created["metadata"]["uid"]
         await self.api.patch("nodes", created, {"status": self._status()}, status=True)
         await self._renew()
@@ -273,40 +278,48 @@ class Nodes:
     pytest fixture, ``real.py up``) while the test talks to the API server directly."""
 
     def __init__(self, nodes: list[RealNode]) -> None:
-        self.nodes = nodes
+        self.nodes = {n.name: n for n in nodes}
         self._loop = asyncio.new_event_loop()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="nodes")
 
     def __enter__(self) -> Nodes:
         self._thread.start()
         try:
-            asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(60)
+            self.start(*self.nodes)
         except BaseException:
             self.__exit__()
             raise
         return self
 
-    async def _start(self) -> None:
-        ready = [asyncio.Event() for _ in self.nodes]
-        self._tasks = [
-            asyncio.create_task(n.run(r)) for n, r in zip(self.nodes, ready, strict=True)
-        ]
-        while not all(r.is_set() for r in ready):
-            for task in self._tasks:
-                if task.done():
-                    task.result()  # raises why the node could not register
-                    raise RuntimeError("a node stopped while registering")
-            await asyncio.sleep(0.05)
-
-    async def _stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
     def __exit__(self, *exc: object) -> None:
         """Stop every node and its pods' processes (the Node objects stay, as after a crash)."""
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(60)
+        self.stop(*self._tasks)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+    def start(self, *names: str) -> None:
+        """Start (or restart: the kubelet finds its Node) these nodes; return once registered."""
+        asyncio.run_coroutine_threadsafe(self._start(names), self._loop).result(60)
+
+    def stop(self, *names: str) -> None:
+        """Stop these nodes' kubelets, as a crash would: their Leases are no longer renewed."""
+        asyncio.run_coroutine_threadsafe(self._stop(names), self._loop).result(60)
+
+    async def _start(self, names: tuple[str, ...]) -> None:
+        ready = {name: asyncio.Event() for name in names}
+        for name in names:
+            self._tasks[name] = asyncio.create_task(self.nodes[name].run(ready[name]))
+        while not all(r.is_set() for r in ready.values()):
+            for name in names:
+                if self._tasks[name].done():
+                    self._tasks[name].result()  # raises why the node could not register
+                    raise RuntimeError(f"node {name} stopped while registering")
+            await asyncio.sleep(0.05)
+
+    async def _stop(self, names: tuple[str, ...]) -> None:
+        tasks = [self._tasks.pop(name) for name in names]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
