@@ -372,3 +372,31 @@ def test_a_stopped_kubelet_loses_its_node_until_it_comes_back(plane: Plane) -> N
     finally:
         plane.control.nodes.start("node-b")
     eventually(lambda: state() == ("True", set()), what="node-b Ready and untainted again")
+
+
+@pytest.mark.slow  # the API server's own restart takes ~15 s on 2 cores
+def test_after_an_api_server_restart_everything_reconnects_and_a_gang_comes_up(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every client's watches break (the kubelets', the controllers', the scheduler's,
+    Kueue's); the gang that follows comes up as before."""
+    from distributed.security import Security
+
+    from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
+
+    plane.control.restart("kube-apiserver")
+    monkeypatch.setenv("KUBECONFIG", str(plane.control.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    policy = "kueue" if plane.control.with_kueue else "native"
+    spec = ClusterSpec(
+        nodes=2,
+        gpus=2,
+        backend="kubernetes",
+        kubernetes=KubeOptions(image="agent:1", gang=policy, schedule_timeout=90),
+    )
+    provisioner = KubernetesProvisioner()
+    try:
+        _, _, pods = provisioner.bring_up(spec, "jmn-restarted", Security.temporary())
+        assert sorted(pods) == [0, 1]
+    finally:
+        provisioner.release()

@@ -251,14 +251,15 @@ class RealNode:
             await asyncio.sleep(TICK_S)
 
     async def _guarded(self, step: Coroutine[Any, Any, None]) -> None:
-        """One step of a loop: a refusal is recorded; a Secret not readable yet and a lost
-        connection (the API server restarting) are retried next time."""
+        """One step of a loop: a refusal is recorded; a Secret not readable yet, a lost
+        connection, 5xx and 429 (the API server restarting or busy) are retried next time."""
         try:
             await step
         except NotYet:
             pass
         except Refused as exc:
-            self.errors.append(str(exc))
+            if exc.status < 500 and exc.status != 429:  # else the server's trouble: retry
+                self.errors.append(str(exc))
         except aiohttp.ClientError:
             pass
 

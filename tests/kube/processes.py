@@ -47,16 +47,27 @@ class Process:
     """One component: ``argv`` run with its output in ``log``."""
 
     def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str]) -> None:
-        self.name, self.log = name, log
-        with log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                argv,
+        self.name, self.argv, self.log, self.env = name, argv, log, env
+        self.popen = self._spawn()
+        #: where and how its readiness was awaited: what a restart awaits again
+        self._ready: tuple[str, ssl.SSLContext | None] = ("", None)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env=self.env,
                 preexec_fn=_die_with_parent,
             )
+
+    def restart(self, timeout: float) -> None:
+        """Stop it and start it again with the same command; return once ready again."""
+        self.stop()
+        self.popen = self._spawn()
+        self.wait_ready(*self._ready, timeout)
 
     def tail(self, lines: int = 30) -> str:
         text = self.log.read_text(errors="replace").splitlines()
@@ -64,6 +75,7 @@ class Process:
 
     def wait_ready(self, url: str, context: ssl.SSLContext | None, timeout: float) -> None:
         """Poll ``url`` until it answers 200 (a component's /healthz, /readyz or /health)."""
+        self._ready = (url, context)
         deadline = time.monotonic() + timeout
         while True:
             if self.popen.poll() is not None:

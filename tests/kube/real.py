@@ -298,6 +298,12 @@ class ControlPlane:
                 f"node {name} untainted",
             )
 
+    def restart(self, component: str) -> None:
+        """Restart one component (e.g. ``kube-apiserver``), as an upgrade or a crash does;
+        return once it is ready again. Its clients reconnect by themselves."""
+        proc = next(p for p in self.procs if p.name == component)
+        proc.restart(START_TIMEOUT_S)
+
     # ---- stopping
     def stop(self) -> None:
         """Stop the nodes (their pods' processes), then every component, the last started
