@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from kube import kueue, real
+from kube.node import RDMA_RESOURCE
 from kube.rest import RestError
 
 from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, Target, build
@@ -95,8 +96,11 @@ def test_our_kubelet_makes_nodes_that_go_ready_untainted(plane: Plane) -> None:
         )
 
     eventually(ready, what="both nodes Ready without the not-ready taint")
-    gpus = {n.metadata.name: n.status.allocatable["nvidia.com/gpu"] for n in core.list_node().items}
-    assert gpus == {name: str(count) for name, count in NODES.items()}
+    allocatable = {n.metadata.name: n.status.allocatable for n in core.list_node().items}
+    assert {n: a["nvidia.com/gpu"] for n, a in allocatable.items()} == {
+        name: str(count) for name, count in NODES.items()
+    }
+    assert all(RDMA_RESOURCE in a for a in allocatable.values())
     lease = client.CoordinationV1Api(plane.api).read_namespaced_lease("node-a", "kube-node-lease")
     assert lease.spec.holder_identity == "node-a"
 

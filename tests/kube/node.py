@@ -27,6 +27,10 @@ from kube.control import MERGE, Api
 from kube.kubelet import ClusterDns, ProcessKubelet
 from kube.pki import Authority
 
+from jupyter_mn.kubespec import KubeOptions
+
+#: The backend's default ``--rdma-resource``, which a node with RDMA advertises.
+RDMA_RESOURCE = KubeOptions.rdma_resource
 #: How often a node renews its Lease and reconciles its pods.
 RENEW_S = 2.0
 TICK_S = 0.1
@@ -161,6 +165,7 @@ class RealNode:
             "memory": "64Gi",
             "pods": "110",
             "nvidia.com/gpu": str(self.gpus),
+            RDMA_RESOURCE: "1000",  # a shared RDMA device: as many pods as ask
         }
         ready = {
             "type": "Ready",

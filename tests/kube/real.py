@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager, scheduler.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager,
+scheduler and Kueue, with nodes whose kubelet is ours (``node.py``: pods run as processes).
 
 Why: kmock and the controllers in tests/kube/ encode our reading of Kubernetes; the real API
 server's validation, admission (PodSecurity, ServiceAccount, NodeRestriction), RBAC, garbage
