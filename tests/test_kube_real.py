@@ -7,6 +7,7 @@ they build them if needed and fail, never skip, when the control plane cannot st
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -404,3 +405,154 @@ def test_after_an_api_server_restart_everything_reconnects_and_a_gang_comes_up(
         assert sorted(pods) == [0, 1]
     finally:
         provisioner.release()
+
+
+#: The Role docs/backends.md lists ("Permissions"), rule by rule.
+DOCUMENTED_ROLE = [
+    {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["create", "get", "list", "patch", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["services", "secrets"],
+        "verbs": ["create", "list", "delete"],
+    },
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["create", "list", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "get", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["scheduling.k8s.io"],
+        "resources": ["podgroups", "workloads"],
+        "verbs": ["create", "get", "delete"],
+    },
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": ["list"]},
+]
+
+
+def _service_account_kubeconfig(plane: Plane, name: str, rules: list[dict[str, Any]]) -> Path:
+    """A ServiceAccount bound to a Role of ``rules`` in ``default``; a kubeconfig whose only
+    credential is its token (as a notebook's pod has)."""
+    rest, base = plane.control.rest, "/apis/rbac.authorization.k8s.io/v1/namespaces/default"
+    rest.create("/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": name}})
+    rest.create(f"{base}/roles", {"metadata": {"name": name}, "rules": rules})
+    binding = {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}],
+    }
+    rest.create(f"{base}/rolebindings", binding)
+    token = rest.create(
+        f"/api/v1/namespaces/default/serviceaccounts/{name}/token",
+        {"spec": {"expirationSeconds": 3600}},
+    )["status"]["token"]
+    path = plane.control.root / f"{name}.kubeconfig"
+    return real.kubeconfig(path, plane.control.server, plane.control.ca, token)
+
+
+@pytest.mark.filterwarnings("error")  # release warns when it could not delete
+def test_the_documented_role_is_enough_for_every_policy(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distributed.security import Security
+
+    from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
+
+    config_path = _service_account_kubeconfig(plane, "notebook", DOCUMENTED_ROLE)
+    monkeypatch.setenv("KUBECONFIG", str(config_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    policies = ["none", "native"] + (["kueue"] if plane.control.with_kueue else [])
+    for policy in policies:
+        spec = ClusterSpec(
+            nodes=2,
+            gpus=2,
+            backend="kubernetes",
+            kubernetes=KubeOptions(image="agent:1", gang=policy, schedule_timeout=60),
+        )
+        provisioner = KubernetesProvisioner()
+        try:
+            _, _, pods = provisioner.bring_up(spec, f"jmn-rbac{policy}", Security.temporary())
+            assert sorted(pods) == [0, 1], policy
+        finally:
+            provisioner.release()
+        eventually(lambda p=policy: _left(plane, f"jmn-rbac{p}") == [], what=f"{policy} gone")
+
+
+@pytest.mark.parametrize(
+    ("rule", "verb", "policy", "error"),
+    [
+        (0, "patch", "native", 'cannot patch resource "jobs"'),
+        (1, "create", "native", 'cannot create resource "services"'),
+        (3, "watch", "native", 'cannot watch resource "pods"'),
+        (5, "create", "none", 'cannot create resource "leases"'),
+        (6, "create", "native", 'cannot create resource "workloads"'),
+        (7, "list", "kueue", "cannot list LocalQueues: 403"),
+    ],
+)
+def test_a_missing_rule_is_named_and_nothing_is_left(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, rule: int, verb: str, policy: str, error: str
+) -> None:
+    """The documented Role less one verb: the cell's error names what is missing (no wait
+    for the schedule timeout), and no object of the gang remains."""
+    if policy == "kueue" and not plane.control.with_kueue:
+        pytest.skip(kueue.missing() or "")
+    from distributed.security import Security
+
+    from jupyter_mn.errors import JupyterMNError
+    from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
+
+    rules = [
+        {**r, "verbs": [v for v in r["verbs"] if (i, v) != (rule, verb)]}
+        for i, r in enumerate(DOCUMENTED_ROLE)
+    ]
+    rules = [r for r in rules if r["verbs"]]  # a rule left with no verb is invalid
+    name = f"less-{rule}-{verb}"
+    monkeypatch.setenv("KUBECONFIG", str(_service_account_kubeconfig(plane, name, rules)))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    spec = ClusterSpec(
+        nodes=2,
+        gpus=2,
+        backend="kubernetes",
+        kubernetes=KubeOptions(image="agent:1", gang=policy, schedule_timeout=60),
+    )
+    provisioner = KubernetesProvisioner()
+    start = time.monotonic()
+    try:
+        with pytest.raises(JupyterMNError, match=re.escape(error)):
+            provisioner.bring_up(spec, f"jmn-{name}", Security.temporary())
+    finally:
+        provisioner.release()
+    assert time.monotonic() - start < 30
+    eventually(lambda: _left(plane, f"jmn-{name}") == [], what="the gang's objects gone")
+
+
+#: Where the objects of a gang can be (every kind the backend creates).
+_LEFT = [
+    "/apis/batch/v1/namespaces/default/jobs",
+    "/api/v1/namespaces/default/pods",
+    "/api/v1/namespaces/default/services",
+    "/api/v1/namespaces/default/secrets",
+    "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies",
+    "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+    "/apis/scheduling.k8s.io/v1beta1/namespaces/default/workloads",
+    "/apis/scheduling.k8s.io/v1beta1/namespaces/default/podgroups",
+]
+
+
+def _left(plane: Plane, gang: str) -> list[str]:
+    """The objects of ``gang`` that still exist (as the admin sees them)."""
+    found = []
+    for path in _LEFT:
+        items = plane.control.rest.get(f"{path}?labelSelector={GANG_LABEL}%3D{gang}")["items"]
+        found += [f"{path.rsplit('/', 1)[1]}/{i['metadata']['name']}" for i in items]
+    return found

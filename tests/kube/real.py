@@ -61,27 +61,29 @@ def cached() -> Path | None:
 
 
 def kubeconfig(
-    path: Path, server: str, ca: Path, user: KeyPair, namespace: str = "default"
+    path: Path, server: str, ca: Path, user: KeyPair | str, namespace: str = "default"
 ) -> Path:
-    """A kubeconfig for one identity (JSON is YAML: no dependency to write it)."""
+    """A kubeconfig for one identity: a client certificate, or a bearer token (a
+    ServiceAccount's). JSON is YAML: no dependency to write it."""
+    credentials = (
+        {"token": user}
+        if isinstance(user, str)
+        else {"client-certificate": str(user.cert), "client-key": str(user.key)}
+    )
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {"name": "real", "cluster": {"server": server, "certificate-authority": str(ca)}}
         ],
-        "users": [
-            {
-                "name": "user",
-                "user": {"client-certificate": str(user.cert), "client-key": str(user.key)},
-            }
-        ],
+        "users": [{"name": "user", "user": credentials}],
         "contexts": [
             {"name": "real", "context": {"cluster": "real", "user": "user", "namespace": namespace}}
         ],
         "current-context": "real",
     }
     path.write_text(json.dumps(config, indent=1))
+    path.chmod(0o600)
     return path
 
 
