@@ -556,3 +556,39 @@ def _left(plane: Plane, gang: str) -> list[str]:
         items = plane.control.rest.get(f"{path}?labelSelector={GANG_LABEL}%3D{gang}")["items"]
         found += [f"{path.rsplit('/', 1)[1]}/{i['metadata']['name']}" for i in items]
     return found
+
+
+def test_env_values_reach_the_agents_from_the_secret_that_the_garbage_collector_removes(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--env`` values travel in a Secret (the node reads it with its own credentials, as the
+    Node authorizer allows for its pods); deleting the Job alone lets the real garbage collector
+    remove its dependents: pods, Service, Secrets, NetworkPolicy."""
+    from distributed.security import Security
+
+    from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
+
+    monkeypatch.setenv("KUBECONFIG", str(plane.control.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    spec = ClusterSpec(
+        nodes=2,
+        gpus=2,
+        backend="kubernetes",
+        env=(("JMN_TEST_VALUE", "from-the-secret"),),
+        kubernetes=KubeOptions(image="agent:1", gang="native", schedule_timeout=60),
+    )
+    gang = "jmn-envgc"
+    provisioner = KubernetesProvisioner()
+    try:
+        _, _, pods = provisioner.bring_up(spec, gang, Security.temporary())
+        assert plane.control.nodes is not None
+        for pod in pods.values():
+            kubelet = plane.control.nodes.nodes[pod["spec"]["nodeName"]].kubelet
+            pid = kubelet.procs[pod["metadata"]["name"]].pid
+            assert b"JMN_TEST_VALUE=from-the-secret" in Path(f"/proc/{pid}/environ").read_bytes()
+        client.BatchV1Api(plane.api).delete_namespaced_job(
+            gang, "default", propagation_policy="Background"
+        )
+        eventually(lambda: _left(plane, gang) == [], what="the Job's dependents collected")
+    finally:
+        provisioner.release()
