@@ -592,3 +592,43 @@ def test_env_values_reach_the_agents_from_the_secret_that_the_garbage_collector_
         eventually(lambda: _left(plane, gang) == [], what="the Job's dependents collected")
     finally:
         provisioner.release()
+
+
+def test_port_forward_goes_through_the_api_server_to_our_kubelet_and_the_pod(
+    plane: Plane,
+) -> None:
+    """The client's port-forward (WebSocket to the API server, which proxies it to the pod's
+    node with its kubelet-client certificate) reaches a server in the pod."""
+    from kubernetes.stream import portforward
+
+    core = client.CoreV1Api(plane.api)
+    code = (
+        "import socketserver\n"
+        "class Echo(socketserver.BaseRequestHandler):\n"
+        "    def handle(self):\n"
+        "        self.request.sendall(b'echo:' + self.request.recv(100))\n"
+        "socketserver.TCPServer(('0.0.0.0', 18765), Echo).serve_forever()\n"
+    )
+    core.create_namespaced_pod("default", _pod("echo", code))
+    try:
+        eventually(
+            lambda: core.read_namespaced_pod("echo", "default").status.phase == "Running",
+            what="pod echo Running",
+        )
+
+        def answer() -> bytes:
+            forward = portforward(
+                core.connect_get_namespaced_pod_portforward, "echo", "default", ports="18765"
+            )
+            sock = forward.socket(18765)
+            try:
+                sock.sendall(b"ping")
+                return sock.recv(100)
+            except OSError:
+                return b""
+            finally:
+                sock.close()
+
+        assert eventually(answer, what="an answer through the forward") == b"echo:ping"
+    finally:
+        core.delete_namespaced_pod("echo", "default")

@@ -26,6 +26,7 @@ import aiohttp
 from kube.control import MERGE, Api
 from kube.kubelet import ClusterDns, ProcessKubelet
 from kube.pki import Authority
+from kube.streaming import KubeletServer
 
 from jupyter_mn.kubespec import KubeOptions
 
@@ -129,10 +130,16 @@ class RealNode:
         pair = pki.client(f"node-{name}", f"system:node:{name}", "system:nodes")
         self.ssl = ssl.create_default_context(cafile=str(pki.cert))
         self.ssl.load_cert_chain(pair.cert, pair.key)
+        serving = pki.serving(f"kubelet-{name}", ["127.0.0.1", name])
+        self.serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.cert))
+        self.serving.load_cert_chain(serving.cert, serving.key)
+        self.serving.verify_mode = ssl.CERT_REQUIRED  # the API server's kubelet-client cert
         self.root = root / name
         self.root.mkdir(parents=True, exist_ok=True)
         self.api: NodeApi
         self.kubelet: ProcessKubelet
+        #: the kubelet's API port (port-forward), serving once the node runs
+        self.endpoint: KubeletServer
         self._uid = ""
         #: requests the API server refused while the node ran
         self.errors: list[str] = []
@@ -142,12 +149,18 @@ class RealNode:
         async with aiohttp.ClientSession(self.server, connector=connector) as session:
             self.api = NodeApi(session)
             self.kubelet = ProcessKubelet(self._secret, self.root, dns=self.dns)
+            self.endpoint = KubeletServer(self._pod, self.serving)
+            await self.endpoint.start()
             try:
                 await self._register()
                 ready.set()
                 await asyncio.gather(self._heartbeat(), self._pods())
             finally:
+                await self.endpoint.stop()
                 await asyncio.to_thread(self.kubelet.shutdown)
+
+    async def _pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self.api.get("pods", namespace, name)
 
     async def _secret(self, namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -183,6 +196,7 @@ class RealNode:
                 {"type": "InternalIP", "address": "127.0.0.1"},
                 {"type": "Hostname", "address": self.name},
             ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.endpoint.port}},
             "nodeInfo": {
                 "kubeletVersion": "v1.37.2",
                 "operatingSystem": "linux",

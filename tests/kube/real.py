@@ -206,6 +206,8 @@ class ControlPlane:
                 f"--kubelet-client-certificate={to_kubelet.cert}",
                 f"--kubelet-client-key={to_kubelet.key}",
                 f"--kubelet-certificate-authority={self.ca}",
+                # a node's Hostname address is its name, which resolves nowhere here
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--service-account-issuer={self.server}",
                 f"--service-account-key-file={sa.cert}",
                 f"--service-account-signing-key-file={sa.key}",
