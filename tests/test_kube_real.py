@@ -19,8 +19,9 @@ from kube import kueue, real
 from kube.node import RDMA_RESOURCE
 from kube.rest import RestError
 
-from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, Target, build
+from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, Target, build
 from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.node.ports import is_free, listen_port
 from jupyter_mn.spec import ClusterSpec
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -549,11 +550,12 @@ _LEFT = [
 ]
 
 
-def _left(plane: Plane, gang: str) -> list[str]:
-    """The objects of ``gang`` that still exist (as the admin sees them)."""
+def _left(plane: Plane, gang: str = "") -> list[str]:
+    """The objects of ``gang`` (default: of any gang) that still exist, as the admin sees them."""
+    selector = f"{GANG_LABEL}%3D{gang}" if gang else f"{MANAGED_BY}%3D{MANAGER}"
     found = []
     for path in _LEFT:
-        items = plane.control.rest.get(f"{path}?labelSelector={GANG_LABEL}%3D{gang}")["items"]
+        items = plane.control.rest.get(f"{path}?labelSelector={selector}")["items"]
         found += [f"{path.rsplit('/', 1)[1]}/{i['metadata']['name']}" for i in items]
     return found
 
@@ -632,3 +634,42 @@ def test_port_forward_goes_through_the_api_server_to_our_kubelet_and_the_pod(
         assert eventually(answer, what="an answer through the forward") == b"echo:ping"
     finally:
         core.delete_namespaced_pod("echo", "default")
+
+
+def _dask_port() -> int:
+    """A free port whose successor is free too (pod 0's readiness port): the pods' processes
+    share this machine's ports."""
+    while True:
+        port = listen_port("127.0.0.1")
+        if is_free("127.0.0.1", port + 1):
+            return port
+
+
+CELL = """
+import os
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+(t.item(), dist.get_rank(), dist.get_world_size(), os.environ["JUPYTER_MN_BACKEND"])
+"""
+
+
+@pytest.mark.slow  # 12-17 s each on 2 cores: four ranks start torch
+@pytest.mark.parametrize("policy", ["none", "native", "kueue"])
+def test_a_cell_on_two_nodes_of_two_ranks_returns_rank_0s_value(
+    plane: Plane, policy: str, monkeypatch: pytest.MonkeyPatch, no_leftovers: float
+) -> None:
+    """The whole path: the gang comes up, the kernel reaches pod 0's scheduler through a
+    port-forward (API server → our kubelet → pod), the four ranks all-reduce, and closing the
+    cluster leaves no object."""
+    if policy == "kueue" and not plane.control.with_kueue:
+        pytest.skip(kueue.missing() or "")
+    from jupyter_mn import Cluster
+
+    monkeypatch.setenv("KUBECONFIG", str(plane.control.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    options = KubeOptions(image="agent:1", gang=policy, dask_port=_dask_port())
+    spec = ClusterSpec(nodes=2, gpus=2, backend="kubernetes", kubernetes=options)
+    with Cluster(spec) as cluster:
+        value = cluster.run(CELL).unwrap()
+    assert value == (6.0, 0, 4, "kubernetes")
+    eventually(lambda: _left(plane) == [], what="the gang's objects gone")
