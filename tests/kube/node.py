@@ -324,7 +324,8 @@ class Nodes:
         asyncio.run_coroutine_threadsafe(self._start(names), self._loop).result(60)
 
     def stop(self, *names: str) -> None:
-        """Stop these nodes' kubelets, as a crash would: their Leases are no longer renewed."""
+        """Stop these nodes' kubelets (their Leases are no longer renewed) and the processes of
+        their pods (SIGTERM, as at a kubelet's shutdown); the pods stay bound to the node."""
         asyncio.run_coroutine_threadsafe(self._stop(names), self._loop).result(60)
 
     async def _start(self, names: tuple[str, ...]) -> None:
