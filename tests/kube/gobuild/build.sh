@@ -32,7 +32,8 @@ if [[ ${1:-} == --cached ]]; then
 fi
 
 # build NAME DEST MODULE_DIR PACKAGE LDFLAGS: go build into a temporary name, then rename, so
-# that an interrupted build never leaves a binary that looks cached.
+# that an interrupted build never leaves a binary that looks cached. -buildvcs=false: the
+# wrapper modules sit in our git work tree, whose state says nothing about what is built.
 build() {
     local name=$1 dest=$2 dir=$3 pkg=$4 ldflags=$5
     if [[ -x $dest/$name ]]; then
@@ -40,7 +41,7 @@ build() {
     fi
     mkdir -p "$dest"
     local start=$SECONDS
-    (cd "$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$dest/.$name.tmp" "$pkg")
+    (cd "$dir" && go build -trimpath -buildvcs=false -ldflags "-s -w $ldflags" -o "$dest/.$name.tmp" "$pkg")
     mv "$dest/.$name.tmp" "$dest/$name"
     echo "built $name in $((SECONDS - start)) s ($(du -m "$dest/$name" | cut -f1) MiB)" >&2
 }
