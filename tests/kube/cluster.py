@@ -87,7 +87,7 @@ class FakeCluster:
                 server.serve(resource, kind)
             self._write_kubeconfig(str(http.url).rstrip("/"))
             kubelet = (
-                ProcessKubelet(server, self.root, self.net, self.hidden)
+                ProcessKubelet(self._secret, self.root, self.net, self.hidden)
                 if self.processes
                 else StatusKubelet(self.bad_images)
             )
@@ -101,6 +101,9 @@ class FakeCluster:
                     await task
             if isinstance(kubelet, ProcessKubelet):
                 await asyncio.to_thread(kubelet.shutdown)
+
+    async def _secret(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.server.get("secrets", namespace, name)
 
     def _write_kubeconfig(self, url: str) -> None:
         config = {

@@ -26,7 +26,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,65 @@ DNS_DIR = Path(__file__).with_name("dns")
 _FIELD = re.compile(r"^metadata\.(annotations|labels)\['(?P<key>[^']+)'\]$")
 
 
+#: Reads a Secret: (namespace, name) → the object.
+SecretSource = Callable[[str, str], Awaitable[dict[str, Any]]]
+
+
+def _secret_names(pod: dict[str, Any]) -> set[str]:
+    """The Secrets a pod's volumes and environment name (read before it starts, as a kubelet
+    does: a missing one keeps the pod from starting)."""
+    spec = pod["spec"]
+    names = {v["secret"]["secretName"] for v in spec.get("volumes") or [] if "secret" in v}
+    for item in spec["containers"][0].get("env") or []:
+        ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            names.add(ref["name"])
+    return names
+
+
+def _value_from(
+    pod: dict[str, Any], source: dict[str, Any], secrets: dict[str, dict[str, Any]]
+) -> str:
+    if "secretKeyRef" in source:
+        ref = source["secretKeyRef"]
+        return base64.b64decode(secrets[ref["name"]]["data"][ref["key"]]).decode()
+    path = source["fieldRef"]["fieldPath"]
+    found = _FIELD.match(path)
+    if found:
+        return pod["metadata"][found.group(1)][found["key"]]
+    if path == "status.podIP":
+        return pod["status"]["podIP"]
+    section, _, key = path.partition(".")
+    return pod[section][key]
+
+
+class ClusterDns:
+    """Cluster DNS for pods: ``<hostname>.<subdomain>[.<ns>.svc[.cluster.local]]`` → pod IP,
+    in one file that every pod process reads (``dns/sitecustomize.py``). One per cluster: the
+    kubelets of all its nodes write it, so a pod finds pods on other nodes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.names: dict[str, str] = {}
+        self.write()
+
+    def write(self) -> None:
+        self.path.write_text(json.dumps(self.names))
+
+
 class ProcessKubelet:
     def __init__(
-        self, server: Any, root: Path, net: HostNet | None = None, hidden: Sequence[str] = ()
+        self,
+        secret: SecretSource,
+        root: Path,
+        net: HostNet | None = None,
+        hidden: Sequence[str] = (),
+        dns: ClusterDns | None = None,
     ) -> None:
-        self.server, self.root, self.net = server, root, net
+        """``secret(namespace, name)`` reads a Secret as the pod's node may (the emulator's
+        store, or the real API server with the node's own credentials); ``dns``: the names
+        this kubelet's pods share with other nodes' pods (default: its own)."""
+        self.secret, self.root, self.net = secret, root, net
         #: directories a pod does not see (on test hosts): its filesystem is not the kernel's
         self.hidden = tuple(hidden)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -49,9 +103,7 @@ class ProcessKubelet:
         self.graces: dict[str, float] = {}
         #: each pod's host, with test hosts
         self.pod_hosts: dict[str, Host] = {}
-        self.hosts: dict[str, str] = {}
-        self.hosts_file = root / "hosts.json"
-        self.hosts_file.write_text("{}")
+        self.dns = dns or ClusterDns(root / "hosts.json")
         net = (random.randrange(1, 250), random.randrange(1, 250))
         self._ips = (f"127.{net[0]}.{net[1]}.{i}" for i in range(2, 250))
         self._ready: set[str] = set()
@@ -84,10 +136,11 @@ class ProcessKubelet:
             self.pod_hosts[name] = host
             ip, command = host.ip, host.command(command, hidden=self.hidden)
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": ip}}
+        secrets = {n: await self.secret(meta["namespace"], n) for n in _secret_names(pod)}
         workdir = self.root / name
         workdir.mkdir()
-        mounts = self._volumes(pod, workdir)
-        env = self._env(pod, container, mounts)
+        mounts = self._volumes(pod, workdir, secrets)
+        env = self._env(pod, container, mounts, secrets)
         if spec.get("hostname") and spec.get("subdomain"):
             short = f"{spec['hostname']}.{spec['subdomain']}"
             for host in (
@@ -95,8 +148,8 @@ class ProcessKubelet:
                 f"{short}.{meta['namespace']}.svc",
                 f"{short}.{meta['namespace']}.svc.cluster.local",
             ):
-                self.hosts[host] = ip
-            self.hosts_file.write_text(json.dumps(self.hosts))
+                self.dns.names[host] = ip
+            self.dns.write()
         log = (workdir / "container.log").open("wb")
         self.graces[name] = spec.get("terminationGracePeriodSeconds", 30)
         self.procs[name] = subprocess.Popen(
@@ -120,7 +173,9 @@ class ProcessKubelet:
         }
         await api.patch("pods", pod, {"status": status}, status=True)
 
-    def _volumes(self, pod: dict[str, Any], workdir: Path) -> dict[str, str]:
+    def _volumes(
+        self, pod: dict[str, Any], workdir: Path, secrets: dict[str, dict[str, Any]]
+    ) -> dict[str, str]:
         """Materialize Secret and emptyDir volumes; return mount path → directory."""
         by_name = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         mounts: dict[str, str] = {}
@@ -129,43 +184,33 @@ class ProcessKubelet:
             target = workdir / "volumes" / mount["name"]
             target.mkdir(parents=True)
             if "secret" in volume:
-                secret = self.server.get(
-                    "secrets", pod["metadata"]["namespace"], volume["secret"]["secretName"]
-                )
+                secret = secrets[volume["secret"]["secretName"]]
                 for key, value in (secret.get("data") or {}).items():
                     (target / key).write_bytes(base64.b64decode(value))
             mounts[mount["mountPath"]] = str(target)
         return mounts
 
     def _env(
-        self, pod: dict[str, Any], container: dict[str, Any], mounts: dict[str, str]
+        self,
+        pod: dict[str, Any],
+        container: dict[str, Any],
+        mounts: dict[str, str],
+        secrets: dict[str, dict[str, Any]],
     ) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the image's python
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DNS_DIR), env.get("PYTHONPATH")]))
-        env["JUPYTER_MN_TEST_HOSTS"] = str(self.hosts_file)
+        env["JUPYTER_MN_TEST_HOSTS"] = str(self.dns.path)
         env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
         if self.hidden:  # the container's own filesystem keeps its cache (not the machine's home)
             env["JUPYTER_MN_FILE_CACHE"] = str(self.root / pod["metadata"]["name"] / "files")
         env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = "10.96.0.1", "443"
         for item in container.get("env") or []:
-            value = item["value"] if "value" in item else self._value_from(pod, item["valueFrom"])
+            value = (
+                item["value"] if "value" in item else _value_from(pod, item["valueFrom"], secrets)
+            )
             env[item["name"]] = mounts.get(value, value)
         return env
-
-    def _value_from(self, pod: dict[str, Any], source: dict[str, Any]) -> str:
-        if "secretKeyRef" in source:
-            ref = source["secretKeyRef"]
-            secret = self.server.get("secrets", pod["metadata"]["namespace"], ref["name"])
-            return base64.b64decode(secret["data"][ref["key"]]).decode()
-        path = source["fieldRef"]["fieldPath"]
-        found = _FIELD.match(path)
-        if found:
-            return pod["metadata"][found.group(1)][found["key"]]
-        if path == "status.podIP":
-            return pod["status"]["podIP"]
-        section, _, key = path.partition(".")
-        return pod[section][key]
 
     async def _probe(self, pod: dict[str, Any]) -> bool:
         container = pod["spec"]["containers"][0]

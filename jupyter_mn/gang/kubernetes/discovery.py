@@ -42,6 +42,8 @@ class ServerFacts:
     minor: int
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     local_queues: tuple[str, ...] = ()
+    #: why the LocalQueues could not be listed (RBAC), else ""
+    queues_refused: str = ""
 
     def has(self, policy: str) -> bool:
         if policy == "none":
@@ -76,7 +78,7 @@ def choose(spec: ClusterSpec, facts: ServerFacts) -> tuple[str, str]:
 def _only_queue(facts: ServerFacts) -> str:
     if len(facts.local_queues) == 1:
         return facts.local_queues[0]
-    found = ", ".join(facts.local_queues) or "none"
+    found = facts.queues_refused or ", ".join(facts.local_queues) or "none"
     raise SpecError(f"--gang kueue needs --queue (LocalQueues in this namespace: {found})")
 
 
@@ -98,6 +100,7 @@ def discover(api: Any, namespace: str) -> ServerFacts:
         for g in client.ApisApi(api).get_api_versions().groups
     }
     queues: tuple[str, ...] = ()
+    refused = ""
     if KUEUE_GROUP in groups:
         version = groups[KUEUE_GROUP][0]
         try:
@@ -105,9 +108,9 @@ def discover(api: Any, namespace: str) -> ServerFacts:
                 KUEUE_GROUP, version, namespace, "localqueues"
             )
             queues = tuple(sorted(item["metadata"]["name"] for item in listed.get("items", [])))
-        except client.ApiException:  # no list rights on LocalQueues: a queue must be given
-            queues = ()
-    return ServerFacts(minor, groups, queues)
+        except client.ApiException as exc:  # no list rights on LocalQueues: a queue must be given
+            refused = f"cannot list LocalQueues: {exc.status} {exc.reason}"
+    return ServerFacts(minor, groups, queues, refused)
 
 
 def load_api() -> tuple[Any, str]:

@@ -125,8 +125,9 @@ class Rollout:
                 result = self.custom.create_namespaced_custom_object(
                     group, version, self.namespace, plural, obj, _preload_content=False
                 )
-            else:
-                result = getattr(self.custom, f"{verb}_namespaced_custom_object")(
+            else:  # the client names a custom object's read "get"
+                custom_verb = "get" if verb == "read" else verb
+                result = getattr(self.custom, f"{custom_verb}_namespaced_custom_object")(
                     group,
                     version,
                     self.namespace,
@@ -147,6 +148,8 @@ class Rollout:
             while True:
                 self._drain(watcher.events)
                 statuses = {n: podstate.read_pod(p) for n, p in self.pods.items()}
+                if watcher.refused:  # no event will ever come: say which right is missing
+                    self.fail(f"watching the gang's pods: {watcher.refused}", statuses.values())
                 fatal = [s for s in statuses.values() if s.state == podstate.FATAL]
                 if fatal:
                     self.fail(f"node {fatal[0].node} cannot start", statuses.values())
@@ -279,10 +282,13 @@ class _PodWatch:
         self._stopped = threading.Event()
         self._args = (core, namespace, label_selector)
         self._watch: Any = None
+        #: why the API server refused the watch (401/403: no retry helps), else ""
+        self.refused = ""
         threading.Thread(target=self._run, daemon=True, name="jupyter-mn-pod-watch").start()
 
     def _run(self) -> None:
         from kubernetes import watch
+        from kubernetes.client import ApiException
 
         core, namespace, label_selector = self._args
         while not self._stopped.is_set():
@@ -296,6 +302,10 @@ class _PodWatch:
                     deserialize=False,  # plain dicts: what podstate reads
                 ):
                     self.events.put((event["type"], event["object"]))
+            except ApiException as exc:
+                if exc.status in (401, 403):
+                    self.refused = _api_message(exc)
+                    return
             except Exception:  # read timeout, 410 Gone, dropped connection: open a new watch
                 pass
             self._stopped.wait(_TICK_S)

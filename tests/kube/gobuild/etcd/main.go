@@ -1,0 +1,12 @@
+// Command etcd is etcd's own server entry point, built from the published module.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}
