@@ -20,9 +20,9 @@ from kube.node import RDMA_RESOURCE
 from kube.rest import RestError
 
 from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, Target, build
-from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.node.ports import is_free, listen_port
-from jupyter_mn.spec import ClusterSpec
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client, config  # noqa: E402

@@ -181,7 +181,6 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     assert "· READY ·" in plain
 
 
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # imports Lightning, transformers and inductor on four loaded ranks
 def test_frameworks_notebook_trains_with_each_framework(tmp_path, no_leftovers):

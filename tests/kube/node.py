@@ -28,7 +28,7 @@ from kube.kubelet import ClusterDns, ProcessKubelet
 from kube.pki import Authority
 from kube.streaming import KubeletServer
 
-from jupyter_mn.kubespec import KubeOptions
+from jupyter_mn.kernel.kubespec import KubeOptions
 
 #: The backend's default ``--rdma-resource``, which a node with RDMA advertises.
 RDMA_RESOURCE = KubeOptions.rdma_resource
