@@ -22,6 +22,7 @@ ECHO = """
 import os
 from multiprocessing.connection import Connection
 from jupyter_mn.wire.events import RankReply, RankStatus
+from jupyter_mn.wire.frames import encode, write_all
 from jupyter_mn.wire.rankwire import RunCell, Stop
 conn = Connection(int(os.environ["JUPYTER_MN_CONTROL_FD"]))
 while True:
@@ -30,7 +31,8 @@ while True:
         break
     if msg.payload.source == "die":
         os._exit(3)
-    conn.send(RankReply(0, RankStatus.OK, notes=(str(len(msg.payload.source)),)))
+    reply = RankReply(0, RankStatus.OK, notes=(str(len(msg.payload.source)),))
+    write_all(conn.fileno(), encode(reply))
 """
 
 
