@@ -29,10 +29,11 @@ def started_now() -> float:
     return since
 
 
-def ours(since: float = 0.0) -> list[psutil.Process]:
-    """Live processes of this test session created after ``since`` (excluding pytest itself)."""
+def ours(since: float | None = None) -> list[psutil.Process]:
+    """Live processes of this test session started after the mark ``since`` (``started_now``),
+    or all of them (excluding pytest itself)."""
     found = []
-    before = _RUNNING.get(since, set())
+    before = _RUNNING[since] if since is not None else set()
     for proc in psutil.process_iter(["pid", "create_time"]):
         if proc.pid == os.getpid() or (proc.pid, proc.info["create_time"]) in before:
             continue

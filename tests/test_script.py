@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import ours, wait_gone
+from procs import ours, started_now, wait_gone
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, RankLost, SpecError
@@ -168,7 +168,7 @@ def test_a_script_only_the_kernel_has_is_sent_to_the_nodes(gang_2x2, scripts, mo
 
 
 def test_timeout_stops_every_rank_and_missing_scripts_are_refused(gang_2x2, scripts):
-    since = time.time()
+    since = started_now()
     result, _, _ = run(gang_2x2, scripts / "sleepy.py", timeout=2)
     assert {r.status for r in result.ranks} == {"interrupted"}
     assert "the script was stopped: --timeout 2 s reached" in result.notes

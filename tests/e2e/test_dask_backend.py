@@ -14,7 +14,7 @@ import psutil
 import pytest
 from daskcli import BIN, DaskCLI, make_certs, tls_config, tls_env
 from distributed import Client, Security
-from procs import ours, rank_processes, wait_gone
+from procs import ours, rank_processes, started_now, wait_gone
 from test_papermill import CONTRACT, _notebook, _texts, run_quickstart
 
 from kernels import Kernel
@@ -68,7 +68,7 @@ def _stream_until(kernel: Kernel, text: str, timeout: float = 60) -> None:
 def test_workers_started_from_the_notebook_survive_interrupts_and_a_dead_kernel_leaves_no_ranks(
     tmp_path, monkeypatch
 ):
-    since = time.time()
+    since = started_now()
     cli = DaskCLI(tmp_path, make_certs(tmp_path / "certs"))
     workers: list[psutil.Process] = []
     kernel = None

@@ -5,12 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 from polling import wait_until
-from procs import ours, rank_processes, wait_gone
+from procs import ours, rank_processes, started_now, wait_gone
 
 from kernels import Kernel
 
@@ -80,7 +79,7 @@ def test_exec_streams_lines_while_the_command_runs(kernel, tmp_path):
 
 
 def test_interrupting_exec_stops_the_command_and_keeps_its_lines(kernel):
-    since = time.time()
+    since = started_now()
 
     def interrupt(stdout: str) -> None:
         if "[node 0] begun" in stdout:
