@@ -18,7 +18,7 @@ def kernel() -> Iterator[Kernel]:
     k.shutdown()
 
 
-def running_ranks(since: float = 0.0) -> list:
+def running_ranks(since: float | None = None) -> list:
     return rank_processes(ours(since))
 
 
