@@ -83,3 +83,16 @@ def test_a_values_arrays_cross_every_hop_out_of_band_and_arrive_whole():
     (forwarded,) = Frames().feed(b"".join([header, pickled, *buffers]))
     got = forwarded.ranks[0].value.loads()["a"]
     assert np.array_equal(got, array) and got.flags.writeable
+
+
+def test_a_value_packed_for_an_actor_call_keeps_its_arrays_in_band():
+    """Where a node has no cell stream the reply goes packed through dask (one pickle)."""
+    import numpy as np
+
+    from jupyter_mn.rank.execute import dumps
+    from jupyter_mn.wire.events import NodeReply
+
+    array = np.arange(1000.0)
+    packed = NodeReply(0, 1, (RankReply(0, RankStatus.OK, value=dumps([array])),)).packed()
+    (got,) = NodeReply.of(packed).ranks[0].value.loads()
+    assert np.array_equal(got, array)
