@@ -56,17 +56,26 @@ seen if seen else [p.detach().clone() for p in model.parameters()]
 """
 
 
-def worker_of(cluster: Cluster, rank: int) -> psutil.Process:
-    """The node process (its dask worker) that runs ``rank`` (a cell's or a script's) of
-    ``cluster``'s gang: a gang given up may still be ending."""
-    for proc in ours():
+def worker_of(rank: int, procs: list[psutil.Process]) -> psutil.Process:
+    """The node process (its dask worker) that runs ``rank`` (a cell's or a script's), among
+    the processes of one gang (a gang given up may still be ending beside a new one)."""
+    for proc in procs:
         with contextlib.suppress(psutil.Error):
-            env = proc.environ()
-            if (env.get(JOB), env.get("RANK")) == (cluster.gang.id, str(rank)) and (
+            if proc.environ().get("RANK") == str(rank) and (
                 "dask_spec" in " ".join(node_of(proc).cmdline())
             ):
                 return node_of(proc)
     raise AssertionError(f"rank {rank} is not running")
+
+
+def gang_of(cluster: Cluster) -> list[psutil.Process]:
+    """The processes of ``cluster``'s current gang, by the job its ranks carry."""
+    found = []
+    for proc in ours():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(JOB) == cluster.gang.id:
+                found.append(proc)
+    return found
 
 
 class SigtermAt:
@@ -90,7 +99,7 @@ class SigtermAt:
             for _, _, texts in event.items:
                 self.lines.extend(texts)
                 if not self.sent_at and self.line in texts:
-                    os.kill(worker_of(self.cluster, 2).pid, signal.SIGTERM)  # rank 2: node 1
+                    os.kill(worker_of(2, gang_of(self.cluster)).pid, signal.SIGTERM)  # node 1
                     self.sent_at = time.monotonic()
 
 
@@ -141,7 +150,7 @@ def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, 
         assert all(torch.equal(a, b) for a, b in zip(resumed.value, reference.value, strict=True))
 
         idle = cluster.gang
-        os.kill(worker_of(cluster, 2).pid, signal.SIGTERM)
+        os.kill(worker_of(2, gang_of(cluster)).pid, signal.SIGTERM)
         wait_until(lambda: not idle.status.usable, 30, "the idle gang to be given up")
         assert cluster.run("1 + 1").unwrap() == 2 and cluster.gang is not idle
 

@@ -166,7 +166,7 @@ def test_a_preempted_cell_resumes_on_a_new_gang_with_retries(tmp_path, no_leftov
 
     def preempt_at_step_30(stdout: str) -> None:
         if not sent and "] step 30\n" in stdout:
-            sent.append(worker_of(2).pid)  # rank 2 lives on node 1
+            sent.append(worker_of(2, kernel.descendants()).pid)  # rank 2 lives on node 1
             os.kill(sent[0], signal.SIGTERM)
 
     try:
