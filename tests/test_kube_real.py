@@ -18,6 +18,7 @@ import pytest
 from kube import kueue, real
 from kube.node import RDMA_RESOURCE
 from kube.rest import RestError
+from polling import wait_until
 
 from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, Target, build
 from jupyter_mn.kernel.kubespec import KubeOptions
@@ -69,14 +70,8 @@ def no_refusals(plane: Plane) -> Iterator[None]:
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.2)
+    """``wait_until`` with the deadline a real control plane's controllers need."""
+    return wait_until(check, timeout, what)
 
 
 def test_the_official_client_lists_namespaces_and_parses_the_version(plane: Plane) -> None:
