@@ -85,6 +85,7 @@ def run_quickstart(out: Path) -> None:
     )
     text = _texts(nb)
     assert "6.0" in text and "final loss" in text and "cluster released" in text
+    assert "already loaded" not in text  # the kernel's own preload keeps %load_ext quiet
 
 
 def test_quickstart_notebook(tmp_path, no_leftovers):
