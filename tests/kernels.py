@@ -30,6 +30,8 @@ class Reply:
     #: the prompts of the input requests the cell made, in order
     prompts: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    #: the cell's In[N], from its execute_input
+    execution_count: int | None = None
 
     @property
     def error_text(self) -> str:
@@ -76,7 +78,9 @@ class Kernel:
 
         def hook(msg: dict[str, Any]) -> None:
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
+            if kind == "execute_input":
+                reply.execution_count = content["execution_count"]
+            elif kind == "stream":
                 name = "stdout" if content["name"] == "stdout" else "stderr"
                 setattr(reply, name, getattr(reply, name) + content["text"])
                 reply.stream_times.append((time.monotonic() - started, content["text"]))

@@ -139,7 +139,7 @@ class ClusterMagics(Magics):
         if args.k8s_version:
             raise UsageError("--k8s-version only shapes a --dry-run; the cluster says its version")
         target = cluster.session(spec)
-        cell_id = self.shell.execution_count
+        cell_id = _cell_number(self.shell)
         options = {
             "namespace": self.shell.user_ns,
             "cell_id": cell_id,
@@ -269,6 +269,17 @@ def _split_command(line: str) -> tuple[str, str]:
     """``exec --node 1 -- ls -l | head`` → (``exec --node 1``, ``ls -l | head``)."""
     head, *rest = re.split(r"\s--(?:\s|$)", line, maxsplit=1)
     return head, rest[0] if rest else ""
+
+
+def _cell_number(shell: Any) -> int:
+    """The ``In[N]`` of the cell running now, as the notebook shows it.
+
+    IPython counts the cell before running it (``shell.execution_count`` is already N + 1 inside
+    cell N), so the count is the running cell's own ``ExecutionResult``'s, which the display hook
+    holds while the cell runs; outside a cell the shell's count is the next cell's.
+    """
+    running = getattr(shell.displayhook, "exec_result", None)
+    return shell.execution_count if running is None else running.execution_count
 
 
 def _auto_cluster(lines: list[str]) -> list[str]:

@@ -152,3 +152,16 @@ def test_a_shut_down_kernel_closes_its_gang_and_exits_on_its_own(no_leftovers):
     assert kernel_process.wait(timeout=10) == 0
     assert Registry().resolve("before-shutdown").state == "CLOSED"
     assert not wait_gone(tree)
+
+
+def test_a_cell_is_named_by_the_number_the_notebook_shows(kernel):
+    kernel.run("x = 1")
+    reply = kernel.run("%%cluster --nodes 1 --gpus 2\nif dist.get_rank() == 1:\n    1 / 0")
+    n = reply.execution_count
+    assert reply.status == "error" and n is not None
+    assert f"Cell In[{n}], line 2" in reply.error_text, reply.error_text
+    assert f"Cell In[{n + 1}]" not in reply.error_text
+    busy = kernel.run("%%cluster --bg\nimport time\ntime.sleep(30)")
+    again = kernel.run("%%cluster\n1")
+    assert f"background cell In[{busy.execution_count}] is still running" in again.error_text
+    assert kernel.run(f"Out[{busy.execution_count}].cancel()").status == "ok"
