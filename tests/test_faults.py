@@ -106,7 +106,8 @@ def test_rank_raises(gang, where, rank):
     others = [r for r in result.ranks if r.status != "ok" and r.rank != rank]
     if others:  # peers' secondary errors: one summary line, not their tracebacks
         assert rendered.count("Connection closed") == 0
-        assert f"{len(others)} other rank(s) stopped as a consequence" in rendered
+        ranks = "rank" if len(others) == 1 else "ranks"
+        assert f"{len(others)} other {ranks} stopped as a consequence" in rendered
     assert took < RAISE_S, f"{where} on rank {rank} took {took:.2f} s"
     check_next_cell(gang, kept={0, 1, 2, 3})
     assert rank_pids() == pids  # re-formed in place: the same processes

@@ -41,7 +41,7 @@ def test_a_rank_done_with_the_cell_is_missing_too():
     verdict = judge(ranks, NOW)
     assert verdict.kind is HangKind.MISSING
     assert verdict.text.endswith(
-        "the other 1 rank has waited in it for 41 s; rank 1 is done with the cell"
+        "rank 0 (node 0) has waited in it for 41 s; rank 1 is done with the cell"
     )
 
 

@@ -125,6 +125,7 @@ def test_widget_parts_and_its_text_plain_carry_the_same_facts():
     node0 = widget._logs[0].value
     assert "[rank 0] line 499" in node0 and "[rank 0] line 0\n" not in node0  # bounded tail
     assert f"last {TAIL_LINES + 1} of 501 lines" in node0  # rank 1's line kept beside rank 0's
+    assert "<small>1 line</small>" in widget._logs[1].value  # one line, said as one
     assert "oops &lt;b&gt;" in node0 and "<b>" not in node0.split("<pre")[1]  # text, not HTML
     assert "READY" in widget._header.value
     assert "no GPU" in widget._gpu.value and "87%" in widget._gpu.value
@@ -136,6 +137,7 @@ def test_widget_parts_and_its_text_plain_carry_the_same_facts():
     text = plain["text/plain"]
     assert text == summary(widget.state)
     assert "[rank 0] line 499" in text and "node 1: inter-node NET/Socket" in text
+    assert "node 1: 1 line, last:" in text
 
 
 def test_an_ended_cell_folds_into_one_plain_output_and_leaves_no_widget_model(monkeypatch):

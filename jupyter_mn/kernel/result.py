@@ -148,8 +148,9 @@ class CellResult:
         notes = list(self.notes)
         if others:
             kinds = sorted({r.error.ename if r.error else r.status for r in others})
+            ranks = "rank" if len(others) == 1 else "ranks"
             notes.append(
-                f"{len(others)} other rank(s) stopped as a consequence "
+                f"{len(others)} other {ranks} stopped as a consequence "
                 f"({', '.join(r.label for r in others[:6])}"
                 f"{', …' if len(others) > 6 else ''}: {', '.join(kinds)})"
             )

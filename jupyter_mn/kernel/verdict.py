@@ -110,7 +110,7 @@ class _Case:
         if not behind:
             return None
         text = (
-            f"{_labels(behind)} never entered {self._call()}; the other {_count(self.at)} "
+            f"{_labels(behind)} never entered {self._call()}; {_others(self.at)} "
             f"{_have(self.at)} waited in it for {_seconds(self.waited_s)}"
         )
         text += "".join(f"; rank {r.rank} is {self._doing(r)}" for r in behind[:3])
@@ -122,7 +122,7 @@ class _Case:
         if silent:
             why = "; ".join(f"rank {r.rank}: {r.note}" for r in silent[:3])
             text = (
-                f"{_labels(silent)} {_are(silent)} silent ({why}); the other {_count(self.at)} "
+                f"{_labels(silent)} {_are(silent)} silent ({why}); {_others(self.at)} "
                 f"{_have(self.at)} waited in {self._call()} for {waited}"
             )
             return self._verdict(HangKind.STUCK, text, silent)
@@ -171,6 +171,11 @@ def _labels(ranks: Sequence[RankWhere]) -> str:
     if len(ranks) == 1:
         return ranks[0].label
     return _ranks(ranks)
+
+
+def _others(ranks: Sequence[RankWhere]) -> str:
+    """The ranks that wait, after the ones named: ``rank 0 (node 0)`` or ``the other 3 ranks``."""
+    return ranks[0].label if len(ranks) == 1 else f"the other {_count(ranks)}"
 
 
 def _count(ranks: Sequence[object]) -> str:

@@ -103,12 +103,16 @@ def final(state: CellState) -> list[str]:
     return lines
 
 
+def line_count(n: int) -> str:
+    return f"{n} line" if n == 1 else f"{n} lines"
+
+
 def summary(state: CellState, tail: int = 3) -> str:
     """Everything in a few dozen lines (the widget's ``text/plain``): each rank's last lines."""
     with state.lock:
         lines = [f"jupyter_mn: {header(state)}"]
         for node, log in sorted(state.logs.items()):
-            lines.append(f"node {node}: {log.total} lines" + (", last:" if log.total else ""))
+            lines.append(f"node {node}: {line_count(log.total)}" + (", last:" if log.total else ""))
             for rank in sorted(log.ranks):
                 lines += [f"  [rank {rank}] {entry[3]}" for entry in list(log.ranks[rank])[-tail:]]
         return "\n".join(lines + state.notices + final(state))

@@ -36,7 +36,7 @@ from .filter import FILTER_STYLE, RankFilter, node_ranks, rank_runs
 from .glance import GLANCE_STYLE, gpu_html, transport_html
 from .state import CellState
 from .straggler import hints
-from .summary import header, rank_table, summary
+from .summary import header, line_count, rank_table, summary
 
 FRAME_S = 0.1
 #: IOPub data budget for this widget (Jupyter's limit is 1 MB/s averaged over 3 s).
@@ -346,7 +346,7 @@ class ClusterWidget:
             for rank, _stream, text in log.live
         )
         shown = len(lines)
-        note = f"last {shown} of {log.total} lines" if log.total > shown else f"{log.total} lines"
+        note = f"last {shown} of {log.total} lines" if log.total > shown else line_count(log.total)
         body = rank_runs(lines) + live
         log_div = f'<div class="jp-mn-log"><pre data-node="{node}">{body}</pre></div>'
         return f"{log_div}<small>{note}</small>"
