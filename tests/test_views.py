@@ -22,6 +22,7 @@ from jupyter_mn.views.widget import CANCEL_ESM, ClusterWidget
 from jupyter_mn.wire.collectives import Collective, RankWhere
 from jupyter_mn.wire.events import (
     CellDone,
+    CellOutcome,
     GangState,
     GangStatus,
     GpuSample,
@@ -105,7 +106,7 @@ def test_text_view_prints_lines_as_they_come_and_a_table_at_the_end():
         view(event)
     text = out.getvalue()
     assert "[node 0 rank 0] line 499" in text and "[node 0 rank 1] oops <b>" in err.getvalue()
-    table = text[text.index("jupyter_mn: train · READY") :]
+    table = text[text.index("jupyter_mn: train · DONE") :]
     assert "node 0 GPU 0 (NVIDIA H100): 87% (peak 87%), 40.0/80.0 GiB" in table
     assert "node 1: no GPU (NVML Shared Library Not Found)" in table
     assert "node 0: gloo (CPU)" in table and "node 1: inter-node NET/Socket" in table
@@ -193,8 +194,29 @@ def test_both_views_count_down_a_preemption_until_the_cell_is_done():
     widget._draw(widget.state.take_dirty())
     assert ">PREEMPTING node 2 (94 s left)</b>" in widget._header.value
     assert "train · PREEMPTING node 2 (94 s left) · 2×2" in summary(widget.state)
-    widget.state.apply(CellDone(1, False, 3.0))
-    assert "train · RUNNING · 2×2" in summary(widget.state)  # the cell's outcome says the rest
+    widget.state.apply(CellDone(1, False, 3.0, outcome=CellOutcome.PREEMPTED))
+    text = summary(widget.state)  # the cell's outcome, then the gang's state
+    assert "train · PREEMPTED · 2×2" in text and "s · gang RUNNING" in text
+
+
+@pytest.mark.parametrize(
+    ("outcome", "color"),
+    [
+        (CellOutcome.DONE, "#188038"),
+        (CellOutcome.FAILED, "#d93025"),
+        (CellOutcome.LOST, "#d93025"),
+        (CellOutcome.HUNG, "#d93025"),
+        (CellOutcome.INTERRUPTED, "#e37400"),
+    ],
+)
+def test_a_finished_cell_says_its_outcome_in_its_colour_and_the_gang_apart(outcome, color):
+    widget = ClusterWidget(SPEC, title="train")
+    widget.state.apply(GangState("READY"))
+    widget.state.apply(CellDone(4, outcome is CellOutcome.DONE, 2.0, outcome=outcome))
+    widget._draw(widget.state.take_dirty())
+    assert f'<b style="color:{color}" class="jp-mn-state">{outcome}</b>' in widget._header.value
+    assert f"train · {outcome} · 2×2" in summary(widget.state).splitlines()[0]
+    assert summary(widget.state).splitlines()[0].endswith("s · gang READY")
 
 
 def test_auto_view_is_text_without_a_widget_frontend():
@@ -265,7 +287,7 @@ def test_the_widget_header_follows_a_background_re_form_to_ready():
         assert not result.ok and widget.state.state == "RENDEZVOUS"
         widget.follow(cluster.gang)
         wait_until(lambda: "READY" in widget._header.value, 60, "the header to say READY")
-        assert "failed" in widget._header.value
+        assert '<b style="color:#d93025" class="jp-mn-state">LOST</b>' in widget._header.value
         assert "READY" in widget._repr_mimebundle_()["text/plain"].splitlines()[0]
 
 

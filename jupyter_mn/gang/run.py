@@ -204,6 +204,7 @@ class CellJob(Job[CellResult]):
             result.timings(),
             error,
             value_text(result.value) if result.ok else "",
+            result.outcome,
         )
         gang.hub.announce(done, self.on_event)
         if gang.spec.require_rdma and (problem := violation(gang.hub.transport.values())):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CellError, CellInterrupted, NodeLost, Preempted, RankLost
-from ..wire.events import Preemption, RankError, RankStatus, RankTiming
+from ..wire.events import CellOutcome, Preemption, RankError, RankStatus, RankTiming
 
 #: a rank's outcome of a cell
 OK, ERROR, LOST, INTERRUPTED = (
@@ -76,6 +76,18 @@ class CellResult:
     @property
     def ok(self) -> bool:
         return self.preemption is None and all(r.status == OK for r in self.ranks)
+
+    @property
+    def outcome(self) -> CellOutcome:
+        """The word the cell's view shows, from its root cause."""
+        if self.preemption is not None:
+            return CellOutcome.PREEMPTED
+        cause = self.root_cause
+        if cause is None:
+            return CellOutcome.DONE
+        if cause.status == INTERRUPTED:
+            return CellOutcome.HUNG if self.verdict else CellOutcome.INTERRUPTED
+        return CellOutcome.LOST if cause.status == LOST else CellOutcome.FAILED
 
     @property
     def root_cause(self) -> RankOutcome | None:

@@ -15,13 +15,12 @@ MAX_TABLE_RANKS = 32
 
 
 def header(state: CellState) -> str:
-    outcome = ""
-    if state.done is not None:
-        outcome = " · ok" if state.done.ok else " · failed"
-    return (
-        f"{state.title} · {state.label} · {state.shape} {state.backend} · "
-        f"{state.elapsed:.1f} s{outcome}"
-    )
+    """``train · RUNNING · 2×2 local · 3.1 s``; once the cell ended, its outcome in the state's
+    place and the gang's state after it: ``train · FAILED · 2×2 local · 3.1 s · gang READY``."""
+    done = state.done
+    word = state.label if done is None else done.outcome
+    text = f"{state.title} · {word} · {state.shape} {state.backend} · {state.elapsed:.1f} s"
+    return text if done is None else f"{text} · gang {state.label}"
 
 
 def gpu_lines(state: CellState) -> list[str]:

@@ -30,7 +30,7 @@ from IPython.display import display
 
 from ..kernel.kernelid import current_kernel_id
 from ..kernel.spec import ClusterSpec
-from ..wire.events import Displays, GangState, GangStatus
+from ..wire.events import CellOutcome, Displays, GangState, GangStatus
 from .displays import RankDisplays
 from .filter import FILTER_STYLE, RankFilter, node_ranks, rank_runs
 from .glance import GLANCE_STYLE, gpu_html, transport_html
@@ -49,10 +49,15 @@ GPU_BYTES_PER_S = BYTES_PER_S // 4
 JOB_MIME = "application/vnd.jupyter-mn.job+json"
 #: a paused rank, a preempted node: the cell waits for something
 _WAITING_COLOR = "#e37400"
-_STATE_COLORS = {
-    GangStatus.RUNNING: "#1a73e8",
-    GangStatus.READY: "#188038",
-    GangStatus.BROKEN: "#d93025",
+_RED, _GREEN = "#d93025", "#188038"
+_STATE_COLORS = {GangStatus.RUNNING: "#1a73e8", GangStatus.READY: _GREEN, GangStatus.BROKEN: _RED}
+_OUTCOME_COLORS = {
+    CellOutcome.DONE: _GREEN,
+    CellOutcome.FAILED: _RED,
+    CellOutcome.LOST: _RED,
+    CellOutcome.HUNG: _RED,
+    CellOutcome.INTERRUPTED: _WAITING_COLOR,
+    CellOutcome.PREEMPTED: _WAITING_COLOR,
 }
 
 STYLE = """<style>
@@ -328,6 +333,8 @@ class ClusterWidget:
         color = _STATE_COLORS.get(state.state, "#5f6368")
         if label != state.state:  # paused at a breakpoint, or preempting
             color = _WAITING_COLOR
+        if state.done is not None:  # the cell's outcome in its colour; the gang's state after it
+            label, color = state.done.outcome, _OUTCOME_COLORS[state.done.outcome]
         text = html.escape(header(state))
         badge = f'<b style="color:{color}" class="jp-mn-state">{html.escape(label)}</b>'
         waiting = "".join(f"<li>{html.escape(line)}</li>" for line in state.waiting_lines())

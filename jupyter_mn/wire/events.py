@@ -67,6 +67,20 @@ class RankStatus(_Text):
     INTERRUPTED = "interrupted"
 
 
+class CellOutcome(_Text):
+    """How a cell ended, as its view says it: kept apart from the gang's state (a failed cell
+    leaves a READY gang)."""
+
+    DONE = "DONE"
+    FAILED = "FAILED"
+    #: a rank (or its node) was lost while the cell ran
+    LOST = "LOST"
+    INTERRUPTED = "INTERRUPTED"
+    #: interrupted (the stop button, ``--timeout``, ``--hang-timeout``) with a hang verdict
+    HUNG = "HUNG"
+    PREEMPTED = "PREEMPTED"
+
+
 def _event(cls: type) -> type:
     _KINDS[cls.__name__] = cls
     return cls
@@ -245,6 +259,7 @@ class CellDone:
     #: rank 0's value as text (its repr, shortened), for a view that cannot have the object: a
     #: page reloaded while the cell ran
     value: str = ""
+    outcome: CellOutcome = CellOutcome.DONE
 
 
 @_event

@@ -36,7 +36,7 @@ def test_a_breakpoint_on_a_rank_is_answered_in_the_notebook(lab, page):
     answer(page, "c")
     result = page.locator(".jp-OutputArea-executeResult .jp-OutputArea-output").first
     expect(result).to_have_text("7", timeout=60_000)  # rank 0's value: the cell went on
-    expect(page.locator(".jp-mn-state").first).to_have_text("READY")
+    expect(page.locator(".jp-mn-state").first).to_have_text("DONE")
     wait_kernel_idle(page)
     page.locator(".jp-Notebook .jp-Cell").nth(1).click()
     run_command(page, "notebook:run-cell")

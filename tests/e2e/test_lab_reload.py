@@ -100,7 +100,7 @@ def test_a_reloaded_page_and_a_second_tab_follow_the_running_cell_and_get_its_va
             "'done'", timeout=30_000
         )
         expect(view.locator(".jp-mn-JobView-cancel")).to_have_count(0)
-        expect(page.locator(".jp-mn-state").first).to_have_text("READY", timeout=60_000)
+        expect(page.locator(".jp-mn-state").first).to_have_text("DONE", timeout=60_000)
         expect(outcome).to_be_visible()  # the widget is back; the value it never had stays
     finally:
         other.context.close()

@@ -38,7 +38,7 @@ def test_the_status_bar_says_busy_for_the_whole_first_cluster_cell_and_idle_afte
     run_command(page, "notebook:run-cell")
     expect(page.locator(".jp-mn-state").first).to_have_text("RUNNING", timeout=120_000)
     page.get_by_role("tab", name="node 1").click()  # a comm message on the page's subshell
-    expect(page.locator(".jp-mn-state").first).to_have_text("READY", timeout=120_000)
+    expect(page.locator(".jp-mn-state").first).to_have_text("DONE", timeout=120_000)
     status = page.locator("#jp-main-statusbar")
     expect(status).to_contain_text("Idle", timeout=30_000)
     expect(page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first).to_have_text("[1]:")

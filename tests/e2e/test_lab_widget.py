@@ -74,7 +74,7 @@ def test_widget_shows_each_node_its_ranks_state_gpus_and_transport(lab, page):
     expect(node1).to_contain_text("[rank 3] rank 3 line 1999", timeout=30_000)
     assert last_line_in_view(page, 1)
     (lab.root / DONE).touch()
-    expect(state).to_have_text("READY", timeout=120_000)
+    expect(state).to_have_text("DONE", timeout=120_000)
     expect(cancel).to_be_hidden()
     # folded: both nodes' lines in view at once, no tabs, no filter
     expect(node0).to_contain_text("[rank 0] rank 0 line 1999")
@@ -107,7 +107,9 @@ def test_cancel_button_interrupts_the_cells_ranks(lab, page):
     expect(page.locator(".jp-OutputArea-output", has_text="CellInterrupted")).to_have_count(
         1, timeout=20_000
     )
-    expect(state).to_have_text("READY", timeout=20_000)
+    expect(state).to_have_text("INTERRUPTED", timeout=20_000)  # in orange, not a green READY
+    expect(state).to_have_css("color", "rgb(227, 116, 0)")
+    expect(page.locator(".jp-mn-header").first).to_contain_text("gang READY")
     expect(cancel).to_be_hidden()
     expect(page.locator(".jp-mn-transport").first).to_contain_text("gloo (CPU)")
     run_command(page, "notebook:move-cursor-down")  # clicking Cancel selected the first cell

@@ -168,7 +168,7 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     )
     text = _texts(nb.cells[0:1])
     assert "[node 1 rank 1] step 29" in text  # every line, as text
-    assert re.search(r"jupyter_mn: cell \d+ · READY · 2×1 local · [\d.]+ s · ok", text)
+    assert re.search(r"jupyter_mn: cell \d+ · DONE · 2×1 local · [\d.]+ s · gang READY", text)
     assert "node 1: no GPU" in text and "node 1: gloo (CPU)" in text
     assert " rank  node  status" in text
     widget_out = nb.cells[1].outputs
@@ -179,7 +179,7 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     assert "[rank 0] from the widget cell" in shown["data"]["text/html"]
     plain = shown["data"]["text/plain"]
     assert "[rank 1] from the widget cell" in plain and "node 0: gloo (CPU)" in plain
-    assert "· READY ·" in plain
+    assert "· DONE ·" in plain and "· gang READY" in plain
 
 
 @pytest.mark.slow
