@@ -31,10 +31,10 @@ from .heartbeat import Heartbeat
 from .hub import EventHub, topics
 from .inbox import Reply
 from .job import Job
+from .lifecycle import GangStatus, allowed
 from .liveness import Liveness
 from .nodelaunch import launch_for, ranks_cwd
 from .runloop import RunLoop
-from .state import GangStatus, allowed
 from .transport import require_rdma
 
 T = TypeVar("T")

@@ -38,7 +38,7 @@ HUNG = "HUNG"
 #: psutil's process start times are rounded (clock ticks, boot time): this much later than the
 #: job's start still counts as "started before the job".
 _START_SLACK_S = 2.0
-#: Gang states (gang/state.py) after which nothing of the job runs any more, plus ORPHANED.
+#: Gang states (gang/lifecycle.py) after which nothing of the job runs any more, plus ORPHANED.
 FINISHED = frozenset({"CLOSED", ORPHANED})
 ACTIONS = ("cancel", "release")
 HOST = socket.gethostname()

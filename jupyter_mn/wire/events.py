@@ -34,7 +34,7 @@ class _Text(str, enum.Enum):
 
 
 class GangStatus(_Text):
-    """The gang's lifecycle (its allowed moves: ``gang/state.py``)."""
+    """The gang's lifecycle (its allowed moves: ``gang/lifecycle.py``)."""
 
     PENDING = "PENDING"
     SCHEDULING = "SCHEDULING"
