@@ -88,7 +88,7 @@ def _compile(source: str, filename: str) -> tuple[Any, Any]:
 
 
 def _cell_lines(frames: list[traceback.FrameSummary]) -> list[str]:
-    """``Cell In[N], line L`` and the code, for the frames of cells (as ``rank/stacks.py``)."""
+    """``Cell In[N], line L`` and the code, for the frames of cells (as ``rank/location.py``)."""
     lines = []
     for f in frames:
         if f.filename.startswith("Cell In["):

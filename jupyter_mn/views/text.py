@@ -29,7 +29,7 @@ from ..wire.events import (
 )
 from .cellstate import CellState
 from .displays import RankDisplays
-from .stacks import format_stacks
+from .stacktext import format_stacks
 from .straggler import hints
 from .summary import evidence, final, header
 
