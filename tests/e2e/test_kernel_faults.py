@@ -15,7 +15,7 @@ import pytest
 from nbclient import NotebookClient
 from procs import ours, running, wait_gone
 
-from jupyter_mn.node.watchdog import HEARTBEAT_S
+from jupyter_mn.node.kernelbeat import HEARTBEAT_S
 from kernels import Kernel
 
 SHM = Path("/dev/shm")
