@@ -29,9 +29,10 @@ from ..errors import JupyterMNError
 from .netfs import on_network_fs
 
 log = logging.getLogger(__name__)
-#: A live job whose kernel has not written a heartbeat for this long is ORPHANED.
+#: How often a kernel writes its live jobs' heartbeat into the registry; a live job whose kernel
+#: has not written one for ORPHAN_AFTER_S is ORPHANED.
+JOB_HEARTBEAT_S = 5.0
 ORPHAN_AFTER_S = 30.0
-HEARTBEAT_S = 5.0
 ORPHANED = "ORPHANED"
 #: A running job whose cell the hang watchdog found hung (``--hang-timeout``), until it ends.
 HUNG = "HUNG"
