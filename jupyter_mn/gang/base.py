@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingError
-from ..kernel.names import gang_id
+from ..kernel.gangids import gang_id
 from ..kernel.spec import ClusterSpec
 from ..kernel.workdir import Selection
 from ..wire.collectives import RankWhere

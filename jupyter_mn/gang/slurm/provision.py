@@ -165,7 +165,7 @@ def _has_gpus(spec: ClusterSpec, timeout: float = 30.0) -> bool:
 def dry_run(spec: ClusterSpec) -> str:
     """The batch script ``--dry-run`` prints (the port is drawn again at submission). GPUs are
     asked as sinfo says where Slurm answers, else as on a GPU cluster (and the header says so)."""
-    from ...kernel.names import gang_id
+    from ...kernel.gangids import gang_id
 
     header = (
         f"# jupyter_mn: {spec.nodes} node(s) x {spec.gpus} rank(s) as one Slurm job "
