@@ -19,7 +19,6 @@ from jupyter_mn.views.cellstate import TAIL_LINES
 from jupyter_mn.views.straggler import hints
 from jupyter_mn.views.summary import summary
 from jupyter_mn.views.widget import CANCEL_ESM, ClusterWidget
-from jupyter_mn.wire.collectives import Collective, RankWhere
 from jupyter_mn.wire.events import (
     CellDone,
     GangState,
@@ -38,6 +37,7 @@ from jupyter_mn.wire.events import (
     Stacks,
     TransportReport,
 )
+from jupyter_mn.wire.rankwhere import Collective, RankWhere
 
 SPEC = ClusterSpec(nodes=2, gpus=2)
 

@@ -20,9 +20,9 @@ from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingErr
 from ..kernel.gangids import gang_id
 from ..kernel.spec import ClusterSpec
 from ..kernel.workdir import Selection
-from ..wire.collectives import RankWhere
 from ..wire.events import GangState, Note, OnEvent, Preemption
 from ..wire.launchspec import Launch, Script
+from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady
 from .agents import NodeAgents
 from .files import FileSync

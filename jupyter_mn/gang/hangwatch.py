@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..kernel.verdict import explain
-from ..wire.collectives import RankWhere
 from ..wire.events import Hung
+from ..wire.rankwhere import RankWhere
 from .inbox import Message
 
 #: Bounds on how often the ranks are looked at.

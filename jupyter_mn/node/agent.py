@@ -23,12 +23,12 @@ from typing import Any
 
 from distributed import get_worker
 
-from ..wire.collectives import RankWhere
 from ..wire.debugwire import DebugAnswer
 from ..wire.events import GangState, GangStatus, NodeReply, Preemption, to_msg
 from ..wire.launchspec import Launch
 from ..wire.manifest import FileUpdate
 from ..wire.payload import CellPayload
+from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reformed
 from . import template
 from .cellrun import CellRuns

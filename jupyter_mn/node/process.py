@@ -27,10 +27,10 @@ from typing import Any
 from ..errors import RendezvousError
 from ..rank import location
 from ..rank.env import CONTROL_FD, STACKS_FD
-from ..wire.collectives import RankWhere
 from ..wire.debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
 from ..wire.frames import Frames, Undecodable
+from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reformed, StartFailed, Stop
 from .exits import describe_exit
 from .nodelink import NodeLink

@@ -19,10 +19,10 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..wire.collectives import AbortRequest, RankWhere
 from ..wire.debugwire import DebugStart
 from ..wire.events import Preemption
 from ..wire.frames import encode, write_all
+from ..wire.rankwhere import AbortRequest, RankWhere
 from ..wire.rankwire import LeaveGroup, RankReady, Reform, Reformed, RunCell, StartFailed, Stop
 from . import env as contract
 from . import execute, flight, location, preemption

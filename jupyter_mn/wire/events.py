@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .collectives import RankWhere
+from .rankwhere import RankWhere
 from .values import Pickled
 
 _KINDS: dict[str, type] = {}
