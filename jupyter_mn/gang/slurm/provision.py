@@ -28,7 +28,7 @@ from typing import Any
 from ...errors import JupyterMNError, SchedulingError
 from ...kernel.credentials import secret_item
 from ...kernel.spec import ClusterSpec
-from ...node.pod import TLS_FILES
+from ...node.entry import TLS_FILES
 from ...node.slurm import TLS_DIR_VAR, tls_address
 from ...wire.events import NodesWaiting, Note, OnEvent
 from . import commands
