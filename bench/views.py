@@ -14,8 +14,8 @@ import time
 from jupyter_mn import Cluster
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.views import TextView
+from jupyter_mn.views.cellstate import HISTORY
 from jupyter_mn.views.glance import gpu_html
-from jupyter_mn.views.state import HISTORY
 from jupyter_mn.views.widget import ClusterWidget
 from jupyter_mn.wire.events import GpuSample, GpuStat
 

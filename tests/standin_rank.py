@@ -35,9 +35,9 @@ from typing import Any
 from jupyter_mn.rank.env import CONTROL_FD, STACKS_FD
 from jupyter_mn.rank.parent import exit_with_parent
 from jupyter_mn.rank.sync import flush_output
-from jupyter_mn.wire.collectives import RankWhere, WhereRequest
 from jupyter_mn.wire.events import RankError, RankReply, RankStatus
 from jupyter_mn.wire.frames import encode, write_all
+from jupyter_mn.wire.rankwhere import RankWhere, WhereRequest
 from jupyter_mn.wire.rankwire import RankReady, Reform, Reformed, RunCell, Stop
 from jupyter_mn.wire.values import Pickled
 
@@ -88,7 +88,7 @@ def _compile(source: str, filename: str) -> tuple[Any, Any]:
 
 
 def _cell_lines(frames: list[traceback.FrameSummary]) -> list[str]:
-    """``Cell In[N], line L`` and the code, for the frames of cells (as ``rank/stacks.py``)."""
+    """``Cell In[N], line L`` and the code, for the frames of cells (as ``rank/location.py``)."""
     lines = []
     for f in frames:
         if f.filename.startswith("Cell In["):

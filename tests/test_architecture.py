@@ -437,9 +437,9 @@ def test_what_the_kernel_pickles_to_the_nodes_is_defined_where_they_may_import(m
 
 def between_agent_and_rank() -> list[tuple[object, str]]:
     """Every message on a rank's control and stacks sockets, with the side that unpickles it."""
-    from jupyter_mn.wire.collectives import AbortRequest, RankWhere, WhereRequest
     from jupyter_mn.wire.events import DisplayOutput, PreemptCause, Preemption, RankError, RankReply
     from jupyter_mn.wire.payload import CellPayload
+    from jupyter_mn.wire.rankwhere import AbortRequest, RankWhere, WhereRequest
     from jupyter_mn.wire.rankwire import (
         LeaveGroup,
         RankReady,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from jupyter_mn.rank.flight import FR_BUFFER_SIZE
-from jupyter_mn.wire.collectives import Collective
+from jupyter_mn.wire.rankwhere import Collective
 
 SCRIPT = """
 import pickle, sys, time, torch, torch.distributed as dist

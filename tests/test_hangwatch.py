@@ -6,7 +6,7 @@ a real kernel, is in ``tests/e2e/test_hangs.py``."""
 from __future__ import annotations
 
 from jupyter_mn.gang.hangwatch import Progress
-from jupyter_mn.wire.collectives import Collective, RankWhere
+from jupyter_mn.wire.rankwhere import Collective, RankWhere
 
 S = 1_000_000_000  # ns: when the ranks answer, a second after they entered
 

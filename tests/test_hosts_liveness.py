@@ -148,8 +148,8 @@ def test_a_node_cut_off_from_the_kernel_stops_its_ranks_and_leaves_nothing(
     cause = result.root_cause
     assert cause is not None and cause.node == 1 and cause.error.ename == "NodeLost"
     stopped = max(cut.gone) - listener.done[0]
-    # its last beat came at most HEARTBEAT_S (2 s) before the cut; then a look every 0.5 s and a
-    # kill (slower on a loaded machine)
+    # its last beat came at most KERNEL_HEARTBEAT_S (2 s) before the cut; then a look every 0.5 s
+    # and a kill (slower on a loaded machine)
     assert HEARTBEAT_TIMEOUT - 2.5 < stopped < HEARTBEAT_TIMEOUT + 4, stopped
     # the link is back: nothing of the gang runs on that host, and its worker holds no agent
     assert not rank_processes(processes(*far.pids()))

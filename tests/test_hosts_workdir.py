@@ -21,8 +21,8 @@ from kube.cluster import FakeCluster
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import FilesNotSent, SpecError
+from jupyter_mn.gang.lifecycle import GangStatus
 from jupyter_mn.gang.script import run_script
-from jupyter_mn.gang.state import GangStatus
 from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from kernels import Kernel

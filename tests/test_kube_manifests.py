@@ -29,8 +29,8 @@ from jupyter_mn.gang.kubernetes.manifests import (
     build,
     selector,
 )
+from jupyter_mn.kernel.gangids import gang_id
 from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.names import gang_id
 from jupyter_mn.kernel.spec import ClusterSpec
 
 MINORS = range(MIN_MINOR, LATEST_MINOR + 1)

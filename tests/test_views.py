@@ -15,11 +15,10 @@ from test_nccl import FIXTURES
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.node.nccllog import NcclLog
 from jupyter_mn.views import TextView, View, make_view, widgets_rendered
-from jupyter_mn.views.state import TAIL_LINES
+from jupyter_mn.views.cellstate import TAIL_LINES
 from jupyter_mn.views.straggler import hints
 from jupyter_mn.views.summary import summary
 from jupyter_mn.views.widget import CANCEL_ESM, ClusterWidget
-from jupyter_mn.wire.collectives import Collective, RankWhere
 from jupyter_mn.wire.events import (
     CellDone,
     CellOutcome,
@@ -39,6 +38,7 @@ from jupyter_mn.wire.events import (
     Stacks,
     TransportReport,
 )
+from jupyter_mn.wire.rankwhere import Collective, RankWhere
 
 SPEC = ClusterSpec(nodes=2, gpus=2)
 
@@ -327,8 +327,8 @@ def points(svg: str) -> list[tuple[int, int]]:
 
 
 def test_gpu_bars_and_a_sparkline_of_the_last_minute_per_gpu():
+    from jupyter_mn.views.cellstate import HISTORY, CellState
     from jupyter_mn.views.glance import SPARK_H, SPARK_W, gpu_html
-    from jupyter_mn.views.state import HISTORY, CellState
 
     state = CellState("train", "2×2", "local", 2, False)
     for event in gpu_samples(75):
@@ -349,8 +349,8 @@ def test_gpu_bars_and_a_sparkline_of_the_last_minute_per_gpu():
 
 
 def test_a_new_gpu_draws_a_one_point_sparkline_and_no_gpu_nodes_share_a_line():
+    from jupyter_mn.views.cellstate import CellState
     from jupyter_mn.views.glance import SPARK_W, gpu_html
-    from jupyter_mn.views.state import CellState
 
     state = CellState("train", "3×1", "local", 3, False)
     state.apply(gpu_samples(1)[0])
@@ -397,8 +397,8 @@ def test_transport_badges_green_for_rdma_red_for_sockets_grey_for_gloo():
 
 
 def test_transport_panel_groups_alike_nodes_and_keeps_the_loud_warning():
+    from jupyter_mn.views.cellstate import CellState
     from jupyter_mn.views.glance import transport_html
-    from jupyter_mn.views.state import CellState
 
     def report(name: str, node: int) -> TransportReport:
         return NcclLog().feed_all((FIXTURES / f"{name}.log").read_text().splitlines()).report(node)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import SpecError
 from ..kernel.spec import ClusterSpec
 from .base import Gang, Provisioner
-from .state import GangStatus
+from .lifecycle import GangStatus
 
 __all__ = ["Gang", "GangStatus", "Provisioner", "make_gang"]
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import RendezvousError
-from ..wire.collectives import RankWhere
 from ..wire.events import OnEvent
+from ..wire.rankwhere import RankWhere
 from .cellstream import CellStream
 from .hub import EventHub
 from .inbox import Reply

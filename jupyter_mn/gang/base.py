@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingError
-from ..kernel.names import gang_id
+from ..kernel.gangids import gang_id
 from ..kernel.spec import ClusterSpec
 from ..kernel.workdir import Selection
-from ..wire.collectives import RankWhere
 from ..wire.events import GangState, Note, OnEvent, Preemption
 from ..wire.launchspec import Launch, Script
+from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady
 from .agents import NodeAgents
 from .files import FileSync
@@ -31,10 +31,10 @@ from .heartbeat import Heartbeat
 from .hub import EventHub, topics
 from .inbox import Reply
 from .job import Job
+from .lifecycle import GangStatus, allowed
 from .liveness import Liveness
 from .nodelaunch import launch_for, ranks_cwd
 from .runloop import RunLoop
-from .state import GangStatus, allowed
 from .transport import require_rdma
 
 T = TypeVar("T")

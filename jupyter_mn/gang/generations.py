@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .lifecycle import GangStatus
 from .recover import Recovery
-from .state import GangStatus
 
 if TYPE_CHECKING:
     from .base import Gang

@@ -1,4 +1,7 @@
-"""The hang watchdog (``--hang-timeout S``): notice a hang nobody set ``--timeout`` for.
+"""The kernel's hang watch over one running cell (``--hang-timeout S``): do its ranks progress?
+
+Unlike a node's upkeep (``node/upkeep.py``: the agent's processes, memory and the kernel's
+heartbeat), it watches collectives, to notice a hang nobody set ``--timeout`` for.
 
 A cell hangs when no rank has completed a collective or ended its cell for S seconds while at
 least one waits in a collective (gloo's own timeout is 30 minutes, NCCL's 10). While a cell runs
@@ -22,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..kernel.verdict import explain
-from ..wire.collectives import RankWhere
 from ..wire.events import Hung
+from ..wire.rankwhere import RankWhere
 from .inbox import Message
 
 #: Bounds on how often the ranks are looked at.

@@ -1,6 +1,6 @@
 """The kernel's heartbeat to its node agents, both ways a dead-man switch.
 
-Agents stop their ranks when it has been silent for ``heartbeat_timeout`` (``node/watchdog.py``),
+Agents stop their ranks when it has been silent for ``heartbeat_timeout`` (``node/kernelbeat.py``),
 so a kernel killed with ``kill -9`` leaves nothing running, on any backend. The kernel in turn
 watches the answers: a node that has not answered for ``liveness_timeout`` is unreachable (a cut
 link or a frozen host sends no FIN and no RST, so no connection would fail for minutes), and
@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..node.watchdog import CHECK_S, HEARTBEAT_S
+from ..node.kernelbeat import CHECK_S, KERNEL_HEARTBEAT_S
 
 
 class Heartbeat:
-    """Calls ``heartbeat()`` on every agent every ``HEARTBEAT_S`` from a daemon thread, one call
-    in flight per agent, and reports an agent silent for ``window`` seconds."""
+    """Calls ``heartbeat()`` on every agent every ``KERNEL_HEARTBEAT_S`` from a daemon thread,
+    one call in flight per agent, and reports an agent silent for ``window`` seconds."""
 
     def __init__(
         self,
@@ -48,7 +48,7 @@ class Heartbeat:
             now = time.monotonic()
             beat = now >= due
             if beat:
-                due = now + HEARTBEAT_S
+                due = now + KERNEL_HEARTBEAT_S
             for node, agent in enumerate(self._agents()):
                 answered.setdefault(node, now)
                 call = pending.get(node)

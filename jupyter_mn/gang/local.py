@@ -40,7 +40,7 @@ from ..node.visible import VISIBLE, local_split
 
 #: What the processes get besides the kernel's dask config: quiet logs, and glibc returning freed
 #: memory as dask's nanny would have set it (the ranks inherit both).
-_PROCESS_CONFIG = {"logging": {"distributed": "critical", "jupyter_mn.pod": "critical"}}
+_PROCESS_CONFIG = {"logging": {"distributed": "critical", "jupyter_mn.scheduler": "critical"}}
 _PROCESS_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}
 #: How often a start-up checks whether a process has already exited.
 _EXIT_CHECK_S = 0.5

@@ -42,8 +42,8 @@ from .debugger import converse
 from .hangwatch import HangWatch, Look
 from .inbox import Message, Reply
 from .job import Job
+from .lifecycle import GangStatus
 from .recover import restarted_note
-from .state import GangStatus
 from .transport import violation
 
 #: After an interrupt, how long busy ranks get to stop before they are killed.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..errors import JupyterMNError
 from .inbox import InterruptRequest
 from .job import INTERRUPTED_BY_USER, Job
-from .state import GangStatus
+from .lifecycle import GangStatus
 
 if TYPE_CHECKING:
     from .base import Gang

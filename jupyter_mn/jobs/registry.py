@@ -29,16 +29,17 @@ from ..errors import JupyterMNError
 from .netfs import on_network_fs
 
 log = logging.getLogger(__name__)
-#: A live job whose kernel has not written a heartbeat for this long is ORPHANED.
+#: How often a kernel writes its live jobs' heartbeat into the registry; a live job whose kernel
+#: has not written one for ORPHAN_AFTER_S is ORPHANED.
+JOB_HEARTBEAT_S = 5.0
 ORPHAN_AFTER_S = 30.0
-HEARTBEAT_S = 5.0
 ORPHANED = "ORPHANED"
 #: A running job whose cell the hang watchdog found hung (``--hang-timeout``), until it ends.
 HUNG = "HUNG"
 #: psutil's process start times are rounded (clock ticks, boot time): this much later than the
 #: job's start still counts as "started before the job".
 _START_SLACK_S = 2.0
-#: Gang states (gang/state.py) after which nothing of the job runs any more, plus ORPHANED.
+#: Gang states (gang/lifecycle.py) after which nothing of the job runs any more, plus ORPHANED.
 FINISHED = frozenset({"CLOSED", ORPHANED})
 ACTIONS = ("cancel", "release")
 HOST = socket.gethostname()

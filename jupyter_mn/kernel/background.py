@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..views.stacks import format_stacks
+from ..views.stacktext import format_stacks
 from ..views.text import TextView
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 A ``Cluster`` owns at most one gang (``warmgang.py``): started on first use, kept warm between
 cells, released after ``idle_timeout``, after ``max_runtime`` (a cost cap, ``lifetime.py``) or on
 close, replaced when it breaks. One job runs at a time, in the foreground or in the background
-(``submit``, ``jobslot.py``); a cell reads the notebook's names (``ranknames.py``) and runs again
+(``submit``, ``jobslot.py``); a cell reads the notebook's names (``shippednames.py``) and runs again
 when a rank was lost (``retries.py``).
 ``session(spec)`` keeps one "current" cluster per kernel for the magics: same gang shape → reuse,
 other shape → replace.
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from ..wire.events import OnEvent, Stacks
 from ..wire.payload import CellPayload
 from .jobslot import JobSlot
-from .ranknames import RankNames
 from .result import CellResult
 from .retries import with_retries
+from .shippednames import RankNames
 from .spec import ClusterSpec, check_seconds, check_seed
 from .verdict import explain
 from .warmgang import WarmGang, claim_nodes

@@ -201,7 +201,7 @@ class ClusterMagics(Magics):
         return target.status()
 
     def _stacks(self, args: Any) -> None:
-        from ..views.stacks import format_stacks
+        from ..views.stacktext import format_stacks
         from . import cluster
 
         running = cluster.current()

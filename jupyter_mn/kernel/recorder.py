@@ -19,7 +19,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..jobs.joblogs import JobLogWriter
-from ..jobs.registry import HEARTBEAT_S, HUNG, JobModel, NodeModel, Registry, Request
+from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
 from ..wire.events import (
     CellDone,
     GangState,
@@ -247,7 +247,7 @@ class Recorder:
                     records = dict(self._records)
                 for request in self.registry.open_requests(list(records)):
                     self.registry.answer(request.id, records[request.job].obey(request))
-                if time.monotonic() - last_beat > HEARTBEAT_S:
+                if time.monotonic() - last_beat > JOB_HEARTBEAT_S:
                     self.registry.beat(list(records))
                     last_beat = time.monotonic()
             except (sqlite3.Error, OSError) as exc:

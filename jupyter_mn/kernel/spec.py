@@ -21,9 +21,9 @@ from typing import Any
 
 from ..errors import SpecError
 from .credentials import MASK
+from .gangids import name_problem
 from .kubespec import KubeOptions
 from .kubespec import from_environ as kube_from_environ
-from .names import name_problem
 from .slurmspec import SlurmOptions
 from .slurmspec import from_environ as slurm_from_environ
 from .specvalues import is_number

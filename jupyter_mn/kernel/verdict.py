@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..wire.collectives import Collective, RankWhere
 from ..wire.events import Stacks
+from ..wire.rankwhere import Collective, RankWhere
 
 
 class HangKind(enum.Enum):

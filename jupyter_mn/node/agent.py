@@ -3,7 +3,7 @@
 The agent is the actor's face, composed of parts with one job each: its output to the kernel
 (``output.py``: lines batched into events, unfinished lines, rank 0's displays), its cell ranks'
 lives (``ranks.py``: start, re-form in place, restart, stop), cell runs (``cellrun.py``), a
-script's processes (``script.py``) and the periodic watch (``guard.py``: the kernel's heartbeat,
+script's processes (``script.py``) and the periodic upkeep (``upkeep.py``: the kernel's heartbeat,
 ``--memory-limit``, telemetry). A SIGTERM to the node is a preemption notice
 (``preemption.py``).
 
@@ -23,18 +23,18 @@ from typing import Any
 
 from distributed import get_worker
 
-from ..wire.collectives import RankWhere
 from ..wire.debugwire import DebugAnswer
 from ..wire.events import GangState, GangStatus, NodeReply, Preemption, to_msg
 from ..wire.launchspec import Launch
 from ..wire.manifest import FileUpdate
 from ..wire.payload import CellPayload
+from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reformed
 from . import template
 from .cellrun import CellRuns
 from .cellserver import CellServer
 from .files import NodeFiles, sees
-from .guard import NodeGuard
+from .kernelbeat import KernelBeat
 from .output import NodeOutput
 from .ports import listen_port
 from .preemption import GracePeriod
@@ -42,7 +42,7 @@ from .process import STOP_GRACE_S, rank_command
 from .ranks import NodeRanks
 from .script import ScriptRun
 from .telemetry import NodeTelemetry
-from .watchdog import Watchdog
+from .upkeep import NodeUpkeep
 
 log = logging.getLogger("jupyter_mn.agent")
 
@@ -66,8 +66,8 @@ class NodeAgent:
         self._worker = get_worker()
         self.output = NodeOutput(node, lambda msg: self._worker.log_event(topic, msg))
         self.ranks = NodeRanks(self.output)
-        self._guard = NodeGuard(self.ranks, self._held, self.stop, self._leave)
-        self.cells = CellRuns(self.ranks, self._guard.wake)
+        self._upkeep = NodeUpkeep(self.ranks, self._held, self.stop, self._leave)
+        self.cells = CellRuns(self.ranks, self._upkeep.wake)
         self._started = False
         self._telemetry: NodeTelemetry | None = None
         self._launch: Launch | None = None
@@ -99,7 +99,7 @@ class NodeAgent:
         if not self._started:
             self._started = True
             self.output.begin(asyncio.get_running_loop())
-            self._guard.start()
+            self._upkeep.start()
         if self._grace is None:
             self._grace = GracePeriod(self.node, launch.grace, self._preempted, self._grace_over)
             self._grace.install()
@@ -135,10 +135,11 @@ class NodeAgent:
         # a bad JUPYTER_MN_RANK_PYTHON, too few GPUs: refused before any rank starts
         self.ranks.prepare(self._launch, rank_command())
         telemetry = NodeTelemetry(self.node, launch, self.output.publish)
-        self._telemetry = self.cells.telemetry = self._guard.telemetry = telemetry
+        self._telemetry = self.cells.telemetry = self._upkeep.telemetry = telemetry
         self.output.on_line = telemetry.line
         ready = await self.ranks.start(telemetry)
-        self._guard.watchdog = Watchdog(launch.heartbeat_timeout, launch.memory_limit)
+        self._upkeep.kernel = KernelBeat(launch.heartbeat_timeout)
+        self._upkeep.memory_limit = launch.memory_limit
         return ready
 
     def _placed(self, launch: Launch) -> Launch:
@@ -213,9 +214,9 @@ class NodeAgent:
         return await self.ranks.where(stack)
 
     async def heartbeat(self) -> None:
-        """The kernel is alive (see ``watchdog.py``)."""
-        if self._guard.watchdog is not None:
-            self._guard.watchdog.beat()
+        """The kernel is alive (see ``kernelbeat.py``)."""
+        if self._upkeep.kernel is not None:
+            self._upkeep.kernel.beat()
 
     def _held(self) -> bool:
         """Whether dask still holds this actor (its client is not gone)."""
@@ -246,7 +247,7 @@ class NodeAgent:
         """Stop everything of this node; return the sequence number of its last event."""
         if self._grace is not None:  # a SIGTERM stops the worker again
             self._grace.close()
-        await self._guard.close()
+        await self._upkeep.close()
         await self.stop_script()
         await self.ranks.stop()
         await asyncio.to_thread(template.release, self.job)

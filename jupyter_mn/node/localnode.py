@@ -20,7 +20,7 @@ from distributed import Scheduler, Worker
 from distributed.security import Security
 
 from . import template
-from .pod import OrphanGuard
+from .entry import OrphanGuard
 
 
 class _AnnouncedScheduler(Scheduler):

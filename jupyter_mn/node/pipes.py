@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import IO
 
-from ..rank import stacks
+from ..rank import location
 from .lines import LineBuffer
 from .nodelink import NodeLink
 
@@ -127,7 +127,7 @@ class PipeReader:
                 self._line(s.name, s.line.take())
 
     def _line(self, stream: str, text: str) -> None:
-        if text.startswith(stacks.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
+        if text.startswith(location.CRASH_START) or 0 < len(self.crash) < _CRASH_LINES:
             self.crash.append(text)
         else:
             self.tail.append(text)

@@ -25,18 +25,18 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import RendezvousError
-from ..rank import stacks
+from ..rank import location
 from ..rank.env import CONTROL_FD, STACKS_FD
-from ..wire.collectives import RankWhere
 from ..wire.debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
 from ..wire.frames import Frames, Undecodable
+from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reformed, StartFailed, Stop
 from .exits import describe_exit
 from .nodelink import NodeLink
 from .pdbrelay import PdbRelay
 from .pipes import PipeReader, read_ready
-from .rankstacks import RankStacks
+from .ranksocket import RankStacks
 
 STOP_GRACE_S = 3.0
 _SESSION_GRACE_S = 1.0
@@ -272,7 +272,7 @@ class RankHandle:
         """The cell's reply of a rank that died before it sent one."""
         code = await self.exit_code()
         await self.pipes.drained()  # its last lines are still on their way
-        crash = stacks.crash_summary(self.pipes.crash)
+        crash = location.crash_summary(self.pipes.crash)
         error = RankError.lost(self.exit_reason(code), self.pipes.tail, crash)
         return RankReply(self.rank, RankStatus.LOST, error=error, exit_code=code)
 

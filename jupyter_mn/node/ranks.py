@@ -13,10 +13,10 @@ import os
 
 from ..errors import JoinTimeout
 from ..rank.env import rank_env
-from ..wire.collectives import RankWhere
 from ..wire.debugwire import DebugAnswer, DebugEnded
 from ..wire.events import Preemption, RankStatus
 from ..wire.launchspec import Launch
+from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reform, Reformed
 from . import template
 from .exits import describe_exit

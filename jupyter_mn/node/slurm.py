@@ -1,6 +1,6 @@
 """Entry point of a Slurm gang's job step: ``python -m jupyter_mn.node.slurm``, one task per node.
 
-The same node as a Kubernetes pod (``pod.serve_node``): task 0 runs the TLS dask scheduler with
+The same node as a Kubernetes pod (``entry.serve_node``): task 0 runs the TLS dask scheduler with
 the ``OrphanGuard``, every task one worker (named after its task rank, the node rank) that hosts
 the node agent; the kernel connects back to task 0. Where the scheduler is: the kernel names it
 (``JUPYTER_MN_SCHEDULER_HOST``, a step inside an existing allocation), else it is the host that
@@ -22,8 +22,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from .entry import TLS_FILES, security_of, serve_node
 from .netif import route
-from .pod import TLS_FILES, security_of, serve_node
 
 #: the environment variable naming the directory of the gang's certificate files
 TLS_DIR_VAR = "JUPYTER_MN_TLS_DIR"

@@ -31,7 +31,7 @@ from traitlets.config import Config
 
 from ..wire import values
 from ..wire.events import RankError, RankReply, RankStatus
-from . import preemption, stacks, timing
+from . import location, preemption, timing
 from .causes import is_secondary
 from .displays import LiveDisplayPublisher, figures_as_png
 from .info import cluster_info
@@ -141,7 +141,7 @@ class RankShell(InteractiveShell):
         if isinstance(value, KeyboardInterrupt) or (value is not None and is_secondary(value)):
             # interrupted, or a consequence of another rank's failure: where is enough (a full
             # traceback through torch's frames takes a loaded core a few hundred ms)
-            self.last_traceback = stacks.raised_at(tb, self)
+            self.last_traceback = location.raised_at(tb, self)
             return
         self.last_traceback = self.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=1)
 

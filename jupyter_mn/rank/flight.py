@@ -14,7 +14,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from ..wire.collectives import Collective, dtype_name
+from ..wire.rankwhere import Collective, dtype_name
 
 #: Ring size we ask for (torch's default, 2000, takes ~20 ms to read back).
 FR_BUFFER_SIZE = "256"

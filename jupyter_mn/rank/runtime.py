@@ -19,13 +19,13 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..wire.collectives import AbortRequest, RankWhere
 from ..wire.debugwire import DebugStart
 from ..wire.events import Preemption
 from ..wire.frames import encode, write_all
+from ..wire.rankwhere import AbortRequest, RankWhere
 from ..wire.rankwire import LeaveGroup, RankReady, Reform, Reformed, RunCell, StartFailed, Stop
 from . import env as contract
-from . import execute, flight, preemption, stacks
+from . import execute, flight, location, preemption
 from .debugger import RankDebugger
 from .group import ProcessGroup
 from .info import ClusterInfo, cluster_info
@@ -70,7 +70,7 @@ def _answer_stacks(
             if isinstance(msg, AbortRequest):
                 group.abort(msg.generation)
                 continue
-            stack = stacks.main_thread(shell) if msg.stack else []
+            stack = location.main_thread(shell) if msg.stack else []
             collectives = flight.latest(flight.trace(), group.formed_ns, flight.group_ranks())
             busy, now = signals.active, time.time_ns()
             where = RankWhere(

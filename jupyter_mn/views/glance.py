@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..wire.events import NO_NETWORK, GpuStat, TransportReport, number_ranges
-from .state import HISTORY, CellState
+from .cellstate import HISTORY, CellState
 from .summary import evidence, transport_line
 
 #: Sparkline size in CSS pixels: two pixels per sample, utilization 0–100 % over 18 pixels.

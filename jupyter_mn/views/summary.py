@@ -8,7 +8,7 @@ line, the per-rank table and straggler hints.
 from __future__ import annotations
 
 from ..wire.events import CellDone, TransportReport
-from .state import CellState
+from .cellstate import CellState
 from .straggler import hints
 
 MAX_TABLE_RANKS = 32

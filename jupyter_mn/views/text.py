@@ -27,9 +27,9 @@ from ..wire.events import (
     Stacks,
     TransportReport,
 )
+from .cellstate import CellState
 from .displays import RankDisplays
-from .stacks import format_stacks
-from .state import CellState
+from .stacktext import format_stacks
 from .straggler import hints
 from .summary import evidence, final, header
 

@@ -31,10 +31,10 @@ from IPython.display import display
 from ..kernel.kernelid import current_kernel_id
 from ..kernel.spec import ClusterSpec
 from ..wire.events import CellOutcome, Displays, GangState, GangStatus
+from .cellstate import CellState
 from .displays import RankDisplays
 from .filter import FILTER_STYLE, RankFilter, node_ranks, rank_runs
 from .glance import GLANCE_STYLE, gpu_html, transport_html
-from .state import CellState
 from .straggler import hints
 from .summary import header, line_count, rank_table, summary
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .collectives import RankWhere
+from .rankwhere import RankWhere
 from .values import Pickled
 
 _KINDS: dict[str, type] = {}
@@ -34,7 +34,7 @@ class _Text(str, enum.Enum):
 
 
 class GangStatus(_Text):
-    """The gang's lifecycle (its allowed moves: ``gang/state.py``)."""
+    """The gang's lifecycle (its allowed moves: ``gang/lifecycle.py``)."""
 
     PENDING = "PENDING"
     SCHEDULING = "SCHEDULING"

@@ -12,7 +12,7 @@ types, pickled as it is, and each side dispatches on the type, never on a tag.
 - The agent hands ``RankReady`` (``NodeAgent.start``) and ``Reformed`` (``reinit``,
   ``relaunch``) to the kernel as they are, and the ``RankReply`` in its ``NodeReply``.
 
-A rank's stacks socket carries ``collectives.py``'s ``WhereRequest`` / ``AbortRequest`` /
+A rank's stacks socket carries ``rankwhere.py``'s ``WhereRequest`` / ``AbortRequest`` /
 ``RankWhere`` and the ``Preemption`` notice.
 """
 

@@ -15,7 +15,7 @@ import pytest
 from nbclient import NotebookClient
 from procs import ours, running, wait_gone
 
-from jupyter_mn.node.watchdog import HEARTBEAT_S
+from jupyter_mn.node.kernelbeat import KERNEL_HEARTBEAT_S
 from kernels import Kernel
 
 SHM = Path("/dev/shm")
@@ -151,8 +151,8 @@ def test_silent_kernel_is_abandoned_by_its_agents(monkeypatch, no_leftovers):
         kernel.kc.stop_channels()
         kernel.km.cleanup_resources()
     assert not left, left
-    # the last beat came up to HEARTBEAT_S before the stop
-    assert 3 - HEARTBEAT_S <= gone_after < ORPHAN_S
+    # the last beat came up to KERNEL_HEARTBEAT_S before the stop
+    assert 3 - KERNEL_HEARTBEAT_S <= gone_after < ORPHAN_S
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SchedulingError, SpecError
-from ...kernel.names import gang_id as new_gang_id
+from ...kernel.gangids import gang_id as new_gang_id
 from ...kernel.spec import ClusterSpec
 from . import gangs
 from .manifests import LATEST_MINOR, Target, build, to_yaml

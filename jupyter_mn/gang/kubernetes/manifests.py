@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import SpecError
+from ...kernel.gangids import MAX_ID, label_value
 from ...kernel.kubespec import KubeOptions, Volume, parse_toleration
-from ...kernel.names import MAX_ID, label_value
 from ...kernel.spec import ClusterSpec
 from . import gangs
 
@@ -69,11 +69,11 @@ class Names:
 
     @classmethod
     def of(cls, gang_id: str) -> Names:
-        """``gang_id`` comes from ``names.gang_id``; anything else is a programming error."""
+        """``gang_id`` comes from ``gangids.gang_id``; anything else is a programming error."""
         if len(gang_id) > MAX_ID or not _NAME.match(gang_id):
             raise SpecError(
                 f"gang id {gang_id!r}: not a DNS label of at most {MAX_ID} characters "
-                "(make ids with jupyter_mn.kernel.names.gang_id)"
+                "(make ids with jupyter_mn.kernel.gangids.gang_id)"
             )
         return cls(gang_id)
 

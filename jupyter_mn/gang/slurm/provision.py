@@ -28,7 +28,7 @@ from typing import Any
 from ...errors import JupyterMNError, SchedulingError
 from ...kernel.credentials import secret_item
 from ...kernel.spec import ClusterSpec
-from ...node.pod import TLS_FILES
+from ...node.entry import TLS_FILES
 from ...node.slurm import TLS_DIR_VAR, tls_address
 from ...wire.events import NodesWaiting, Note, OnEvent
 from . import commands
@@ -165,7 +165,7 @@ def _has_gpus(spec: ClusterSpec, timeout: float = 30.0) -> bool:
 def dry_run(spec: ClusterSpec) -> str:
     """The batch script ``--dry-run`` prints (the port is drawn again at submission). GPUs are
     asked as sinfo says where Slurm answers, else as on a GPU cluster (and the header says so)."""
-    from ...kernel.names import gang_id
+    from ...kernel.gangids import gang_id
 
     header = (
         f"# jupyter_mn: {spec.nodes} node(s) x {spec.gpus} rank(s) as one Slurm job "

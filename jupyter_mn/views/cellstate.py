@@ -30,7 +30,7 @@ from ..wire.events import (
     Stacks,
     TransportReport,
 )
-from .stacks import format_stacks
+from .stacktext import format_stacks
 
 #: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
 TAIL_LINES = 100

@@ -1,9 +1,10 @@
-"""The node agent's one periodic task: is it still wanted, are its ranks within their limits.
+"""The node agent's periodic task: is it still wanted, are its ranks under ``--memory-limit``?
 
 Every ``CHECK_S`` (or when woken: a cell ended, the agent stops) it stops the agent when dask no
-longer holds it (its client is gone) or the kernel stopped beating (``watchdog.py``), kills a
-rank over ``--memory-limit``, and samples GPUs and NCCL's transport while a cell runs (in a
-thread: NVML and file reads block).
+longer holds it (its client is gone) or the kernel stopped beating (``kernelbeat.py``), kills a
+rank over ``--memory-limit`` (``rankmemory.py``), and samples GPUs and NCCL's transport while a
+cell runs (in a thread: NVML and file reads block). Whether a cell hangs is the kernel's watch
+(``gang/hangwatch.py``), not this one.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from ..wire.events import GangState, GangStatus
+from .kernelbeat import CHECK_S, KernelBeat
+from .rankmemory import mib, over_memory
 from .ranks import NodeRanks
 from .telemetry import SAMPLE_S, NodeTelemetry
-from .watchdog import CHECK_S, Watchdog, mib
 
 log = logging.getLogger("jupyter_mn.agent")
 
 
-class NodeGuard:
+class NodeUpkeep:
     """The watch over one node agent, from its first call that starts processes to its stop."""
 
     def __init__(
@@ -37,7 +39,8 @@ class NodeGuard:
         self._held, self._stop, self._leave = held, stop, leave
         self.wake = asyncio.Event()  # a look at the node is due now (a cell ended, or stop)
         self.closing = False
-        self.watchdog: Watchdog | None = None  # set once the ranks started
+        self.kernel: KernelBeat | None = None  # set once the ranks started
+        self.memory_limit: int | None = None
         self.telemetry: NodeTelemetry | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -63,11 +66,11 @@ class NodeGuard:
             if not self._held():
                 await self._stop()
                 return
-            if self.watchdog is not None:
-                if self.watchdog.kernel_gone():
-                    await self._orphaned(self.watchdog)
+            if self.kernel is not None:
+                if self.kernel.gone():
+                    await self._orphaned(self.kernel)
                     return
-                self._kill_over_memory(self.watchdog)
+                self._kill_over_memory()
             telemetry = self.telemetry
             if telemetry is not None and telemetry.due(loop.time() - last_look >= SAMPLE_S):
                 last_look = loop.time()
@@ -76,16 +79,18 @@ class NodeGuard:
                 except Exception:  # a failed sample must not end the watch over the ranks
                     log.exception("node %s: telemetry failed", self.ranks.node)
 
-    def _kill_over_memory(self, watchdog: Watchdog) -> None:
+    def _kill_over_memory(self) -> None:
+        if not self.memory_limit:
+            return
         running = {r.rank: r for r in self.ranks.handles if r.proc.poll() is None}
-        over = watchdog.over_memory({k: r.proc.pid for k, r in running.items()})
+        over = over_memory({k: r.proc.pid for k, r in running.items()}, self.memory_limit)
         for rank, rss in over.items():
-            limit = mib(watchdog.memory_limit or 0)
+            limit = mib(self.memory_limit)
             running[rank].kill(f"out of memory: {mib(rss)} > --memory-limit {limit}")
 
-    async def _orphaned(self, watchdog: Watchdog) -> None:
+    async def _orphaned(self, kernel: KernelBeat) -> None:
         """The kernel stopped beating: free the node rather than hold its GPUs forever."""
-        why = f"node {self.ranks.node}: no heartbeat for {watchdog.heartbeat_timeout:.0f} s"
+        why = f"node {self.ranks.node}: no heartbeat for {kernel.heartbeat_timeout:.0f} s"
         self.ranks.output.publish(GangState(GangStatus.BROKEN, why))
         # busy with a cell nobody waits for: it would not read a stop
         self.ranks.kill_busy(f"the kernel is gone ({why})")

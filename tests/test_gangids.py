@@ -8,7 +8,7 @@ import pytest
 
 from jupyter_mn.gang.base import Gang
 from jupyter_mn.gang.local import LocalProvisioner
-from jupyter_mn.kernel import names
+from jupyter_mn.kernel import gangids
 from jupyter_mn.kernel.spec import ClusterSpec
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -36,20 +36,20 @@ def test_two_gangs_of_one_name_get_different_readable_ids():
     ],
 )
 def test_gang_ids_are_dns_labels_that_start_with_the_name(name, prefix):
-    made = {names.gang_id(name) for _ in range(50)}
+    made = {gangids.gang_id(name) for _ in range(50)}
     assert len(made) == 50
     for gang in made:
         assert gang.startswith(prefix), gang
-        assert DNS_1035.match(gang) and len(gang) <= names.MAX_ID, gang
+        assert DNS_1035.match(gang) and len(gang) <= gangids.MAX_ID, gang
 
 
 def test_long_names_are_shortened_with_a_hash_of_the_whole_name():
     a, b = "sweep-" + "a" * 80 + "-lr1", "sweep-" + "a" * 80 + "-lr2"
-    label_a, label_b = names.dns_label(a, 40), names.dns_label(b, 40)
+    label_a, label_b = gangids.dns_label(a, 40), gangids.dns_label(b, 40)
     assert len(label_a) == len(label_b) == 40 and label_a != label_b
     assert label_a.startswith("sweep-aaaa") and DNS_1035.match(label_a)
-    assert names.dns_label(a, 40) == label_a  # stable
-    assert len(names.gang_id(a)) == names.MAX_ID
+    assert gangids.dns_label(a, 40) == label_a  # stable
+    assert len(gangids.gang_id(a)) == gangids.MAX_ID
 
 
 @pytest.mark.parametrize(
@@ -62,13 +62,13 @@ def test_long_names_are_shortened_with_a_hash_of_the_whole_name():
     ],
 )
 def test_label_values_keep_what_kubernetes_allows(name, value):
-    assert names.label_value(name) == value
-    long = names.label_value("Run." + "x" * 100)
+    assert gangids.label_value(name) == value
+    long = gangids.label_value("Run." + "x" * 100)
     assert len(long) == 63 and LABEL_VALUE.match(long) and long.startswith("Run.xxx")
 
 
 def test_display_names_may_be_any_printable_text():
-    assert names.name_problem("My Sweep #3 (lr=1e-4)") is None
-    assert names.name_problem(" ") == "is empty"
-    assert names.name_problem("a\nb") == "contains control characters"
-    assert names.name_problem("x" * 129) == "is longer than 128 characters"
+    assert gangids.name_problem("My Sweep #3 (lr=1e-4)") is None
+    assert gangids.name_problem(" ") == "is empty"
+    assert gangids.name_problem("a\nb") == "contains control characters"
+    assert gangids.name_problem("x" * 129) == "is longer than 128 characters"

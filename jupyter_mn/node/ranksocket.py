@@ -14,9 +14,9 @@ import dataclasses
 import subprocess
 from multiprocessing.connection import Connection
 
-from ..wire.collectives import AbortRequest, RankWhere, WhereRequest
 from ..wire.events import Preemption
 from ..wire.frames import Frames, Undecodable
+from ..wire.rankwhere import AbortRequest, RankWhere, WhereRequest
 from .exits import STOPPED, describe_exit, silent, stopped
 from .pipes import read_ready
 
