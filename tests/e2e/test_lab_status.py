@@ -23,19 +23,26 @@ FIRST_CELL = (
 #: kernel has started the cell (its execute_input arrived). Between the click and that, the
 #: kernel may still be handling what the page sent it on connecting (the widget manager's
 #: comm_close, a subshell's deletion): real work, shown Busy then Idle, not the cell's.
+#: ``__comms`` holds the comm messages the page sent that the kernel has not finished: the tab
+#: click's, which the kernel handles after the cell (Busy, then Idle, once more).
 SAMPLE = """() => {
   window.__status = [];
   window.__started = false;
+  window.__comms = new Set();
   const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-  kernel.iopubMessage.connect((_, msg) => {
-    if (msg.header.msg_type === 'execute_input') window.__started = true;
+  kernel.anyMessage.connect((_, { msg, direction }) => {
+    const type = msg.header.msg_type, state = msg.content.execution_state;
+    if (direction === 'send' && type === 'comm_msg') window.__comms.add(msg.header.msg_id);
+    if (type === 'execute_input') window.__started = true;
+    if (type === 'status' && state === 'idle') window.__comms.delete(msg.parent_header.msg_id);
   });
-  window.__sampler = setInterval(() => {
+  window.__sample = () => {
     const bar = document.querySelector('#jp-main-statusbar').innerText;
     const word = (bar.match(/\\b(Idle|Busy|Starting|Unknown|Connecting)\\b/) || ['?'])[0];
     const prompt = document.querySelector('.jp-Notebook .jp-Cell .jp-InputPrompt').innerText;
     window.__status.push([word, prompt.trim(), window.__started]);
-  }, 100);
+  };
+  window.__sampler = setInterval(window.__sample, 100);
 }"""
 
 
@@ -45,21 +52,25 @@ def test_the_status_bar_says_busy_for_the_whole_first_cluster_cell_and_idle_afte
     page.evaluate(SAMPLE)
     run_command(page, "notebook:run-cell")
     expect(page.locator(".jp-mn-state").first).to_have_text("RUNNING", timeout=120_000)
-    page.get_by_role("tab", name="node 1").click()  # a comm message on the page's subshell
-    expect(page.locator(".jp-mn-state").first).to_have_text("DONE", timeout=120_000)
-    status = page.locator("#jp-main-statusbar")
-    expect(status).to_contain_text("Idle", timeout=30_000)
-    expect(page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first).to_have_text("[1]:")
-    samples = page.evaluate("() => { clearInterval(window.__sampler); return window.__status; }")
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "first-cell-status.json").write_text(json.dumps(samples))
-    running = [word for word, prompt, started in samples if prompt == "[*]:" and started]
-    busy_from = running.index("Busy")  # the status follows the request by one message
-    assert busy_from <= 5, running[: busy_from + 1]
-    assert set(running[busy_from:]) == {"Busy"}, running  # never Idle while the cell runs
-    assert len(running) - busy_from > 40  # the cell ran for seconds, sampled all along
-    assert samples[-1][:2] == ["Idle", "[1]:"]
-    take_the_gang_down(page)
+    try:
+        page.get_by_role("tab", name="node 1").click()  # a comm message on the page's subshell
+        expect(page.locator(".jp-mn-state").first).to_have_text("DONE", timeout=120_000)
+        expect(page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first).to_have_text("[1]:")
+        page.wait_for_function("() => window.__comms.size === 0", timeout=30_000)
+        expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=30_000)
+        samples = page.evaluate(
+            "() => { clearInterval(window.__sampler); window.__sample(); return window.__status; }"
+        )
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "first-cell-status.json").write_text(json.dumps(samples))
+        running = [word for word, prompt, started in samples if prompt == "[*]:" and started]
+        busy_from = running.index("Busy")  # the status follows the request by one message
+        assert busy_from <= 5, running[: busy_from + 1]
+        assert set(running[busy_from:]) == {"Busy"}, running  # never Idle while the cell runs
+        assert len(running) - busy_from > 40  # the cell ran for seconds, sampled all along
+        assert samples[-1][:2] == ["Idle", "[1]:"]
+    finally:  # a failure here leaves no gang to the tests after it
+        take_the_gang_down(page)
 
 
 def test_the_subshell_messages_are_added_to_the_untracked_ones_the_user_configured(
