@@ -12,7 +12,7 @@ Rounds interleave the tools (A, B, C, A, B, C, …) so load changes hit all of t
   restart (SIGKILL → the next cell's value), with the nodes' rank templates and without
   (``JUPYTER_MN_RANK_TEMPLATE=0``), next to torchrun and to what one rank's imports cost alone.
 
-Run: ``.venv/bin/python bench/cells.py [--warm N] [--cold N] [--phases N]``.
+Run: ``.venv/bin/python -m bench.cells [--warm N] [--cold N] [--phases N]``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Checkpoints of a ~100 MB DDP model on a 2×2 gang: the 0.1 format against DCP, sync vs async.
 
-Run: ``.venv/bin/python bench/checkpoint.py [--reps N]`` (a 2×2 local gang, CPU ranks, gloo).
+Run: ``.venv/bin/python -m bench.checkpoint [--reps N]`` (a 2×2 local gang, CPU ranks, gloo).
 
 Side by side in one run, medians of ``--reps`` rounds, each round measuring every way once:
 

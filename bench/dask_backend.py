@@ -9,7 +9,7 @@
 * ``%cluster bench`` busbw at 4 MiB on the 2×2 gang (gloo on CPU).
 
 Rounds interleave the variants so load changes hit all of them alike; medians are printed.
-Run: ``.venv/bin/python bench/dask_backend.py [--cold N] [--warm N] [--script N]``.
+Run: ``.venv/bin/python -m bench.dask_backend [--cold N] [--warm N] [--script N]``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from pathlib import Path
 
 import dask
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from daskcli import DaskCLI, tls_config
-
 from jupyter_mn import Cluster
 from jupyter_mn.gang.script import run_script
 from jupyter_mn.kernel.bandwidth import bench
+from tests.support.daskcli import DaskCLI, tls_config
 
 SCRIPT = """
 import torch.distributed as dist

@@ -8,7 +8,7 @@ Side by side in one run, rounds interleaved:
 * jupyter_mn ``%cluster exec --all-nodes -- cmd`` on a warm 2-node gang;
 * ipyparallel ``%%px --stream`` with ``!cmd`` on 2 engines.
 
-Run: ``.venv/bin/python bench/exec_stream.py [--rounds N]``.
+Run: ``.venv/bin/python -m bench.exec_stream [--rounds N]``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any
 
-from cells import Kernel, table
+from bench.cells import Kernel, table
 
 LINES = 8
 COMMAND = f"for i in $(seq {LINES}); do echo T=$(date +%s.%N); sleep 0.3; done"

@@ -1,6 +1,6 @@
 """Time to a clean failure, per fault, next to what a peer would wait: the process-group timeout.
 
-Run: ``.venv/bin/python bench/faults.py [--reps N]`` (a 2×2 local gang, CPU ranks, gloo);
+Run: ``.venv/bin/python -m bench.faults [--reps N]`` (a 2×2 local gang, CPU ranks, gloo);
 ``--hosts`` (root): the network faults instead, on test hosts (``bench/faults_hosts.py``: a
 partition, a frozen node, a kernel ↔ node cut, plain torch.distributed beside them, and busbw
 against a shaped line rate).
@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 
 import psutil
-from localnodes import local_node
 
+from bench.localnodes import local_node
 from jupyter_mn import Cluster
 
 GLOO_DEFAULT_S, NCCL_DEFAULT_S = 1800, 600
@@ -195,7 +195,7 @@ def main() -> None:
     parser.add_argument("--hosts", action="store_true", help="network faults on test hosts")
     args = parser.parse_args()
     if args.hosts:
-        from faults_hosts import main as on_hosts
+        from bench.faults_hosts import main as on_hosts
 
         on_hosts(max(1, args.reps // 3), args.peer_timeout)
         return

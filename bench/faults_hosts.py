@@ -1,5 +1,5 @@
-"""The network faults of ``bench/faults.py --hosts``, on test hosts (``tests/hosts.py``: network
-namespaces with their own addresses on a bridge; needs root).
+"""The network faults of ``bench/faults.py --hosts``, on test hosts (``tests/support/hosts.py``:
+network namespaces with their own addresses on a bridge; needs root).
 
 Per fault: the time from the fault to the cell's error, and to the next cell's value (a fresh
 gang, on a spare host); next to it, two plain torch.distributed processes on two hosts looping on
@@ -17,13 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from daskcli import DaskCLI
-from hosts import Host, HostNet
-from looping import LOOP, KernelCut, frozen, link_down, when_looping
-
 from jupyter_mn import Cluster
 from jupyter_mn.kernel.bandwidth import bench
+from tests.support.daskcli import DaskCLI
+from tests.support.hosts import Host, HostNet
+from tests.support.looping import LOOP, KernelCut, frozen, link_down, when_looping
 
 #: Short, so the kernel-cut row does not wait 15 s; the liveness window stays 10 s.
 HEARTBEAT_TIMEOUT = 5.0

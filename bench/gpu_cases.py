@@ -5,7 +5,7 @@ transport (its NCCL lines are saved to OUT_DIR/one_rank_real.log, a fixture's so
 bench`` and the doctor on it, and a rank's restart after SIGKILL. The kernel never touches CUDA:
 GPUs are counted through NVML, as jupyter_mn does.
 
-Run: ``python bench/gpu_cases.py OUT_DIR``.
+Run: ``python -m bench.gpu_cases OUT_DIR``.
 """
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ nvidia-smi -L
 python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
 step() { echo; echo "=== $* ($(date +%T))"; }
 step pytest -m gpu
-python3 -m pytest -p no:cacheprovider -m gpu -q tests/test_gpu.py tests/test_doctor.py
+python3 -m pytest -p no:cacheprovider -m gpu -q tests/node/test_gpu.py tests/kernel/test_doctor.py
 step CPU tests of the split, transport, bench
-python3 -m pytest -p no:cacheprovider -q tests/test_visible.py tests/test_nccl.py \
-  tests/test_bandwidth.py tests/test_telemetry.py -k "not telemetry or one_node"
+python3 -m pytest -p no:cacheprovider -q tests/node/test_visible.py tests/node/test_nccl.py \
+  tests/kernel/test_bandwidth.py tests/node/test_telemetry.py -k "not telemetry or one_node"
 step the issue\'s cases
-timeout 100 python3 bench/gpu_cases.py "$OUT"
+timeout 100 python3 -m bench.gpu_cases "$OUT"
 step the issue\'s cases, ranks started anew \(no rank template\)
-mkdir -p "$OUT/no-template"; JUPYTER_MN_RANK_TEMPLATE=0 timeout 80 python3 bench/gpu_cases.py "$OUT/no-template"
+mkdir -p "$OUT/no-template"; JUPYTER_MN_RANK_TEMPLATE=0 timeout 80 python3 -m bench.gpu_cases "$OUT/no-template"
 step cold start on CPU ranks, with and without the rank template, beside torchrun
-CUDA_VISIBLE_DEVICES= timeout 90 python3 bench/cells.py --warm 0 --cold 0 --phases 3
+CUDA_VISIBLE_DEVICES= timeout 90 python3 -m bench.cells --warm 0 --cold 0 --phases 3
 step done

@@ -1,6 +1,6 @@
 """Time from a hang to its verdict, per case, next to what plain torch.distributed gives.
 
-Run: ``.venv/bin/python bench/hangs.py [--reps N] [--hang-timeout S]`` (a 2×2 local gang, CPU
+Run: ``.venv/bin/python -m bench.hangs [--reps N] [--hang-timeout S]`` (a 2×2 local gang, CPU
 ranks, gloo).
 
 Each case hangs at once (a rank 3 that skips the all_reduce, ranks calling different ops or
@@ -21,8 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from faults import GLOO_DEFAULT_S, plain_peer
-
+from bench.faults import GLOO_DEFAULT_S, plain_peer
 from jupyter_mn import Cluster
 from jupyter_mn.wire.events import Hung
 

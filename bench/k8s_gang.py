@@ -12,7 +12,7 @@ scheduling. Rounds interleave the backends so load changes hit both alike.
   goes through the port-forward on kubernetes);
 * down: ``close()`` until every process (and, on kubernetes, every object) is gone.
 
-Run: ``.venv/bin/python bench/k8s_gang.py [--rounds N] [--warm N]``.
+Run: ``.venv/bin/python -m bench.k8s_gang [--rounds N] [--warm N]``.
 """
 
 from __future__ import annotations
@@ -20,24 +20,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from kube.cluster import FakeCluster
-
 from jupyter_mn import Cluster
+from tests.support.kube.cluster import FakeCluster
 
 TRIVIAL, REDUCE = "x = 1", "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 BACKENDS = ("local", "kubernetes")
 
 
 def free_port() -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-    from test_kubernetes import free_port as find
+    from tests.e2e.test_kubernetes import free_port as find
 
     return find()
 

@@ -7,7 +7,7 @@ the notebook while the cell runs (docs/architecture.md, "Progress bars and live 
   frames shown per second and the bytes per second they cost on IOPub (the PNG is rendered once:
   on a loaded machine matplotlib's own rendering would set the pace).
 
-Run: ``.venv/bin/python bench/live.py``.
+Run: ``.venv/bin/python -m bench.live``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 import time
 from typing import Any
 
-from cells import Kernel
+from bench.cells import Kernel
 
 SECONDS = 6
 SHAPE = "--nodes 1 --gpus 2"

@@ -1,7 +1,7 @@
 """A preempted 2×2 gang: SIGTERM to node 1's process mid-training, to a COMPLETE checkpoint and to
 training resumed on a new gang.
 
-Run: ``.venv/bin/python bench/preempt.py [--reps N]`` (local gang, CPU ranks, gloo; a ~25 MB DDP
+Run: ``.venv/bin/python -m bench.preempt [--reps N]`` (local gang, CPU ranks, gloo; a ~25 MB DDP
 model whose loop calls ``checkpoint.preempted()`` every step). Medians of ``--reps`` rounds:
 
 - *notice*: SIGTERM → the kernel has the node's ``Preemption`` event;
@@ -21,8 +21,7 @@ import sys
 import tempfile
 import time
 
-from localnodes import local_node
-
+from bench.localnodes import local_node
 from jupyter_mn import Cluster
 from jupyter_mn.wire.events import LogLines, Preemption
 

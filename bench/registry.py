@@ -5,7 +5,7 @@
 3. a follow-mode read (lines after a cursor) vs reading the whole file;
 4. GET /jupyter-mn/api/jobs (20 jobs) vs the server's own GET /api/kernels and GET /api/status.
 
-    python bench/registry.py          # about a minute on 2 cores
+    python -m bench.registry          # about a minute on 2 cores
 """
 
 from __future__ import annotations

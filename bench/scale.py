@@ -1,8 +1,8 @@
 """Scale, simulated: N nodes × 8 ranks on one machine; prints a table, plots docs/scale.png.
 
 Every node is a real dask worker running the real node agent; its rank processes are light
-stand-ins (``tests/standin_rank.py``, started through ``JUPYTER_MN_RANK_PYTHON``) that speak the
-real rank protocol without torch, so 64 nodes × 8 ranks fit here. This process is the kernel
+stand-ins (``jupyter_mn/rank/standin.py``, started through ``JUPYTER_MN_RANK_PYTHON``) that speak
+the real rank protocol without torch, so 64 nodes × 8 ranks fit here. This process is the kernel
 side (the Python API, which the magics call), and for each N it measures:
 
 * start: ``Cluster.up()`` until every rank is ready;
@@ -25,7 +25,7 @@ side (the Python API, which the magics call), and for each N it measures:
   bytes per second (goal ≤ 10 msg/s);
 * memory: resident memory of the nodes and ranks (RSS, shared pages counted per process).
 
-Run: ``python bench/scale.py [--nodes 8 16 32 64] [--cells 20] [--lines 2000]`` (about 6 min on
+Run: ``python -m bench.scale [--nodes 8 16 32 64] [--cells 20] [--lines 2000]`` (about 6 min on
 2 cores; the ``bench`` extra brings matplotlib).
 """
 
@@ -37,7 +37,6 @@ import io
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,10 +45,9 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 RUNTIME_DIR = os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="jmn-bench-scale-")
-from simulated import LineCount, RegistryWrites, loud_cell, simulated_env  # noqa: E402
+from tests.support.simulated import LineCount, RegistryWrites, loud_cell, simulated_env  # noqa: E402
 
 os.environ.update(simulated_env())
 

@@ -1,7 +1,7 @@
 """Cold start of a 2-node gang on a real Slurm, next to ``srun torchrun`` of a trivial script.
 
-Both run on the test suite's Slurm (``tests/slurm.py``: Debian's slurmctld and one slurmd per
-test host, a network namespace each; needs root), 1 rank per node, CPU (gloo), interleaved so
+Both run on the test suite's Slurm (``tests/support/slurm.py``: Debian's slurmctld and one slurmd
+per test host, a network namespace each; needs root), 1 rank per node, CPU (gloo), interleaved so
 load changes hit both alike:
 
 * gang: ``Cluster(nodes=2, gpus=1, backend="slurm").run(all_reduce)`` from nothing to the value:
@@ -11,7 +11,7 @@ load changes hit both alike:
   all_reduce (c10d rendezvous on node 0), from the command to its exit;
 * warm cell: the same all_reduce again on the warm gang (what a notebook pays from then on).
 
-Run: ``.venv/bin/python bench/slurm_start.py [--rounds N]``.
+Run: ``.venv/bin/python -m bench.slurm_start [--rounds N]``.
 """
 
 from __future__ import annotations
@@ -25,13 +25,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from hosts import HostNet, missing
-from slurm import SlurmCluster
-from slurm import missing as slurm_missing
-
 from jupyter_mn import Cluster
+from tests.support.hosts import HostNet, missing
+from tests.support.slurm import SlurmCluster
+from tests.support.slurm import missing as slurm_missing
 
 REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 SCRIPT = (

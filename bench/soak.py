@@ -6,7 +6,7 @@ RSS, open files and threads summed; and the warm round trip at the start and at 
 growth is printed per 1000 cells (IPython itself keeps every cell's input and output in its
 history).
 
-Run: ``.venv/bin/python bench/soak.py [--widget-cells 1000] [--api-cells 3000]``.
+Run: ``.venv/bin/python -m bench.soak [--widget-cells 1000] [--api-cells 3000]``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from cells import Kernel
+from bench.cells import Kernel
 
 PROBE = """import os, psutil, threading
 from ipywidgets.widgets import widget as _w

@@ -6,7 +6,7 @@ same size to every rank (a name the cell reads); ipyparallel pulls the same arra
 engine and pushes it to four. A memcpy of the bytes in the benchmark's own process is the floor.
 Rounds interleave the tools, so load changes hit all of them alike.
 
-Run: ``.venv/bin/python bench/values.py [--mib 256] [--rounds 5]``.
+Run: ``.venv/bin/python -m bench.values [--mib 256] [--rounds 5]``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import os
 import time
 
 import numpy as np
-from cells import Kernel, interleave, ipyparallel_kernel, summarize
+
+from bench.cells import Kernel, interleave, ipyparallel_kernel, summarize
 
 
 def rows(mib: int, rounds: int) -> dict[str, list[float]]:

@@ -2,7 +2,7 @@
 
 Each rank (ipyparallel: each engine) of a 2×2 gang prints LINES lines; we time the cell until
 its output is in the notebook process, and the cost of the widget's per-frame redraw. Prints a
-table of medians and ratios. Run: ``.venv/bin/python bench/views.py``.
+table of medians and ratios. Run: ``.venv/bin/python -m bench.views``.
 """
 
 from __future__ import annotations

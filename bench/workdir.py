@@ -1,13 +1,13 @@
 """What the notebook's directory costs a gang on nodes that do not see it (needs root).
 
-Two test hosts (``tests/hosts.py``), a dask worker each; host 2's mount namespace hides the
+Two test hosts (``tests/support/hosts.py``), a dask worker each; host 2's mount namespace hides the
 notebook's directory (50 files, 5 MB). Per round, side by side: a cold gang with ``--no-workdir``
 (nothing travels), one whose node 1 has an empty file cache (the first time), one whose cache
 holds every file (the second time), and on that warm gang a cell after one file was edited and
 a cell with nothing changed. Medians of the cold starts (to the first cell's value), the time
 spent asking the nodes, listing and sending (``FileSync.decide`` and ``refresh``), the bytes sent.
 
-    sudo .venv/bin/python bench/workdir.py [--rounds 3]
+    sudo .venv/bin/python -m bench.workdir [--rounds 3]
 """
 
 from __future__ import annotations
@@ -16,19 +16,16 @@ import argparse
 import functools
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from daskcli import DaskCLI
-from hosts import HostNet
-
 from jupyter_mn import Cluster
 from jupyter_mn.gang.files import FileSync
+from tests.support.daskcli import DaskCLI
+from tests.support.hosts import HostNet
 
 FILES, SIZE = 50, 100_000  # 50 files, 5 MB
 spent: dict[str, float] = {}

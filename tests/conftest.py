@@ -14,14 +14,14 @@ from collections.abc import Iterator
 
 import dask
 import pytest
-from daskcli import DaskCLI, tls_config
-from hosts import HostNet, missing
-from procs import ours, started_now, wait_gone
-from slurm import SlurmCluster
-from slurm import missing as slurm_missing
 
 from jupyter_mn import Cluster
 from jupyter_mn.jobs.registry import Registry
+from tests.support.daskcli import DaskCLI, tls_config
+from tests.support.hosts import HostNet, missing
+from tests.support.procs import ours, started_now, wait_gone
+from tests.support.slurm import SlurmCluster
+from tests.support.slurm import missing as slurm_missing
 
 #: Kernels, Jupyter servers, papermill runs and the job registry of this test session share one
 #: private runtime dir: the user's own registry is never touched, nor another session's.

@@ -52,7 +52,7 @@ def rank_command(environ: Mapping[str, str] = os.environ) -> list[str]:
     the agent's environment sets ``JUPYTER_MN_RANK_PYTHON``.
 
     That variable exists for simulation: the scale tests and bench start light stand-in ranks
-    (``tests/standin_rank.py``, which speak this protocol without torch) so that 64 nodes × 8
+    (``jupyter_mn/rank/standin.py``, which speak this protocol without torch) so that 64 nodes × 8
     ranks fit on one machine. A command that cannot run is refused before any rank starts.
     """
     raw = environ.get(RANK_PYTHON, "")

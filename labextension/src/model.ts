@@ -1,6 +1,6 @@
 /**
  * The one JSON shape of a job, mirrored from `jupyter_mn/jobs/registry.py` (`JobModel`, `NodeModel`).
- * tests/test_registry.py checks that both declare the same fields.
+ * tests/jobs/test_registry.py checks that both declare the same fields.
  */
 
 export interface INodeModel {

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from polling import wait_until
-from procs import ours, rank_processes, running
 
 from jupyter_mn.jobs.registry import JobModel, Registry
-from kernels import Kernel, Reply
+from tests.support.kernels import Kernel, Reply
+from tests.support.polling import wait_until
+from tests.support.procs import ours, rank_processes, running
 
 JUPYTER_MN = [sys.executable, "-m", "jupyter_mn.cli"]
 

@@ -12,12 +12,12 @@ import dask
 import papermill
 import psutil
 import pytest
-from daskcli import BIN, DaskCLI, make_certs, tls_config, tls_env
 from distributed import Client, Security
-from procs import ours, rank_processes, started_now, wait_gone
-from test_papermill import CONTRACT, _notebook, _texts, run_quickstart
 
-from kernels import Kernel
+from tests.e2e.test_papermill import CONTRACT, _notebook, _texts, run_quickstart
+from tests.support.daskcli import BIN, DaskCLI, make_certs, tls_config, tls_env
+from tests.support.kernels import Kernel
+from tests.support.procs import ours, rank_processes, started_now, wait_gone
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from procs import ours, started_now, wait_gone
 
-from kernels import Kernel
+from tests.support.kernels import Kernel
+from tests.support.procs import ours, started_now, wait_gone
 
 FAILING = """%%cluster --nodes 2 --gpus 2
 def inner(batch):

@@ -6,9 +6,9 @@ import ast
 from collections.abc import Iterator
 
 import pytest
-from procs import ours, rank_processes, started_now, wait_gone
 
-from kernels import Kernel
+from tests.support.kernels import Kernel
+from tests.support.procs import ours, rank_processes, started_now, wait_gone
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import nbformat
 import psutil
 import pytest
 from nbclient import NotebookClient
-from procs import ours, running, wait_gone
 
 from jupyter_mn.node.kernelbeat import KERNEL_HEARTBEAT_S
-from kernels import Kernel
+from tests.support.kernels import Kernel
+from tests.support.procs import ours, running, wait_gone
 
 SHM = Path("/dev/shm")
 #: what the issue allows for each (the heartbeat test shortens the agents' patience)
@@ -159,7 +159,7 @@ def test_silent_kernel_is_abandoned_by_its_agents(monkeypatch, no_leftovers):
 def test_a_preempted_cell_resumes_on_a_new_gang_with_retries(tmp_path, no_leftovers):
     """SIGTERM to node 1's process mid-training, through a real kernel: the text view counts
     the grace period down, every rank saves at one step, and ``--retries 1`` resumes there."""
-    from test_preemption import TRAIN, worker_of
+    from tests.gang.test_preemption import TRAIN, worker_of
 
     kernel = Kernel()
     sent: list[int] = []

@@ -21,11 +21,11 @@ import nbformat
 import papermill
 import psutil
 import pytest
-from kube.cluster import FakeCluster
-from test_papermill import ROOT, _texts
 
 from jupyter_mn.node.ports import is_free, listen_port
-from kernels import Kernel
+from tests.e2e.test_papermill import ROOT, _texts
+from tests.support.kernels import Kernel
+from tests.support.kube.cluster import FakeCluster
 
 CELL = """%%cluster --backend kubernetes --nodes 2 --gpus 2 --image registry.example/agent:1 {extra}
 import os

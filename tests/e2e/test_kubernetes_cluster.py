@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from kernels import Kernel
+from tests.support.kernels import Kernel
 
 pytestmark = [
     pytest.mark.cluster,

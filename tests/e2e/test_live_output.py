@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import node_of, rank_processes
 
-from kernels import Kernel
+from tests.support.kernels import Kernel
+from tests.support.procs import node_of, rank_processes
 
 SHAPE = "--nodes 1 --gpus 2"
 GIVE_UP_S = 60.0

@@ -8,10 +8,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from polling import wait_until
-from procs import ours, rank_processes, started_now, wait_gone
 
-from kernels import Kernel
+from tests.support.kernels import Kernel
+from tests.support.polling import wait_until
+from tests.support.procs import ours, rank_processes, started_now, wait_gone
 
 SCRIPT = """
 import argparse, torch, torch.distributed as dist

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import nbformat
 import psutil
-from test_papermill import _notebook, _texts
 
 from jupyter_mn.jobs.registry import Registry
+from tests.e2e.test_papermill import _notebook, _texts
 
 PAPERMILL = Path(sys.executable).with_name("papermill")
 #: Shaped like a Hugging Face token, made fresh for each run.

@@ -1,11 +1,12 @@
-"""notebooks/06-slurm.ipynb under papermill, on the real Slurm of ``tests/slurm.py``."""
+"""notebooks/06-slurm.ipynb under papermill, on the real Slurm of ``tests/support/slurm.py``."""
 
 from __future__ import annotations
 
 import nbformat
 import papermill
-from polling import wait_until
-from test_papermill import ROOT, _texts
+
+from tests.e2e.test_papermill import ROOT, _texts
+from tests.support.polling import wait_until
 
 
 def test_the_slurm_notebook_runs_on_a_real_slurm(slurm, tmp_path, no_leftovers):

@@ -1,0 +1,1 @@
+"""Measurements, run from the repository root as ``python -m bench.NAME`` (docs/performance.md)."""

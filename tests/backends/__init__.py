@@ -1,0 +1,1 @@
+"""The backends: local, dask, Slurm, Kubernetes (on the emulated and the real control plane)."""

@@ -1,0 +1,1 @@
+"""A real JupyterLab server, and a real browser driving it."""

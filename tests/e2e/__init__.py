@@ -1,0 +1,1 @@
+"""Real kernels and notebooks end to end (papermill, the README's scripts)."""

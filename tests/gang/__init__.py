@@ -1,0 +1,1 @@
+"""Gangs: the run loop, faults, preemption, files on the nodes, scale."""

@@ -1,0 +1,1 @@
+"""Gangs on test hosts (network namespaces, as root)."""

@@ -1,0 +1,256 @@
+"""Gangs on a real Slurm (``slurm.py``): one slurmd per test host, one batch job per gang.
+
+The preflight doctor runs in the first gang test only; the others are about scheduling and skip it
+(on a loaded 2-core machine it costs a minute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from jupyter_mn import Cluster
+from jupyter_mn.checkpoint import latest
+from jupyter_mn.errors import Preempted, SchedulingError
+from jupyter_mn.gang.slurm import commands
+from jupyter_mn.gang.slurm.provision import dry_run, output_dir
+from jupyter_mn.gang.slurm.sbatch import STEP_MODULE
+from jupyter_mn.jobs.gc import collect
+from jupyter_mn.jobs.registry import ORPHAN_AFTER_S, Registry
+from jupyter_mn.kernel.slurmspec import SlurmOptions
+from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.wire.events import NodesWaiting
+from tests.hosts.test_hosts_dask import CHECK
+from tests.support.jobs import make_job
+from tests.support.kernels import Kernel
+from tests.support.polling import wait_until
+from tests.support.slurm import SlurmCluster
+
+
+def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
+    out = slurm.run("srun", "--nodes=2", "--ntasks-per-node=1", "sh", "-c", "hostname; hostname -I")
+    lines = sorted(out.split("\n")[:-1])
+    hosts = {h.hostname: h.ip for h in slurm.net.hosts}
+    assert [x for x in lines if x in hosts] == sorted(hosts)
+    assert {ip.strip() for ip in lines if ip.strip() not in hosts} == set(hosts.values())
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    with contextlib.suppress(psutil.Error):
+        return proc.environ()
+    return {}
+
+
+def _is_task(proc: psutil.Process, job_id: str) -> bool:
+    """A task of the gang's step (not its srun), by its command line and job."""
+    with contextlib.suppress(psutil.Error):
+        return proc.cmdline()[1:3] == ["-m", STEP_MODULE] and (
+            proc.environ().get("SLURM_JOB_ID") == job_id
+        )
+    return False
+
+
+@pytest.mark.slow
+def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_release(
+    slurm, no_leftovers, monkeypatch
+):
+    """The job's environment holds neither the gang's key nor the kernel's credentials, nor
+    what the allowlist does not name (``MYSQL_PWD``)."""
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "planted-hub-token")
+    monkeypatch.setenv("MYSQL_PWD", "planted-mysql-pwd")
+    cluster = Cluster(nodes=2, gpus=1, backend="slurm", idle_timeout=10)
+    try:
+        rows = [json.loads(v) for v in cluster.run(CHECK, return_all=True).unwrap()]
+        leaked = cluster.run(
+            "import os\n[k for k, v in os.environ.items() if 'planted-' in v or 'KEY-----' in v]"
+        )
+        assert leaked.value == []
+        (job,) = slurm.jobs()
+        tasks = [_environ(p) for p in psutil.process_iter() if _is_task(p, job.split()[0])]
+        assert len(tasks) == 2  # their environment as the job gave it (slurmctld keeps it)
+        for env in tasks:
+            assert not [v for v in env.values() if "planted-" in v or "KEY---" in v]
+        assert not list(output_dir().glob("*-tls"))  # the nodes have read the certificate
+        assert job.split()[1] == "RUNNING"
+        wait_until(lambda: not slurm.jobs(), 10 + 30, "the idle release to cancel the job")
+    finally:
+        cluster.close()
+    hosts = slurm.net.hosts
+    assert [r["host"] for r in rows] == [h.hostname for h in hosts]
+    assert {r["master"] for r in rows} == {hosts[0].ip}
+    assert all(r["sum"] == 1 for r in rows)
+    assert all((r["gloo"], r["nccl"]) == ("eth0", "=eth0") for r in rows)
+
+
+def test_a_job_that_cannot_start_shows_why_and_is_cancelled_at_the_schedule_timeout(
+    slurm, no_leftovers
+):
+    seen: list[NodesWaiting] = []
+    held = SlurmOptions(sbatch_args=("--hold",), schedule_timeout=2)
+    cluster = Cluster(ClusterSpec(nodes=2, gpus=1, backend="slurm", slurm=held))
+    with pytest.raises(
+        SchedulingError, match=r"did not start within .* 2 s \(pending: JobHeldUser"
+    ):
+        cluster.up(on_event=lambda e: seen.append(e) if isinstance(e, NodesWaiting) else None)
+    cluster.close()
+    (job,) = {e.message for e in seen}
+    assert [e.reason for e in seen] == ["pending: JobHeldUser"]
+    assert job.startswith("Slurm job ")
+    wait_until(lambda: not slurm.jobs(), 30, "the held job to leave squeue")
+
+
+#: A loop that saves when the gang is preempted; DCP is imported first, as a warm training loop
+#: has it (the test Slurm's KillWait is 5 s, and the import alone takes seconds on a loaded host).
+SAVES_WHEN_PREEMPTED = """
+import time, torch.distributed.checkpoint
+from jupyter_mn import checkpoint
+model = torch.nn.Linear(2, 1)
+print("looping")
+for step in range(6000):
+    if checkpoint.preempted():
+        checkpoint.save({"model": model}, CKPT, step)
+        break
+    time.sleep(0.1)
+"""
+
+
+def test_a_requeued_job_is_a_preemption_its_loop_saves_in_and_the_next_cell_gets_a_new_job(
+    slurm, tmp_path, no_leftovers
+):
+    ckpt = tmp_path / "ckpt"  # the test hosts share this machine's filesystem
+    with Cluster(nodes=2, gpus=1, backend="slurm", preflight=False) as cluster:
+        cluster.up()
+        (first,) = (line.split()[0] for line in slurm.jobs())
+        cell = cluster.submit(SAVES_WHEN_PREEMPTED, namespace={"CKPT": str(ckpt)})
+        wait_until(lambda: "looping" in cell.output, 60, "the loop to run")
+        slurm.run("scontrol", "requeue", first)  # SIGTERM to every process of the job
+        with pytest.raises(Preempted) as preempted:
+            cell.result(timeout=60)
+        assert preempted.value.cause == "slurm", preempted.value
+        assert preempted.value.checkpoint == str(latest(ckpt)), preempted.value
+        assert cluster.run("1 + 1").unwrap() == 2
+        (second,) = (line.split()[0] for line in slurm.jobs() if "RUNNING" in line)
+        assert second != first
+    wait_until(lambda: not slurm.jobs(), 30, "both jobs to leave squeue")
+
+
+@pytest.mark.slow
+def test_down_cancels_the_job_and_a_killed_kernels_job_ends_within_the_orphan_timeout(slurm):
+    kernel = Kernel()
+    try:
+        flags = "--backend slurm --nodes 2 --gpus 1 --orphan-timeout 5 --no-preflight"
+        cell = f"%%cluster {flags}\n1 + 1"
+        assert kernel.run(cell).result == "2"
+        down = kernel.run("%cluster down")
+        assert down.status == "ok", down.error_text
+        wait_until(lambda: not slurm.jobs(), 30, "%cluster down to leave squeue empty")
+        assert kernel.run(cell).result == "2"
+        (job,) = slurm.jobs()
+        os.kill(kernel.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda: not slurm.jobs(), 5 + 30, f"job {job} to end after its kernel")
+        assert time.monotonic() - killed > 5  # the job ended by itself: no kernel cancelled it
+    finally:
+        kernel.shutdown()
+
+
+def test_a_kernel_inside_an_allocation_starts_a_step_there_and_submits_nothing(slurm, tmp_path):
+    script = tmp_path / "inside.py"
+    script.write_text(
+        "import json\nfrom jupyter_mn import Cluster\n"
+        "with Cluster(nodes=2, gpus=1, backend='slurm', preflight=False) as c:\n"
+        f"    print(json.dumps(c.run({CHECK!r}, return_all=True).unwrap()))\n"
+    )
+    out = tmp_path / "out"
+    argv = ["sbatch", "--parsable", "--wait", "--nodes=2", f"--output={out}"]
+    outer = slurm.run(*argv, "--wrap", f"{sys.executable} {script}", timeout=300).strip()
+    rows = [json.loads(v) for v in json.loads(out.read_text().splitlines()[-1])]
+    hosts = slurm.net.hosts
+    assert [r["host"] for r in rows] == [h.hostname for h in hosts]
+    assert {r["master"] for r in rows} == {hosts[0].ip}
+    assert all(r["sum"] == 1 for r in rows)
+    after = slurm.run("sbatch", "--parsable", "--output=/dev/null", "--wrap", "true").strip()
+    assert int(after) == int(outer) + 1  # no job was submitted from inside
+    wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_gc_cancels_the_slurm_job_of_a_dead_kernel_and_no_other(slurm, tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a kernel pid that no longer exists
+    ids = {}
+    for gang in ("jmn-dead-0001", "jmn-other-0002"):
+        argv = ["sbatch", "--parsable", f"--job-name={gang}", "--output=/dev/null"]
+        ids[gang] = slurm.run(*argv, "--hold", "--wrap", "sleep 300").strip()
+    registry = Registry(tmp_path / "reg")
+    try:
+        stale = time.time() - ORPHAN_AFTER_S - 1
+        job = make_job("jmn-dead-0001", backend="slurm", pid=gone.pid, heartbeat=stale)
+        registry.save(job)
+        assert collect(registry, keep_s=1e9, dry_run=True) == [
+            f"jmn-dead-0001: would cancel Slurm job {ids['jmn-dead-0001']}"
+        ]
+        assert collect(registry, keep_s=1e9) == [
+            f"jmn-dead-0001: cancelled Slurm job {ids['jmn-dead-0001']}"
+        ]
+        wait_until(
+            lambda: [j.split()[0] for j in slurm.jobs()] == [ids["jmn-other-0002"]],
+            30,
+            "only the other job to stay",
+        )
+    finally:
+        registry.close()
+        slurm.run("scancel", *ids.values())
+        wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_dry_run_prints_the_batch_script_without_gpus_on_a_cpu_only_cluster(slurm):
+    script = dry_run(ClusterSpec(nodes=2, gpus=1, backend="slurm"))
+    assert "#SBATCH --nodes=2" in script
+    assert "--gres" not in script
+    assert "sinfo did not answer" not in script
+    assert not slurm.jobs()
+
+
+def test_the_pending_reason_is_shown_as_it_changes_until_the_job_starts(slurm, no_leftovers):
+    argv = ["sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null"]
+    blocker = slurm.run(*argv, "--wrap", "sleep 300").strip()
+    wait_until(lambda: f"{blocker} RUNNING" in " ".join(slurm.jobs()), 30, "the blocker to run")
+    reasons: list[str] = []
+
+    def waiting(event: object) -> None:
+        if isinstance(event, NodesWaiting):
+            reasons.append(event.reason)
+            if event.reason == "pending: Resources":
+                slurm.run("scancel", blocker)  # the nodes free up: the gang's job starts
+
+    with Cluster(nodes=2, gpus=1, backend="slurm", preflight=False) as cluster:
+        cluster.up(on_event=waiting)
+        assert cluster.run("dist.get_world_size()").unwrap() == 2
+    assert reasons[-1] == "pending: Resources"
+    assert set(reasons) <= {"pending: None", "pending: Priority", "pending: Resources"}
+    wait_until(lambda: not slurm.jobs(), 30, "the jobs to leave squeue")
+
+
+def test_a_job_sbatch_submitted_before_it_timed_out_is_cancelled(
+    slurm, tmp_path, monkeypatch, no_leftovers
+):
+    """No job id came back, yet the job exists: it is found by its name and cancelled."""
+    wrapper = tmp_path / "sbatch"
+    wrapper.write_text(f'#!/bin/sh\n{shutil.which("sbatch")} "$@"\nexec sleep 60\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(commands, "_TIMEOUT_S", 3.0)
+    cluster = Cluster(nodes=1, gpus=1, backend="slurm", preflight=False)
+    with pytest.raises(SchedulingError, match="sbatch did not answer in 3 s"):
+        cluster.up()
+    cluster.close()
+    wait_until(lambda: not slurm.jobs(), 30, "the submitted job to be cancelled")

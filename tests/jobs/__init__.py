@@ -1,0 +1,1 @@
+"""The job registry, its logs and the jupyter mn CLI."""

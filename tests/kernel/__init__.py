@@ -1,0 +1,1 @@
+"""The kernel side: magics, specs, Cluster, results, the hang verdict."""

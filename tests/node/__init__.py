@@ -1,0 +1,1 @@
+"""The node agent: rank processes, their template, pipes, GPUs, transports."""

@@ -1,0 +1,1 @@
+"""The rank side: checkpoints, the flight recorder, causes, the rank environment."""

@@ -1,0 +1,1 @@
+"""Views built from events."""

@@ -1,0 +1,1 @@
+"""Messages every process shares, as bytes."""
