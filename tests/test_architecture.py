@@ -413,6 +413,7 @@ def sent_to_the_nodes() -> list[object]:
     """What the kernel pickles to node agents and ranks, built by the kernel's own code: a cell's
     payload with a captured name, and a launch with a script."""
     from jupyter_mn.gang import make_gang
+    from jupyter_mn.gang.nodelaunch import launch_for
     from jupyter_mn.kernel.cell import Shipper, compile_cell
     from jupyter_mn.kernel.spec import ClusterSpec
     from jupyter_mn.wire.launchspec import Script
@@ -420,10 +421,10 @@ def sent_to_the_nodes() -> list[object]:
 
     names, notes = Shipper().capture(compile_cell("x + 1"), {"x": 1})
     gang = make_gang(ClusterSpec(env=(("A", "b"),)))
-    gang.master = ("127.0.0.1", 1)
+    gang.core.master = ("127.0.0.1", 1)
     return [
         CellPayload("x + 1", 1, names, notes=notes),
-        gang.launch(2, Script("train.py", ("--lr", "1"), b"print(1)")),
+        launch_for(gang.core, gang.files, 2, 0, Script("train.py", ("--lr", "1"), b"print(1)")),
     ]
 
 

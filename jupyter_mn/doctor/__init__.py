@@ -40,36 +40,37 @@ def examine(gang: Gang) -> DoctorReport:
     from ..node.workerfuncs import probe
 
     started = time.perf_counter()
-    spec = gang.spec
+    core = gang.core
+    spec = core.spec
     options: dict[str, Any] = {
         "paths": list(spec.check_paths),
         "env": dict(spec.env),
-        "cwd": gang.provisioner.launch_options().get("cwd"),
+        "cwd": core.provisioner.launch_options().get("cwd"),
         "timeout": PROBE_TIMEOUT_S,
         "reach_timeout": REACH_TIMEOUT_S,
     }
-    if gang.ranks:  # rank 0's TCPStore listens on the master port
-        master = gang.master
+    if core.ranks:  # rank 0's TCPStore listens on the master port
+        master = core.master
     else:  # node 0 listens on a free port at the master address while the probes run
-        master = (gang.master[0], gang.agents[0].endpoint().result()[1])
+        master = (core.master[0], core.nodes.agents[0].endpoint().result()[1])
         options["listen"] = {
-            "worker": gang.addresses[0],
+            "worker": core.addresses[0],
             "host": master[0],
             "port": master[1],
             "expect": spec.nodes,
         }
     options["master"] = {"addr": master[0], "port": master[1]}
-    answers = gang.run(_Probes(gang, None, range(gang.spec.nodes), probe, options))
+    answers = gang.run(_Probes(core, None, range(spec.nodes), probe, options))
     facts = []
-    for address in gang.addresses:
+    for address in core.addresses:
         answer = answers.get(address)
         facts.append(answer if isinstance(answer, dict) else {"error": repr(answer)})
-    target = f"{spec.shape} on {gang.provisioner.backend}" + (
+    target = f"{spec.shape} on {core.provisioner.backend}" + (
         f" {spec.scheduler}" if spec.scheduler else ""
     )
     return DoctorReport(
         target=target,
-        nodes=[f"node {n} {host}" for n, host in enumerate(gang.hosts)],
+        nodes=[f"node {n} {host}" for n, host in enumerate(core.hosts)],
         checks=judge(spec, facts, kernel_facts(), master),
         elapsed=time.perf_counter() - started,
         facts=facts,
@@ -97,7 +98,8 @@ def preflight(gang: Gang, note: Callable[[str], None]) -> None:
     """Check a new gang's nodes before ranks start; raise ``PreflightError`` on a ✘ (an RDMA ✘
     only with ``--require-rdma``: plain ``--rdma`` warns, as the transport view does)."""
     report = examine(gang)
-    rdma_needed = gang.spec.require_rdma and gang.spec.nodes > 1  # one node uses no network
+    spec = gang.core.spec
+    rdma_needed = spec.require_rdma and spec.nodes > 1  # one node uses no network
     blocking = [f for f in report.failures() if f[0] != "RDMA" or rdma_needed]
     if blocking:
         raise PreflightError(

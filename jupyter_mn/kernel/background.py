@@ -84,7 +84,7 @@ class BackgroundCell:
 
     def _view(self, event: Any) -> None:
         if not self._job and self.cluster.gang is not None:  # events come once the gang exists
-            self._job = self.cluster.spec.name or self.cluster.gang.id
+            self._job = self.cluster.spec.name or self.cluster.gang.core.id
         self._text(event)
 
     def done(self) -> bool:

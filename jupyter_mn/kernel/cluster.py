@@ -219,7 +219,7 @@ class Cluster:
             gang, self._names.for_ranks(payload, gang), on_event, timeout, hang_timeout
         )
         result.notes[:0] = sent
-        self._last = LastCell(payload.cell_id, result, gang.id)
+        self._last = LastCell(payload.cell_id, result, gang.core.id)
         return result
 
     def launch(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -267,17 +267,17 @@ class Cluster:
         """Where every rank is now (``%cluster stacks``), with the hang verdict when ranks wait
         in a collective; works during a cell."""
         gang = self.gang
-        return explain("stacks on request", gang.stacks() if gang is not None else [])[0]
+        return explain("stacks on request", gang.core.nodes.stacks() if gang is not None else [])[0]
 
     def status(self) -> dict[str, Any]:
-        gang = self.gang
+        core = self.gang.core if self.gang is not None else None
         return {
-            "id": gang.id if gang else None,
-            "state": gang.status.value if gang else ("RELEASED" if self.released else "DOWN"),
-            "detail": (gang.detail if gang else self.released),
+            "id": core.id if core else None,
+            "state": core.status.value if core else ("RELEASED" if self.released else "DOWN"),
+            "detail": (core.detail if core else self.released),
             "shape": self.spec.shape,
             "backend": self.spec.backend,
-            "device": gang.device if gang else None,
+            "device": core.device if core else None,
             "cells": self.cells,
             "idle_s": round(time.time() - self.last_used, 1),
             "idle_timeout_s": self.spec.idle_timeout,

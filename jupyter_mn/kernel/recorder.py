@@ -54,21 +54,21 @@ class JobRecord:
     """One gang's row and log files; only the recorder thread touches it."""
 
     def __init__(self, registry: Registry, cluster: Cluster, gang: Gang) -> None:
-        spec = gang.spec
+        spec = gang.core.spec
         self.registry = registry
         self.cluster = weakref.ref(cluster)
         self.gang = gang
-        job_id = gang.id  # unique and path-safe; the user's name is ``name``
+        job_id = gang.core.id  # unique and path-safe; the user's name is ``name``
         self.model = JobModel(
             id=job_id,
-            name=spec.name or gang.id,
-            gang=gang.id,
+            name=spec.name or gang.core.id,
+            gang=gang.core.id,
             backend=spec.backend,
             shape=spec.shape,
             gpus=spec.gpus,
             world_size=spec.world_size,
-            state=gang.status.value,
-            started=gang.started_at,
+            state=gang.core.status.value,
+            started=gang.core.started_at,
             heartbeat=time.time(),
             pid=os.getpid(),
             kernel_id=current_kernel_id(),
@@ -107,7 +107,8 @@ class JobRecord:
             model.cells += 1 if event.cell else 0
             self.logs.mark(len(model.nodes), f"{event.what} started {time.strftime('%H:%M:%S')}")
         elif isinstance(event, Hung) and event.over:
-            model.state, model.detail, model.error = self.gang.status.value, self.gang.detail, None
+            core = self.gang.core
+            model.state, model.detail, model.error = core.status.value, core.detail, None
         elif isinstance(event, Hung):  # until it is over or the gang's next state (the cell ends)
             model.state, model.detail, model.error = HUNG, event.verdict, event.verdict
         elif isinstance(event, Preemption):  # the panel polls: a deadline, not a countdown
@@ -129,13 +130,13 @@ class JobRecord:
     def _placed(self) -> bool:
         """Record the gang's Kubernetes namespace once its provisioner has chosen it (``gc``
         deletes there); other provisioners have none."""
-        namespace = getattr(self.gang.provisioner, "namespace", "")
+        namespace = getattr(self.gang.core.provisioner, "namespace", "")
         changed = namespace != self.model.namespace
         self.model.namespace = namespace
         return changed
 
     def _ranks_up(self) -> None:
-        for info in self.gang.ranks:
+        for info in self.gang.core.ranks:
             node = self.model.nodes[info.rank // self.model.gpus]
             node.host = info.host
             gpu = info.device.startswith("cuda")
@@ -205,7 +206,7 @@ class Recorder:
                 self._pending = True
                 self._wake.set()
 
-        gang.hub.subscribe(listener)
+        gang.core.hub.subscribe(listener)
         return record
 
     def drain(self) -> None:

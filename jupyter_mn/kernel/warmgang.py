@@ -70,8 +70,8 @@ class WarmGang:
         with self._lock:
             if self.gang is None:
                 return False
-            self.notes += self.gang.settle()
-            return self.gang.status.usable
+            self.notes += self.gang.generations.settle()
+            return self.gang.core.status.usable
 
     def job_ended(self) -> str:
         """A job ended: why the cost cap tore the gang down then ("" if it did not; else the
@@ -99,7 +99,7 @@ class WarmGang:
     def drop(self) -> None:
         self.lifetime.gone()
         if self.gang is not None:
-            self.gang.close()
+            self.gang.core.close()
             self.gang = None
         self._forget()
 
@@ -129,4 +129,4 @@ def claim_nodes(spec: ClusterSpec, on_event: OnEvent | None, files: bool) -> Ite
         gang.start(on_event, ranks=False, preflight=preflight_of(spec), files=selected)
         yield gang
     finally:
-        gang.close()
+        gang.core.close()
