@@ -151,7 +151,7 @@ def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, 
 
         idle = cluster.gang
         os.kill(worker_of(2, gang_of(cluster)).pid, signal.SIGTERM)
-        wait_until(lambda: not idle.status.usable, 30, "the idle gang to be given up")
+        wait_until(lambda: not idle.core.status.usable, 30, "the idle gang to be given up")
         assert cluster.run("1 + 1").unwrap() == 2 and cluster.gang is not idle
 
 

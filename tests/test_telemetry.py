@@ -82,7 +82,7 @@ def test_require_rdma_without_rdma_fails_before_any_rank_starts(no_leftovers):
     assert cluster.spec.rdma  # --require-rdma implies --rdma
     with pytest.raises(TransportError, match=r"--require-rdma: node [01] has no usable RDMA port"):
         cluster.run("1")
-    assert cluster.gang is None or not cluster.gang.status.usable
+    assert cluster.gang is None or not cluster.gang.core.status.usable
     assert not rank_processes(ours(no_leftovers))
     cluster.close()
 
