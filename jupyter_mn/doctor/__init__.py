@@ -12,10 +12,11 @@ new gang (``ClusterSpec.runs_preflight``), which then fails with ``PreflightErro
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import PreflightError, Stopped
 from ..gang.job import INTERRUPTED_BY_USER, WorkerCall
@@ -25,7 +26,6 @@ from .report import DoctorReport
 
 if TYPE_CHECKING:
     from ..gang.base import Gang
-    from ..kernel.cluster import Cluster
     from ..wire.events import OnEvent
 
 __all__ = ["DoctorReport", "doctor", "examine", "preflight"]
@@ -111,7 +111,16 @@ def preflight(gang: Gang, note: Callable[[str], None]) -> None:
     note(f"preflight: {report.summary()}")
 
 
-def doctor(cluster: Cluster, on_event: OnEvent | None = None) -> DoctorReport:
+class NodeSource(Protocol):
+    """Where the doctor gets nodes to probe: a ``Cluster`` (its warm gang's, or nodes claimed
+    for the checks alone)."""
+
+    def nodes(
+        self, on_event: OnEvent | None = None, preflight: bool | None = None, files: bool = True
+    ) -> contextlib.AbstractContextManager[Gang]: ...
+
+
+def doctor(cluster: NodeSource, on_event: OnEvent | None = None) -> DoctorReport:
     """Run the checks on ``cluster``'s nodes (the warm gang's, or nodes claimed for it)."""
     with cluster.nodes(on_event, preflight=False, files=False) as gang:
         return examine(gang)

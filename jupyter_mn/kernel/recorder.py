@@ -1,6 +1,6 @@
 """Kernel side of the registry: keep each gang's ``JobModel`` and logs current, obey requests.
 
-``track(cluster, gang)`` subscribes to the gang's events (they arrive on dask's thread) and hands
+``track(owner, gang)`` subscribes to the gang's events (they arrive on dask's thread) and hands
 them to one recorder thread per process, which writes the registry and the log files, beats the
 heartbeat and polls the ``requests`` table. Polling from a thread is what lets the Clusters panel
 and ``jupyter mn cancel`` reach a kernel that is busy running a cell as well as an idle one.
@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..jobs.joblogs import JobLogWriter
 from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
@@ -37,7 +37,6 @@ from .kernelid import current_kernel_id
 
 if TYPE_CHECKING:
     from ..gang import Gang
-    from .cluster import Cluster
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
@@ -50,13 +49,24 @@ _SOURCES = {"panel": "the Clusters panel", "cli": "jupyter mn"}
 _DONE = {"cancel": "cancelled", "release": "released"}
 
 
+class GangOwner(Protocol):
+    """Who holds a recorded gang and obeys its requests: a cluster's warm gang (``Cluster``
+    answers the same calls)."""
+
+    gang: Gang | None
+
+    def cancel(self, reason: str) -> bool: ...
+
+    def release(self, reason: str) -> None: ...
+
+
 class JobRecord:
     """One gang's row and log files; only the recorder thread touches it."""
 
-    def __init__(self, registry: Registry, cluster: Cluster, gang: Gang) -> None:
+    def __init__(self, registry: Registry, owner: GangOwner, gang: Gang) -> None:
         spec = gang.core.spec
         self.registry = registry
-        self.cluster = weakref.ref(cluster)
+        self.owner = weakref.ref(owner)
         self.gang = gang
         job_id = gang.core.id  # unique and path-safe; the user's name is ``name``
         self.model = JobModel(
@@ -150,16 +160,16 @@ class JobRecord:
 
     def obey(self, request: Request) -> str:
         """Carry out a cancel/release request; returns what happened (stored as its outcome)."""
-        cluster = self.cluster()
+        owner = self.owner()
         why = f"{_DONE[request.action]} from {_SOURCES.get(request.source, request.source)}"
-        if cluster is None or cluster.gang is not self.gang:
+        if owner is None or owner.gang is not self.gang:
             return "the job had already ended"
         if request.action == "cancel":
-            if cluster.cancel(why):
+            if owner.cancel(why):
                 return "cancelling the running cell"
             return "no cell was running"
         threading.Thread(
-            target=cluster.release, args=(why,), name="jupyter-mn-release", daemon=True
+            target=owner.release, args=(why,), name="jupyter-mn-release", daemon=True
         ).start()
         return "releasing the gang"
 
@@ -183,10 +193,10 @@ class Recorder:
         self._thread = threading.Thread(target=self._loop, name="jupyter-mn-recorder", daemon=True)
         self._thread.start()
 
-    def track(self, cluster: Cluster, gang: Gang) -> JobRecord:
+    def track(self, owner: GangOwner, gang: Gang) -> JobRecord:
         """Record ``gang``: its row now, or (a locked or full database) by the recorder thread
         as soon as it can be written, so the panel, the CLI and ``gc`` see every gang."""
-        record = JobRecord(self.registry, cluster, gang)
+        record = JobRecord(self.registry, owner, gang)
         with self._lock:
             self._records[record.model.id] = record
             try:
@@ -269,14 +279,14 @@ _recorder: Recorder | None = None
 _recorder_lock = threading.Lock()
 
 
-def track(cluster: Cluster, gang: Gang) -> None:
+def track(owner: GangOwner, gang: Gang) -> None:
     """Record ``gang`` (not started yet) in the registry; never fails the cell."""
     global _recorder
     try:
         with _recorder_lock:
             if _recorder is None:
                 _recorder = Recorder()
-        _recorder.track(cluster, gang)
+        _recorder.track(owner, gang)
     except Exception:
         log.exception("jupyter_mn: the job registry is not available; the job is not recorded")
 
