@@ -20,7 +20,8 @@ from kube.node import RDMA_RESOURCE
 from kube.rest import RestError
 from polling import wait_until
 
-from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, Target, build
+from jupyter_mn.gang.kubernetes.gangs import Target
+from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, build
 from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.node.ports import is_free, listen_port
