@@ -120,8 +120,8 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
             started_at = cluster.run("import time\ntime.time()", return_all=True).unwrap()
             fanouts.append(max(started_at) - t0)
         count = LineCount()
-        gang.hub.subscribe(count)
-        dropped = gang.hub.inbox.dropped
+        gang.core.hub.subscribe(count)
+        dropped = gang.core.hub.inbox.dropped
         widget = ClusterWidget(ClusterSpec(nodes=nodes, gpus=GPUS), title="loud")
         with contextlib.redirect_stdout(io.StringIO()):  # no frontend: display() prints
             widget.show()  # its first full draw is not counted, nor its last (close)
@@ -140,11 +140,11 @@ def measure(nodes: int, cells: int, lines: int, writes: RegistryWrites) -> Row:
         short = sum(max(lines - count.per_rank[r], 0) for r in range(nodes * GPUS))
         if count.gaps or count.lines != expected:
             print(f"  {nodes} nodes: {count.lines}/{expected} lines, {count.gaps} gaps")
-        dropped = gang.hub.inbox.dropped - dropped
+        dropped = gang.core.hub.inbox.dropped - dropped
         mem = memory_gb()
     finally:
         cluster.close()
-    on_disk = logged_lines(Registry(), gang.id)
+    on_disk = logged_lines(Registry(), gang.core.id)
     if on_disk != expected:
         print(f"  {nodes} nodes: {on_disk}/{expected} lines in the registry's log files")
     return Row(

@@ -7,10 +7,7 @@ papermill and nbclient still report e.g. ``CellError``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .kernel.result import CellResult
+from typing import Any
 
 
 class JupyterMNError(Exception):
@@ -74,12 +71,14 @@ class Stopped(JupyterMNError):
 
 
 class CellError(JupyterMNError):
-    """The cell failed on at least one rank; carries the root-cause rank and its traceback."""
+    """The cell failed on at least one rank; carries the root-cause rank and its traceback, and
+    ``result``: the cell's ``CellResult`` (``kernel/result.py``, which builds this error: typed
+    ``Any`` here, since every process imports this module and none but the kernel that one)."""
 
     def __init__(
         self,
         message: str,
-        result: CellResult | None = None,
+        result: Any = None,
         traceback: list[str] | None = None,
         notes: list[str] | None = None,
     ):
@@ -119,7 +118,7 @@ class Preempted(CellError):
     def __init__(
         self,
         message: str,
-        result: CellResult | None = None,
+        result: Any = None,
         *,
         node: int,
         cause: str,

@@ -4,11 +4,14 @@ Every import statement counts, those inside functions too; relative imports are 
 ``import a.b`` and ``from a import b`` where ``b`` is a submodule both name that submodule. A
 package's ``__init__`` that runs because a submodule is imported is not counted as an import.
 
-1. No import cycle among ``jupyter_mn`` modules. Imports under ``if TYPE_CHECKING:`` are exempt:
-   they never run (so in rules 2 and 3 too).
+1. No import cycle among ``jupyter_mn`` modules, printed as one loop and the imports that make
+   it. Every import counts: those under ``if TYPE_CHECKING:`` (a type-only loop still makes two
+   modules that cannot be read, tested or moved apart) and those inside functions (deferring an
+   import hides a loop from the interpreter, not from the reader).
 2. The node agent side (``node/``) and the rank side (``rank/``) import nothing of the kernel
    side: only their own package (the node side also the rank side's) and ``SHARED``: the wire
-   (``wire/``) and the errors.
+   (``wire/``) and the errors. Imports under ``if TYPE_CHECKING:`` are exempt here (and in rule
+   3): they never run, so they load nothing into a node or a rank.
 3. No private name (``_x``, not ``__dunder__`` nor ``_sunder_`` protocol names such as
    ``_render_traceback_``) used across modules:
 
@@ -279,25 +282,50 @@ def strongly_connected(graph: dict[str, set[str]]) -> Iterator[list[str]]:
             yield from visit(node)
 
 
+def shortest_loop(graph: dict[str, set[str]], start: str, members: list[str]) -> list[str]:
+    """The shortest import loop from ``start`` back to it inside ``members`` (breadth first)."""
+    inside = set(members)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph.get(node, set()) & inside):
+                if nxt == start:
+                    return [*paths[node], start]
+                if nxt not in paths:
+                    paths[nxt] = [*paths[node], nxt]
+                    following.append(nxt)
+        frontier = following
+    return [start]
+
+
 def import_cycles(scans: list[ModuleScan]) -> list[str]:
-    """One entry per cycle (strongly connected set of modules), with the imports that make it."""
-    imports = [i for s in scans for i in s.imports if not i.type_checking]
+    """One entry per cycle (strongly connected set of modules): a loop through it, then every
+    import that makes it, type-only ones marked."""
+    imports = [i for s in scans for i in s.imports]
     graph: dict[str, set[str]] = {}
     for i in imports:
         graph.setdefault(i.source, set()).add(i.target)
     files = {s.name: s.file for s in scans}
     report = []
     for component in strongly_connected(graph):
-        lines: dict[tuple[str, str], list[int]] = {}
+        lines: dict[tuple[str, str], set[str]] = {}
         for i in imports:
             if i.source in component and i.target in component:
-                lines.setdefault((i.source, i.target), []).append(i.line)
+                mark = f"{i.line} (type only)" if i.type_checking else str(i.line)
+                lines.setdefault((i.source, i.target), set()).add(mark)
         edges = [
-            f"    {source} → {target} ({files[source]}:{','.join(map(str, sorted(set(at))))})"
+            f"    {source} → {target} ({files[source]}:{','.join(sorted(at, key=_line))})"
             for (source, target), at in sorted(lines.items())
         ]
-        report.append(f"cycle among {', '.join(component)}:\n" + "\n".join(edges))
+        loop = " → ".join(shortest_loop(graph, component[0], component))
+        report.append(f"cycle {loop}, among {', '.join(component)}:\n" + "\n".join(edges))
     return report
+
+
+def _line(mark: str) -> int:
+    return int(mark.split(" ")[0])
 
 
 def within(module: str, package: str) -> bool:
@@ -413,6 +441,7 @@ def sent_to_the_nodes() -> list[object]:
     """What the kernel pickles to node agents and ranks, built by the kernel's own code: a cell's
     payload with a captured name, and a launch with a script."""
     from jupyter_mn.gang import make_gang
+    from jupyter_mn.gang.nodelaunch import launch_for
     from jupyter_mn.kernel.cell import Shipper, compile_cell
     from jupyter_mn.kernel.spec import ClusterSpec
     from jupyter_mn.wire.launchspec import Script
@@ -420,10 +449,10 @@ def sent_to_the_nodes() -> list[object]:
 
     names, notes = Shipper().capture(compile_cell("x + 1"), {"x": 1})
     gang = make_gang(ClusterSpec(env=(("A", "b"),)))
-    gang.master = ("127.0.0.1", 1)
+    gang.core.master = ("127.0.0.1", 1)
     return [
         CellPayload("x + 1", 1, names, notes=notes),
-        gang.launch(2, Script("train.py", ("--lr", "1"), b"print(1)")),
+        launch_for(gang.core, gang.files, 2, 0, Script("train.py", ("--lr", "1"), b"print(1)")),
     ]
 
 
@@ -575,11 +604,14 @@ def test_the_checker_reports_cycles_upward_imports_and_private_names(tmp_path):
         (tmp_path / "pkg" / name).write_text(text)
     scans = scan(tmp_path, "pkg")
     assert import_cycles(scans) == [
-        "cycle among pkg.a, pkg.b, pkg.sub.leaf:\n"
+        "cycle pkg.c → pkg.d → pkg.c, among pkg.c, pkg.d:\n"
+        "    pkg.c → pkg.d (pkg/c.py:3 (type only))\n"
+        "    pkg.d → pkg.c (pkg/d.py:2)",
+        "cycle pkg.a → pkg.b → pkg.a, among pkg.a, pkg.b, pkg.sub.leaf:\n"
         "    pkg.a → pkg.b (pkg/a.py:1)\n"
         "    pkg.b → pkg.a (pkg/b.py:2)\n"
         "    pkg.b → pkg.sub.leaf (pkg/b.py:5)\n"
-        "    pkg.sub.leaf → pkg.a (pkg/sub/leaf.py:1)"
+        "    pkg.sub.leaf → pkg.a (pkg/sub/leaf.py:1)",
     ]
     assert upward_imports(scans, {"pkg.sub": ("pkg.sub",)}, ("pkg.e",)) == [
         "pkg/sub/leaf.py:1: pkg.sub.leaf (the pkg.sub side) imports pkg.a"

@@ -12,10 +12,11 @@ new gang (``ClusterSpec.runs_preflight``), which then fails with ``PreflightErro
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import PreflightError, Stopped
 from ..gang.job import INTERRUPTED_BY_USER, WorkerCall
@@ -25,7 +26,6 @@ from .report import DoctorReport
 
 if TYPE_CHECKING:
     from ..gang.base import Gang
-    from ..kernel.cluster import Cluster
     from ..wire.events import OnEvent
 
 __all__ = ["DoctorReport", "doctor", "examine", "preflight"]
@@ -40,36 +40,37 @@ def examine(gang: Gang) -> DoctorReport:
     from ..node.workerfuncs import probe
 
     started = time.perf_counter()
-    spec = gang.spec
+    core = gang.core
+    spec = core.spec
     options: dict[str, Any] = {
         "paths": list(spec.check_paths),
         "env": dict(spec.env),
-        "cwd": gang.provisioner.launch_options().get("cwd"),
+        "cwd": core.provisioner.launch_options().get("cwd"),
         "timeout": PROBE_TIMEOUT_S,
         "reach_timeout": REACH_TIMEOUT_S,
     }
-    if gang.ranks:  # rank 0's TCPStore listens on the master port
-        master = gang.master
+    if core.ranks:  # rank 0's TCPStore listens on the master port
+        master = core.master
     else:  # node 0 listens on a free port at the master address while the probes run
-        master = (gang.master[0], gang.agents[0].endpoint().result()[1])
+        master = (core.master[0], core.nodes.agents[0].endpoint().result()[1])
         options["listen"] = {
-            "worker": gang.addresses[0],
+            "worker": core.addresses[0],
             "host": master[0],
             "port": master[1],
             "expect": spec.nodes,
         }
     options["master"] = {"addr": master[0], "port": master[1]}
-    answers = gang.run(_Probes(gang, None, range(gang.spec.nodes), probe, options))
+    answers = gang.run(_Probes(core, None, range(spec.nodes), probe, options))
     facts = []
-    for address in gang.addresses:
+    for address in core.addresses:
         answer = answers.get(address)
         facts.append(answer if isinstance(answer, dict) else {"error": repr(answer)})
-    target = f"{spec.shape} on {gang.provisioner.backend}" + (
+    target = f"{spec.shape} on {core.provisioner.backend}" + (
         f" {spec.scheduler}" if spec.scheduler else ""
     )
     return DoctorReport(
         target=target,
-        nodes=[f"node {n} {host}" for n, host in enumerate(gang.hosts)],
+        nodes=[f"node {n} {host}" for n, host in enumerate(core.hosts)],
         checks=judge(spec, facts, kernel_facts(), master),
         elapsed=time.perf_counter() - started,
         facts=facts,
@@ -97,7 +98,8 @@ def preflight(gang: Gang, note: Callable[[str], None]) -> None:
     """Check a new gang's nodes before ranks start; raise ``PreflightError`` on a ✘ (an RDMA ✘
     only with ``--require-rdma``: plain ``--rdma`` warns, as the transport view does)."""
     report = examine(gang)
-    rdma_needed = gang.spec.require_rdma and gang.spec.nodes > 1  # one node uses no network
+    spec = gang.core.spec
+    rdma_needed = spec.require_rdma and spec.nodes > 1  # one node uses no network
     blocking = [f for f in report.failures() if f[0] != "RDMA" or rdma_needed]
     if blocking:
         raise PreflightError(
@@ -109,7 +111,16 @@ def preflight(gang: Gang, note: Callable[[str], None]) -> None:
     note(f"preflight: {report.summary()}")
 
 
-def doctor(cluster: Cluster, on_event: OnEvent | None = None) -> DoctorReport:
+class NodeSource(Protocol):
+    """Where the doctor gets nodes to probe: a ``Cluster`` (its warm gang's, or nodes claimed
+    for the checks alone)."""
+
+    def nodes(
+        self, on_event: OnEvent | None = None, preflight: bool | None = None, files: bool = True
+    ) -> contextlib.AbstractContextManager[Gang]: ...
+
+
+def doctor(cluster: NodeSource, on_event: OnEvent | None = None) -> DoctorReport:
     """Run the checks on ``cluster``'s nodes (the warm gang's, or nodes claimed for it)."""
     with cluster.nodes(on_event, preflight=False, files=False) as gang:
         return examine(gang)

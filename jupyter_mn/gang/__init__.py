@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from ..kernel.spec import ClusterSpec
-from .base import Gang, Provisioner
+from .base import Gang
+from .core import GangCore, Provisioner
 from .lifecycle import GangStatus
 
-__all__ = ["Gang", "GangStatus", "Provisioner", "make_gang"]
+__all__ = ["Gang", "GangCore", "GangStatus", "Provisioner", "make_gang"]
 
 
 def make_gang(spec: ClusterSpec) -> Gang:
@@ -21,20 +22,20 @@ def make_gang(spec: ClusterSpec) -> Gang:
 
         provisioner = DaskProvisioner()
         gang = Gang(spec, provisioner)
-        provisioner.notify = gang.notify  # waiting for workers is shown while it lasts
+        provisioner.notify = gang.core.notify  # waiting for workers is shown while it lasts
         return gang
     if spec.backend == "kubernetes":
         from .kubernetes.provision import KubernetesProvisioner
 
         provisioner = KubernetesProvisioner()
         gang = Gang(spec, provisioner)
-        provisioner.notify = gang.notify  # pending reasons are shown while the pods come up
+        provisioner.notify = gang.core.notify  # pending reasons are shown while the pods come up
         return gang
     if spec.backend == "slurm":
         from .slurm.provision import SlurmProvisioner
 
         provisioner = SlurmProvisioner()
         gang = Gang(spec, provisioner)
-        provisioner.notify = gang.notify  # squeue's pending reason is shown while the job waits
+        provisioner.notify = gang.core.notify  # squeue's pending reason, while the job waits
         return gang
     raise SpecError(f"the {spec.backend!r} backend is not available in this build")

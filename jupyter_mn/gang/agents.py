@@ -37,7 +37,7 @@ class NodeAgents:
         self._cells = CellStream(hub.inbox)
 
     @property
-    def nodes(self) -> int:
+    def count(self) -> int:
         return len(self.agents)
 
     def place(self, addresses: list[str]) -> list[str]:
@@ -72,14 +72,21 @@ class NodeAgents:
             return
         context = client.security.get_connection_args("client").get("ssl_context")
         ports = [agent.serve_cells() for agent in self.agents]
-        agents = zip(range(self.nodes), hosts, ports, strict=True)
+        agents = zip(range(self.count), hosts, ports, strict=True)
         self._cells.open_all([(node, host, port.result()) for node, host, port in agents], context)
 
     def stream_cell(self, payload: Any, run_id: int) -> list[int]:
         """Send ``(payload, run_id)`` on every node's cell stream; return the nodes it did not
         reach (no stream, or too large for one), whose cell goes as an actor call."""
         request = self._cells.request(payload, run_id)
-        return [node for node in range(self.nodes) if not self._cells.send(node, request)]
+        return [node for node in range(self.count) if not self._cells.send(node, request)]
+
+    def send_cell(self, payload: Any, run_id: int) -> None:
+        """Start ``agent.run(payload, run_id)`` on every node: on its cell stream where it has
+        one, else as an actor call; each node's reply reaches the inbox."""
+        rest = self.stream_cell(payload, run_id)
+        if rest:
+            self.call_each(lambda node, agent: agent.run(payload, run_id), rest)
 
     def ask_all(
         self, call: Callable[[int, Any], Any], timeout: float, on_event: OnEvent | None
@@ -140,9 +147,11 @@ class NodeAgents:
             failed.set_exception(exc)
             return failed
 
-    def stacks(self, timeout: float, stack: bool) -> list[RankWhere]:
-        """Where every rank is (``Gang.stacks``), each node's answer or why there is none."""
-        futures = [self.ask(node, lambda agent: agent.stacks(stack)) for node in range(self.nodes)]
+    def stacks(self, timeout: float = 3.0, stack: bool = True) -> list[RankWhere]:
+        """Where every rank is (direct calls, no inbox): its main thread's stack in the cell's
+        line numbers (unless ``stack`` is False) and its latest collectives; each node's answer
+        or why there is none."""
+        futures = [self.ask(node, lambda agent: agent.stacks(stack)) for node in range(self.count)]
         deadline = time.monotonic() + timeout
         out: list[RankWhere] = []
         for node, future in enumerate(futures):
@@ -156,7 +165,7 @@ class NodeAgents:
         """Stop every agent (its ranks, its output); what each answered (its last log sequence
         number), within ``timeout`` s. The cell streams close after them: a run's reply comes
         first."""
-        stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.nodes)]
+        stops = [self.ask(node, lambda agent: agent.stop()) for node in range(self.count)]
         deadline = time.monotonic() + timeout
         last = {}
         for node, future in enumerate(stops):

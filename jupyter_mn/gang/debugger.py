@@ -18,6 +18,7 @@ from IPython.core.error import StdinNotImplementedError
 from ..errors import DebugUnavailable
 from ..kernel.result import LOST, OK, CellResult
 from ..wire.debugwire import DebugAnswer, DebugEnded, DebugLine, DebugPrompt, DebugStart
+from .core import GangCore
 
 if TYPE_CHECKING:
     from .base import Gang
@@ -40,7 +41,7 @@ def can_prompt() -> bool:
 
 
 def converse(
-    gang: Gang,
+    core: GangCore,
     rank: int,
     opening: DebugStart | None,
     prompt: Prompt,
@@ -53,8 +54,8 @@ def converse(
     the prompt raises: at a breakpoint the cell is then interrupted as always; a post-mortem
     (its rank runs no cell a signal could stop) is closed first.
     """
-    node = rank // gang.spec.gpus
-    answer = _ask(gang, node, rank, opening)
+    node = rank // core.spec.gpus
+    answer = _ask(core, node, rank, opening)
     while isinstance(answer, DebugPrompt):
         write(answer.output)
         try:
@@ -63,16 +64,18 @@ def converse(
             line = "q"
         except KeyboardInterrupt:
             if opening is not None:
-                _ask(gang, node, rank, DebugLine("q"))
+                _ask(core, node, rank, DebugLine("q"))
             raise
-        answer = _ask(gang, node, rank, DebugLine(line))
+        answer = _ask(core, node, rank, DebugLine(line))
     write(answer.output)
     return answer
 
 
-def _ask(gang: Gang, node: int, rank: int, message: DebugStart | DebugLine | None) -> DebugAnswer:
+def _ask(
+    core: GangCore, node: int, rank: int, message: DebugStart | DebugLine | None
+) -> DebugAnswer:
     """The agent relays ``message``; what the rank's pdb says next (a lost agent: it ended)."""
-    future = gang.ask(node, lambda agent: agent.debug(rank, message))
+    future = core.nodes.ask(node, lambda agent: agent.debug(rank, message))
     try:
         return future.result()
     except Exception as exc:  # the agent was lost: so was the session
@@ -83,7 +86,7 @@ def post_mortem(gang: Gang, rank: int, prompt: Prompt, write: Write) -> DebugEnd
     """pdb on rank ``rank``'s last exception; the gang is busy meanwhile (no cell runs) and
     READY after it, the other ranks untouched."""
     with gang.running():
-        return converse(gang, rank, DebugStart(), prompt, write)
+        return converse(gang.core, rank, DebugStart(), prompt, write)
 
 
 def post_mortem_of(
@@ -114,7 +117,7 @@ class LastCell:
         cell, result = self.cell_id, self.result
         if result.ok:
             raise DebugUnavailable(f"the last cell (In[{cell}]) did not fail: nothing to debug")
-        if gang is None or gang.id != self.gang_id:
+        if gang is None or gang.core.id != self.gang_id:
             raise DebugUnavailable(f"the gang that ran In[{cell}] is gone, and its tracebacks")
         failed = [o for o in result.ranks if o.status != OK]
         cause = result.root_cause

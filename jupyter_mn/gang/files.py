@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import FilesNotSent
+from ..kernel.spec import ClusterSpec
 from ..kernel.workdir import SMALL_FILE, Digests, Selection, for_spec, size_text
 from ..wire.manifest import FileEntry, FileUpdate, changes
-
-if TYPE_CHECKING:
-    from ..kernel.spec import ClusterSpec
-    from .base import Gang
+from .core import GangCore
 
 #: Seconds a node may take to say whether it sees the directory, and to store an update.
 _ASK_S = 60.0
@@ -27,8 +25,8 @@ _ASK_S = 60.0
 class FileSync:
     """Which nodes of a gang need the directory sent, and what they hold of it."""
 
-    def __init__(self, gang: Gang) -> None:
-        self.gang = gang
+    def __init__(self, core: GangCore) -> None:
+        self._core = core
         self.root: str | None = None
         #: the nodes that get a copy (they do not see the kernel's directory)
         self.copies: list[int] = []
@@ -43,13 +41,14 @@ class FileSync:
         not travel. Local nodes are this machine: they see it, and without ``--workdir`` their
         ranks run where the backend says (the kernel's working directory, also for a script
         started after a ``%cd``)."""
-        if selection is None or (local and not self.gang.spec.workdir):
+        if selection is None or (local and not self._core.spec.workdir):
             return
         self.root = selection.root
         if local:
             return
         paths = [f.path for f in selection.files]
-        asked = [a.sees_files(selection.root, paths, selection.stamp) for a in self.gang.agents]
+        agents = self._core.nodes.agents
+        asked = [a.sees_files(selection.root, paths, selection.stamp) for a in agents]
         self.copies = [n for n, seen in enumerate(asked) if not seen.result(timeout=_ASK_S)]
 
     def launch_options(self, node: int) -> dict[str, Any]:
@@ -114,7 +113,7 @@ class FileSync:
     def _ask(self, call: Callable[[Any, int], Any]) -> dict[int, Any]:
         """``call(agent, node)`` on every copy node at once; their answers. A node that fails
         has a copy in an unknown state: the gang is torn down (``FilesNotSent``)."""
-        agents, asked, answers = self.gang.agents, {}, {}
+        agents, asked, answers = self._core.nodes.agents, {}, {}
         node = self.copies[0]
         try:
             for node in self.copies:
@@ -124,7 +123,7 @@ class FileSync:
             return answers
         except Exception as exc:
             why = f"node {node}: its copy of {self.root} was not updated"
-            self.gang.close(broken=why, wait=False)
+            self._core.close(broken=why, wait=False)
             raise FilesNotSent(
                 f"{why} ({type(exc).__name__}: {exc}); the gang was torn down"
             ) from None

@@ -21,18 +21,20 @@ from ..node.kernelbeat import CHECK_S, KERNEL_HEARTBEAT_S
 
 class Heartbeat:
     """Calls ``heartbeat()`` on every agent every ``KERNEL_HEARTBEAT_S`` from a daemon thread,
-    one call in flight per agent, and reports an agent silent for ``window`` seconds."""
+    one call in flight per agent, and reports an agent silent for ``window`` seconds; ends when
+    ``stop`` is set (the gang's teardown begins)."""
 
     def __init__(
         self,
         agents: Callable[[], list[Any]],
         window: float,
         on_silent: Callable[[int, float], None],
+        stop: threading.Event,
     ) -> None:
         self._agents = agents
         self.window = window
         self._on_silent = on_silent
-        self._stop = threading.Event()
+        self._stop = stop
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -65,6 +67,3 @@ class Heartbeat:
                 if silent >= self.window and node not in reported:
                     reported.add(node)
                     self._on_silent(node, silent)
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -12,13 +12,11 @@ import queue
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..wire.events import LogLines, NodeReply, OnEvent, RankState, RunStarted
+from .core import GangCore
 from .inbox import Message, Reply
-
-if TYPE_CHECKING:
-    from .base import Gang
 
 T = TypeVar("T")
 
@@ -43,8 +41,8 @@ class Job(Generic[T]):
 
     tick_s = TICK_S
 
-    def __init__(self, gang: Gang, on_event: OnEvent | None) -> None:
-        self.gang = gang
+    def __init__(self, core: GangCore, on_event: OnEvent | None) -> None:
+        self.core = core
         self.on_event = on_event
         #: set by ``Gang.run``: the id that interrupt requests and the agents' events name
         self.run_id = 0
@@ -63,7 +61,7 @@ class Job(Generic[T]):
         raise NotImplementedError
 
     def done(self) -> bool:
-        return len(self.replies) >= self.gang.nodes
+        return len(self.replies) >= self.core.nodes.count
 
     def take(self, item: Any) -> bool:
         """One thing from the inbox; True when it says a rank failed (the others then stop)."""
@@ -74,9 +72,9 @@ class Job(Generic[T]):
                 item = Reply(item.node, NodeReply.of(item.value))
             self.replies[item.node] = item
             return item.error is not None or item.value.failed
-        if not self.gang.hub.inbox.is_event(item):
+        if not self.core.hub.inbox.is_event(item):
             return False  # a message for a job that is over
-        self.gang.hub.consume(item, self.on_event)
+        self.core.hub.consume(item, self.on_event)
         return isinstance(item, RankState) and item.primary and item.run == self.run_id
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
@@ -101,16 +99,16 @@ class Job(Generic[T]):
         give up once none has come for ``LOG_DRAIN_S``."""
         wanted = {n: r.value.seq for n, r in self.replies.items() if r.error is None}
         deadline = time.monotonic() + LOG_DRAIN_S
-        while any(self.gang.hub.seen(n) < seq for n, seq in wanted.items()):
+        while any(self.core.hub.seen(n) < seq for n, seq in wanted.items()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             try:
-                item = self.gang.hub.inbox.get(timeout=remaining)
+                item = self.core.hub.inbox.get(timeout=remaining)
             except queue.Empty:
                 return
-            if self.gang.hub.inbox.is_event(item):  # a late reply or request is dropped
-                self.gang.hub.consume(item, self.on_event)
+            if self.core.hub.inbox.is_event(item):  # a late reply or request is dropped
+                self.core.hub.consume(item, self.on_event)
                 if isinstance(item, LogLines):
                     deadline = time.monotonic() + LOG_DRAIN_S
 
@@ -123,23 +121,23 @@ class WorkerCall(Job[dict[str, Any]]):
 
     def __init__(
         self,
-        gang: Gang,
+        core: GangCore,
         on_event: OnEvent | None,
         nodes: Sequence[int],
         fn: Callable[..., Any],
         *args: Any,
     ) -> None:
-        super().__init__(gang, on_event)
-        self.workers = [gang.addresses[n] for n in nodes]
+        super().__init__(core, on_event)
+        self.workers = [core.addresses[n] for n in nodes]
         self.fn, self.args = fn, args
         self.answers: dict[str, Any] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="jupyter-mn-call")
 
     def start(self) -> None:
         future = self._pool.submit(
-            self.gang.client.run, self.fn, *self.args, workers=self.workers, on_error="return"
+            self.core.nodes.client.run, self.fn, *self.args, workers=self.workers, on_error="return"
         )
-        future.add_done_callback(lambda f: self.gang.hub.inbox.put_reply(Message((self, f))))
+        future.add_done_callback(lambda f: self.core.hub.inbox.put_reply(Message((self, f))))
 
     def done(self) -> bool:
         return self.answers is not None
@@ -147,8 +145,8 @@ class WorkerCall(Job[dict[str, Any]]):
     def take(self, item: Any) -> bool:
         if isinstance(item, Message) and isinstance(item.body, tuple) and item.body[0] is self:
             self.answers = item.body[1].result()
-        elif self.gang.hub.inbox.is_event(item):
-            self.gang.hub.consume(item, self.on_event)
+        elif self.core.hub.inbox.is_event(item):
+            self.core.hub.consume(item, self.on_event)
         return False
 
     def settle(self) -> None:

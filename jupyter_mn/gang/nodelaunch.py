@@ -4,25 +4,26 @@ notebook's, or the node's copy of it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..wire.launchspec import Launch, Script
+from .core import GangCore
+from .files import FileSync
 
-if TYPE_CHECKING:
-    from .base import Gang
 
-
-def launch_for(gang: Gang, master_port: int, node: int, script: Script | None) -> Launch:
-    """``Gang.launch``: node ``node``'s ``Launch``, rank 0's store on ``master_port``."""
-    spec = gang.spec
+def launch_for(
+    core: GangCore, files: FileSync, master_port: int, node: int, script: Script | None = None
+) -> Launch:
+    """What node ``node``'s agent starts: the gang's shape and settings, rank 0's store on
+    ``master_port`` (a script gets a fresh one: the warm gang's rank 0 keeps its own), and where
+    its ranks run (``files``: the node's copy, or where the nodes see the directory)."""
+    spec = core.spec
     return Launch(
-        job=gang.id,
+        job=core.id,
         gpus=spec.gpus,
         nnodes=spec.nodes,
-        master_addr=gang.master[0],
+        master_addr=core.master[0],
         master_port=master_port,
-        backend=gang.provisioner.backend,
-        nodes=tuple(gang.hosts),
+        backend=core.provisioner.backend,
+        nodes=tuple(core.hosts),
         pg_timeout=spec.pg_timeout,
         env=dict(spec.env),
         start_timeout=spec.start_timeout,
@@ -33,11 +34,11 @@ def launch_for(gang: Gang, master_port: int, node: int, script: Script | None) -
         require_rdma=spec.require_rdma,
         debug=spec.debug,
         script=script,
-        **{**gang.provisioner.launch_options(), **gang.files.launch_options(node)},
+        **{**core.provisioner.launch_options(), **files.launch_options(node)},
     )
 
 
-def ranks_cwd(gang: Gang) -> str | None:
-    """``Gang.ranks_cwd``: the ranks' working directory on the nodes that see the notebook's
-    directory (None: the worker's own); the others run in their copy of it."""
-    return {**gang.provisioner.launch_options(), **gang.files.shared_options()}.get("cwd")
+def ranks_cwd(core: GangCore, files: FileSync) -> str | None:
+    """The ranks' working directory on the nodes that see the notebook's directory (None: the
+    worker's own); the others run in their copy of it."""
+    return {**core.provisioner.launch_options(), **files.shared_options()}.get("cwd")

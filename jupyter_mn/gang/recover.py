@@ -3,21 +3,20 @@
 Ranks that raised keep their process: the group is re-initialized in place with a new generation
 (namespaces survive). A node that lost a rank gets fresh rank processes (their state is lost) that
 join the same new generation; when rank 0 was among them its c10d store is a new one, and the
-other ranks reconnect to it. The next cell waits for this (``Gang.settle``); when it fails the
-gang is torn down, and that cell starts a fresh one.
+other ranks reconnect to it. The next cell waits for this (``Generations.settle``); when it fails
+the gang is torn down, and that cell starts a fresh one.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import RendezvousError
-
-if TYPE_CHECKING:
-    from ..kernel.spec import ClusterSpec
-    from .base import Gang
+from ..kernel.spec import ClusterSpec
+from .core import GangCore
 
 #: Seconds allowed on top of ``start_timeout`` (restarted ranks import torch before they join).
 _SLACK_S = 30.0
@@ -29,22 +28,25 @@ def _reform_call(node: int, restarted: set[int], generation: int) -> Any:
     return lambda agent: agent.reinit(generation, 0 in restarted)
 
 
-def reform(gang: Gang, restart: set[int], if_dead: bool = False) -> set[int]:
+def reform(
+    core: GangCore, restart: set[int], generation: Callable[[], int], if_dead: bool = False
+) -> set[int]:
     """Bring every rank into a new group generation, restarting the ranks of nodes in ``restart``
-    (``if_dead``: only those with a dead rank). Return the nodes whose ranks were restarted.
+    (``if_dead``: only those with a dead rank); ``generation`` numbers the new one. Return the
+    nodes whose ranks were restarted.
 
     Two steps: the old ranks of those nodes stop first (rank 0's c10d store with them), then
     fresh ones start while the others re-initialize (and reconnect, when rank 0 is new).
     """
-    deadline = time.monotonic() + gang.spec.start_timeout + _SLACK_S
+    deadline = time.monotonic() + core.spec.start_timeout + _SLACK_S
     nodes = sorted(restart)
-    retiring = [gang.ask(node, lambda agent: agent.retire(if_dead)) for node in nodes]
+    retiring = [core.nodes.ask(node, lambda agent: agent.retire(if_dead)) for node in nodes]
     retired = _answers(dict(zip(nodes, retiring, strict=True)), deadline)
     restarted = {node for node, did in retired.items() if did}
-    generation = gang.next_generation()
+    new = generation()
     calls = {
-        node: gang.ask(node, _reform_call(node, restarted, generation))
-        for node in range(gang.nodes)
+        node: core.nodes.ask(node, _reform_call(node, restarted, new))
+        for node in range(core.nodes.count)
     }
     replies = _answers(calls, deadline)
     problems = [f"rank {r.rank}: {r.error}" for rs in replies.values() for r in rs if not r.ok]
@@ -67,13 +69,23 @@ def _answers(futures: dict[int, Any], deadline: float) -> dict[int, Any]:
 
 
 class Recovery:
-    """One background re-forming; ``notes`` says what the next cell should tell the user."""
+    """One background re-forming; ``notes`` says what the next cell should tell the user.
+    ``generation`` numbers the new group; ``done`` is told which nodes' ranks were restarted."""
 
-    def __init__(self, gang: Gang, restart: set[int], notes: list[str], if_dead: bool) -> None:
-        self.gang = gang
+    def __init__(
+        self,
+        core: GangCore,
+        restart: set[int],
+        notes: list[str],
+        if_dead: bool,
+        generation: Callable[[], int],
+        done: Callable[[set[int]], None],
+    ) -> None:
+        self.core = core
         self.restart = restart
         self.if_dead = if_dead
         self.notes = notes
+        self._generation, self._done = generation, done
         self._thread = threading.Thread(target=self._run, name="jupyter-mn-recover", daemon=True)
 
     def start(self) -> None:
@@ -84,9 +96,9 @@ class Recovery:
 
     def _run(self) -> None:
         try:
-            restarted = reform(self.gang, self.restart, self.if_dead)
+            restarted = reform(self.core, self.restart, self._generation, self.if_dead)
         except Exception as exc:
-            self.gang.close(broken=f"re-forming the process group failed: {exc}")
+            self.core.close(broken=f"re-forming the process group failed: {exc}")
             self.notes.append(
                 f"re-forming the process group failed ({exc}), so the gang was torn down; "
                 "the next cell starts a fresh one"
@@ -94,7 +106,7 @@ class Recovery:
             return
         if self.if_dead and not restarted:
             self.notes.clear()  # a late report of a death already dealt with
-        self.gang.recovered(restarted)
+        self._done(restarted)
 
 
 def restarted_note(spec: ClusterSpec, nodes: set[int], done: bool) -> str:

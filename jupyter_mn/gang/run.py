@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import NodeUnreachable, TransportError
 from ..kernel.credentials import holds_secret
 from ..kernel.result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
+from ..kernel.spec import ClusterSpec
 from ..kernel.verdict import Verdict, explain
 from ..wire.events import (
     CellDone,
@@ -38,7 +39,9 @@ from ..wire.events import (
 )
 from ..wire.payload import CellPayload
 from .base import Gang
+from .core import GangCore
 from .debugger import converse
+from .generations import Generations
 from .hangwatch import HangWatch, Look
 from .inbox import Message, Reply
 from .job import Job
@@ -71,12 +74,15 @@ class CellJob(Job[CellResult]):
 
     def __init__(
         self,
-        gang: Gang,
+        core: GangCore,
+        generations: Generations,
         payload: CellPayload,
         on_event: OnEvent | None,
         hang_timeout: float = 0.0,
     ) -> None:
-        super().__init__(gang, on_event)
+        """``generations``: where a failed cell's group is re-formed, and its generation."""
+        super().__init__(core, on_event)
+        self.generations = generations
         self.payload = payload
         self.hang_timeout = hang_timeout
         self.watch: HangWatch | None = None
@@ -97,12 +103,12 @@ class CellJob(Job[CellResult]):
     def start(self) -> None:
         self.started = time.monotonic()
         if self.hang_timeout:
-            look = functools.partial(self.gang.stacks, _STACKS_S)
-            post = self.gang.hub.inbox.put_reply
+            look = functools.partial(self.core.nodes.stacks, _STACKS_S)
+            post = self.core.hub.inbox.put_reply
             self.watch = HangWatch(self.hang_timeout, self.started, look, post)
-        self.gang.hub.replay(self.on_event)
+        self.core.hub.replay(self.on_event)
         payload, run_id = self.payload, self.run_id
-        self.gang.send_cell(payload, run_id)
+        self.core.nodes.send_cell(payload, run_id)
 
     def take(self, item: Any) -> bool:
         if isinstance(item, Message) and isinstance(item.body, Look):
@@ -120,17 +126,17 @@ class CellJob(Job[CellResult]):
     def _answer(self, paused: RankPaused) -> None:
         """A rank stopped at a breakpoint: the user answers its pdb here, one rank at a time
         (the next paused rank's event waits in the inbox); ``--timeout`` waits meanwhile."""
-        self.gang.hub.consume(paused, self.on_event)
+        self.core.hub.consume(paused, self.on_event)
         began = time.monotonic()
         try:
             if self.since is None:  # a cell being stopped does not prompt
-                converse(self.gang, paused.rank, None, input, sys.stdout.write)
+                converse(self.core, paused.rank, None, input, sys.stdout.write)
         finally:
             self.paused_for += time.monotonic() - began
             if self.watch is not None:  # time at a prompt is no hang
                 self.watch.progress.moved(time.monotonic())
             resumed = RankResumed(paused.node, paused.rank, paused.run)
-            self.gang.hub.consume(resumed, self.on_event)
+            self.core.hub.consume(resumed, self.on_event)
 
     def _looked(self, look: Look) -> None:
         """The hang watchdog's look came back: show its verdict if the cell now hangs."""
@@ -138,7 +144,7 @@ class CellJob(Job[CellResult]):
             return  # a look of another cell's, or this one is being stopped anyway
         why = f"no rank progressed for {self.hang_timeout:g} s (--hang-timeout); still running"
         for event in look.watch.take(look, time.monotonic(), why):
-            self.gang.hub.announce(event, self.on_event)
+            self.core.hub.announce(event, self.on_event)
 
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if self.since is not None:
@@ -149,16 +155,16 @@ class CellJob(Job[CellResult]):
             self.reason = reason
             self._show_stacks(reason)
         self.since = time.monotonic()
-        generation, run_id = self.gang.generation, self.run_id
-        for node in range(self.gang.nodes):
-            self.gang.ask(node, lambda agent: agent.interrupt(run_id, generation))
+        generation, run_id = self.generations.generation, self.run_id
+        for node in range(self.core.nodes.count):
+            self.core.nodes.ask(node, lambda agent: agent.interrupt(run_id, generation))
         if self.unreachable is not None:  # ranks blocked on it would only wait for the kill
             self._kill(f"node {self.unreachable} is unreachable")
 
     def _kill(self, why: str) -> None:
         self.killed_at = time.monotonic()
-        for node in range(self.gang.nodes):
-            self.gang.ask(node, lambda agent: agent.kill(self.run_id, why))
+        for node in range(self.core.nodes.count):
+            self.core.nodes.ask(node, lambda agent: agent.kill(self.run_id, why))
 
     def tick(self, now: float) -> bool:
         if self.watch is not None and self.since is None:
@@ -169,10 +175,10 @@ class CellJob(Job[CellResult]):
 
     def _show_stacks(self, reason: str) -> None:
         try:
-            stacks, self.verdict = explain(reason, self.gang.stacks())
+            stacks, self.verdict = explain(reason, self.core.nodes.stacks())
         except KeyboardInterrupt:  # impatient: stop without them
             return
-        self.gang.hub.consume(stacks, self.on_event)
+        self.core.hub.consume(stacks, self.on_event)
         for r in stacks.ranks:
             if r.busy and (line := r.cell_line()):
                 self.where.append(f"{r.label} was at {line}")
@@ -187,12 +193,12 @@ class CellJob(Job[CellResult]):
         result.verdict = self.verdict.text if self.verdict else ""
         result.culprits = self.verdict.culprits if self.verdict else ()
         result.notes += self.where
-        _settle(self.gang, result, interrupted=self.since is not None)
+        _settle(self.core, self.generations, result, interrupted=self.since is not None)
         self.result = result
 
     def finish(self) -> CellResult:
-        gang, result = self.gang, self.result
-        _drain_events(gang, self.on_event)  # the settled state (READY, BROKEN) reaches the view
+        core, result = self.core, self.result
+        _drain_events(core, self.on_event)  # the settled state (READY, BROKEN) reaches the view
         cause = result.root_cause
         error = f"{cause.label}: {cause.error.line()}" if cause and cause.error else ""
         if result.preemption is not None:
@@ -206,9 +212,9 @@ class CellJob(Job[CellResult]):
             value_text(result.value) if result.ok else "",
             result.outcome,
         )
-        gang.hub.announce(done, self.on_event)
-        if gang.spec.require_rdma and (problem := violation(gang.hub.transport.values())):
-            gang.close(broken=problem)
+        core.hub.announce(done, self.on_event)
+        if core.spec.require_rdma and (problem := violation(core.hub.transport.values())):
+            core.close(broken=problem)
             raise TransportError(f"--require-rdma: {problem}")
         return result
 
@@ -222,25 +228,26 @@ def run_cell(
 ) -> CellResult:
     """Run ``payload`` on every rank; return the outcome (failures as values). A stall of
     ``hang_timeout`` seconds (0: never) shows the hang verdict while the cell keeps running."""
-    return gang.run(CellJob(gang, payload, on_event, hang_timeout), timeout)
+    job = CellJob(gang.core, gang.generations, payload, on_event, hang_timeout)
+    return gang.run(job, timeout)
 
 
-def _drain_events(gang: Gang, on_event: OnEvent | None) -> None:
+def _drain_events(core: GangCore, on_event: OnEvent | None) -> None:
     """Show the events already queued (no waiting); replies stay for whoever waits on them."""
     while True:
         try:
-            item = gang.hub.inbox.get(timeout=0)
+            item = core.hub.inbox.get(timeout=0)
         except queue.Empty:
             return
         if isinstance(item, Reply):
-            gang.hub.inbox.put_reply(item)
+            core.hub.inbox.put_reply(item)
             return
-        if gang.hub.inbox.is_event(item):  # an interrupt request that came too late is dropped
-            gang.hub.consume(item, on_event)
+        if core.hub.inbox.is_event(item):  # an interrupt request that came too late is dropped
+            core.hub.consume(item, on_event)
 
 
 def _assemble(job: CellJob, elapsed: float) -> CellResult:
-    outcomes, raw = rank_outcomes(job.gang, job.replies)
+    outcomes, raw = rank_outcomes(job.core.spec, job.replies)
     result = CellResult(ranks=outcomes, elapsed=elapsed)
     for r in raw.values():
         result.notes.extend(r.notes)
@@ -251,7 +258,7 @@ def _assemble(job: CellJob, elapsed: float) -> CellResult:
             result.values = [_value(raw[rank]) for rank in sorted(raw)]
         result.displays = list(first.displays)
         result.pulled = {k: v.loads() for k, v in (first.pulled or {}).items()}
-    result.preemption = _preemption(job.gang, first)  # after the value: kept, though not ok
+    result.preemption = _preemption(job.core, first)  # after the value: kept, though not ok
     return result
 
 
@@ -269,14 +276,14 @@ def value_text(value: Any) -> str:
 
 
 def rank_outcomes(
-    gang: Gang, replies: dict[int, Reply]
+    spec: ClusterSpec, replies: dict[int, Reply]
 ) -> tuple[list[RankOutcome], dict[int, RankReply]]:
     """Each rank's outcome (a node whose agent did not answer: all its ranks lost), and the
     ranks' own replies by rank."""
-    gpus = gang.spec.gpus
+    gpus = spec.gpus
     outcomes: list[RankOutcome] = []
     raw: dict[int, RankReply] = {}
-    for node in range(gang.spec.nodes):
+    for node in range(spec.nodes):
         reply = replies.get(node)
         if reply is None or reply.error is not None:
             why = reply.error if reply is not None else "no answer"
@@ -306,10 +313,10 @@ def rank_outcomes(
     return outcomes, raw
 
 
-def _preemption(gang: Gang, first: RankReply | None) -> PreemptionOutcome | None:
+def _preemption(core: GangCore, first: RankReply | None) -> PreemptionOutcome | None:
     """The notice the gang got while the cell ran, with the checkpoint rank 0 (``first``) saw
     completed after it (every rank saves the same one)."""
-    notice = gang.preemption
+    notice = core.preemption
     if notice is None:
         return None
     if first is None or not first.checkpoint:
@@ -325,31 +332,33 @@ def _value(reply: RankReply) -> Any:
     return None
 
 
-def _settle(gang: Gang, result: CellResult, interrupted: bool) -> None:
+def _settle(
+    core: GangCore, generations: Generations, result: CellResult, interrupted: bool
+) -> None:
     """After a failure: re-form the group (in place: now, it takes tens of ms; with restarted
     ranks: in the background, they take seconds), or give the gang up."""
-    if gang.status != GangStatus.RUNNING or (result.ok and not interrupted):
+    if core.status != GangStatus.RUNNING or (result.ok and not interrupted):
         return  # closed meanwhile (``%cluster down``, max runtime), or nothing to re-form
     if result.preemption is not None:  # its node is going: no gang to re-form
-        gang.close(broken=f"node {result.preemption.notice.node} was preempted", wait=False)
+        core.close(broken=f"node {result.preemption.notice.node} was preempted", wait=False)
         result.notes.append("the gang was torn down; the next cell starts a fresh one")
         return
     agents_lost = {o.node for o in result.ranks if o.error and o.error.node_lost}
     if agents_lost:
         nodes = ", ".join(f"node {n}" for n in sorted(agents_lost))
-        gang.close(broken=f"the agent of {nodes} was lost", wait=False)
+        core.close(broken=f"the agent of {nodes} was lost", wait=False)
         result.notes.append(
             f"the agent of {nodes} was lost, so the gang was torn down; "
             "the next cell starts a fresh one (rank state is lost)"
         )
         return
     restart = {o.node for o in result.ranks if o.status == LOST}
-    gang.recover(restart)
+    generations.recover(restart)
     if restart:
-        result.notes.append(restarted_note(gang.spec, restart, done=False))
+        result.notes.append(restarted_note(core.spec, restart, done=False))
         return
-    result.notes += gang.settle()  # what went wrong, if re-forming failed
-    if gang.status == GangStatus.READY and any(
+    result.notes += generations.settle()  # what went wrong, if re-forming failed
+    if core.status == GangStatus.READY and any(
         o.status in (ERROR, INTERRUPTED) for o in result.ranks
     ):
         result.notes.append(

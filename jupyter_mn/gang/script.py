@@ -22,14 +22,17 @@ from ..node.workerfuncs import find_script, has_package
 from ..wire.events import OnEvent, RankState, RunStarted
 from ..wire.launchspec import Script
 from .base import Gang
+from .core import GangCore
+from .files import FileSync
 from .job import INTERRUPTED_BY_USER, Job
+from .nodelaunch import launch_for, ranks_cwd
 from .run import rank_outcomes
 
 #: The largest script sent to nodes that do not have it (bytes).
 COPY_LIMIT = 16 << 20
 
 
-def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
+def locate(core: GangCore, files: FileSync, script: str) -> tuple[list[str | None], bytes | None]:
     """The script's path as each node sees it, or None where the node lacks it and it is sent
     (with its bytes, the second item); raise before anything starts if it cannot be.
 
@@ -42,11 +45,11 @@ def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
     tried = [os.path.abspath(script)] if here else []
     if script not in tried:
         tried.append(script)
-    cwd = gang.ranks_cwd()
-    found = gang.client.run(find_script, tried, cwd, workers=gang.addresses, on_error="return")
-    paths = [p if isinstance(p := found.get(a), str) else None for a in gang.addresses]
-    copied = gang.files.relative(script) if here else None
-    for node in gang.files.copies:
+    cwd, addresses = ranks_cwd(core, files), core.addresses
+    found = core.nodes.client.run(find_script, tried, cwd, workers=addresses, on_error="return")
+    paths = [p if isinstance(p := found.get(a), str) else None for a in addresses]
+    copied = files.relative(script) if here else None
+    for node in files.copies:
         paths[node] = paths[node] or copied  # relative: the ranks run in the copy
     missing = _lacking(paths)
     if not missing:
@@ -66,22 +69,22 @@ def locate(gang: Gang, script: str) -> tuple[list[str | None], bytes | None]:
         return paths, f.read()
 
 
-def check_module(gang: Gang, module: str) -> None:
+def check_module(core: GangCore, files: FileSync, module: str) -> None:
     """Raise before anything starts unless ``module`` is a dotted name whose package every node
     has (a missing submodule shows as the ranks' own ``No module named`` error)."""
     if module.endswith(".py"):
         raise SpecError(f"-m {module}: give the module's name (-m {module[:-3]}), not a file")
     if not all(part.isidentifier() for part in module.split(".")):
         raise SpecError(f"-m {module}: not a module name (e.g. -m package.train)")
-    found = gang.client.run(
-        has_package, module, gang.ranks_cwd(), workers=gang.addresses, on_error="return"
+    found = core.nodes.client.run(
+        has_package, module, ranks_cwd(core, files), workers=core.addresses, on_error="return"
     )
     top = module.partition(".")[0]
-    copied = gang.files.holds_package(top)
+    copied = files.holds_package(top)
     missing = [
         str(n)
-        for n, a in enumerate(gang.addresses)
-        if found.get(a) is not True and not (copied and n in gang.files.copies)
+        for n, a in enumerate(core.addresses)
+        if found.get(a) is not True and not (copied and n in files.copies)
     ]
     if missing:
         raise SpecError(
@@ -100,21 +103,24 @@ class ScriptJob(Job[CellResult]):
 
     def __init__(
         self,
-        gang: Gang,
+        core: GangCore,
+        files: FileSync,
         script: str,
         args: Sequence[str],
         on_event: OnEvent | None,
         module: bool = False,
     ) -> None:
-        super().__init__(gang, on_event)
+        """``files``: the notebook's directory on the nodes, where the script may be."""
+        super().__init__(core, on_event)
+        self.files = files
         self.script = script
         self.module = module
-        self.notes = gang.files.refresh(gang.spec)  # the node's copies, as a cell's are
+        self.notes = files.refresh(core.spec)  # the node's copies, as a cell's are
         if module:
-            check_module(gang, script)
+            check_module(core, files, script)
             self.paths, self.source = [], None
         else:
-            self.paths, self.source = locate(gang, script)
+            self.paths, self.source = locate(core, files, script)
         self.args = list(args)
         self.started = time.monotonic()
         self.stopped = False
@@ -123,11 +129,13 @@ class ScriptJob(Job[CellResult]):
         return RunStarted(self.run_id, f"%cluster run {' '.join([self.script, *self.args])}")
 
     def start(self) -> None:
-        gang = self.gang
-        _, port = gang.agents[0].endpoint().result()  # a fresh store: rank 0 keeps its own
+        core = self.core
+        _, port = core.nodes.agents[0].endpoint().result()  # a fresh store: rank 0 keeps its own
         self.started = time.monotonic()
-        sent = [gang.launch(port, n, self._script(n)) for n in range(gang.nodes)]
-        gang.call_each(lambda node, agent: agent.run_script(sent[node]))
+        sent = [
+            launch_for(core, self.files, port, n, self._script(n)) for n in range(core.nodes.count)
+        ]
+        core.nodes.call_each(lambda node, agent: agent.run_script(sent[node]))
 
     def _script(self, node: int) -> Script:
         """What node ``node`` runs: the module, its own copy of the script, or the kernel's."""
@@ -142,7 +150,7 @@ class ScriptJob(Job[CellResult]):
     def take(self, item: Any) -> bool:
         # a script's ranks report their failures outside any cell run (run 0)
         if isinstance(item, RankState) and item.primary and item.run == 0:
-            self.gang.hub.consume(item, self.on_event)
+            self.core.hub.consume(item, self.on_event)
             return True
         return super().take(item)
 
@@ -152,13 +160,13 @@ class ScriptJob(Job[CellResult]):
         self.stopped = True
         self.reason = reason if by_user else ""
         signum = signal.SIGINT if reason == INTERRUPTED_BY_USER else signal.SIGTERM
-        for agent in self.gang.agents:
+        for agent in self.core.nodes.agents:
             with contextlib.suppress(Exception):  # a lost agent's reply says so
                 agent.stop_script(signum, reason)
 
     def settle(self) -> None:
         self.drain_logs()
-        outcomes, raw = rank_outcomes(self.gang, self.replies)
+        outcomes, raw = rank_outcomes(self.core.spec, self.replies)
         result = CellResult(ranks=outcomes, elapsed=time.monotonic() - self.started)
         result.value = raw[0].exit_code if 0 in raw else None
         result.notes += self.notes
@@ -171,7 +179,7 @@ class ScriptJob(Job[CellResult]):
             result.notes.append(f"the script was stopped: {self.reason}")
         lost = [o for o in outcomes if o.status == LOST and o.error and o.error.node_lost]
         if lost:
-            self.gang.close(broken=f"{lost[0].label} was lost")
+            self.core.close(broken=f"{lost[0].label} was lost")
             result.notes.append("a node was lost, so the gang was torn down")
         self.result = result
 
@@ -190,4 +198,4 @@ def run_script(
 ) -> CellResult:
     """Run ``script`` on every rank (``module``: ``python -m script``, as torchrun's ``-m``); the
     first failure stops the rest (failures as values)."""
-    return gang.run(ScriptJob(gang, script, args, on_event, module), timeout)
+    return gang.run(ScriptJob(gang.core, gang.files, script, args, on_event, module), timeout)

@@ -21,6 +21,7 @@ from ..errors import SpecError
 from ..node.workerfuncs import run_command, split_lines, stop_command
 from ..wire.events import RunStarted
 from .base import Gang
+from .core import GangCore
 from .inbox import Message
 from .job import INTERRUPTED_BY_USER, WorkerCall
 
@@ -81,15 +82,15 @@ def run_on_nodes(
     a request (Cancel, ``--max-runtime``) stops them too, and each output says so."""
     if not command.strip():
         raise SpecError("%cluster exec needs a command after --, e.g. -- nvidia-smi")
-    check_nodes(nodes, len(gang.addresses))
-    job = _Exec(gang, command, nodes, timeout, on_line, flush)
+    check_nodes(nodes, len(gang.core.addresses))
+    job = _Exec(gang.core, command, nodes, timeout, on_line, flush)
     answers = gang.run(job)
     if job.reason == INTERRUPTED_BY_USER:
         raise KeyboardInterrupt
     results = []
     for node, address in zip(nodes, job.workers, strict=True):
         answer = answers.get(address)
-        host = gang.hosts[node]
+        host = gang.core.hosts[node]
         if isinstance(answer, dict):
             answer.pop("lines")
             results.append(NodeOutput(node, host, **answer, stopped=job.reason))
@@ -104,7 +105,7 @@ class _Exec(WorkerCall):
 
     def __init__(
         self,
-        gang: Gang,
+        core: GangCore,
         command: str,
         nodes: Sequence[int],
         timeout: float,
@@ -113,10 +114,10 @@ class _Exec(WorkerCall):
     ) -> None:
         self.token = uuid.uuid4().hex
         self.command = command
-        cwd = gang.provisioner.launch_options().get("cwd")
-        env = dict(gang.spec.env)
-        args = (command, env, cwd, timeout, self.token, gang.exec_topic)
-        super().__init__(gang, None, nodes, run_command, *args)
+        cwd = core.provisioner.launch_options().get("cwd")
+        env = dict(core.spec.env)
+        args = (command, env, cwd, timeout, self.token, core.exec_topic)
+        super().__init__(core, None, nodes, run_command, *args)
         self.lines = _Lines(dict(zip(self.workers, nodes, strict=True)), on_line, flush)
         self.tick_s = _TICK_S
 
@@ -124,7 +125,7 @@ class _Exec(WorkerCall):
         return RunStarted(self.run_id, f"%cluster exec {self.command}")
 
     def start(self) -> None:
-        token, inbox = self.token, self.gang.hub.inbox
+        token, inbox = self.token, self.core.hub.inbox
         probes: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
 
         def receive(event: tuple[float, dict[str, Any]]) -> None:  # on the client's event loop
@@ -137,7 +138,7 @@ class _Exec(WorkerCall):
                 probes.put(msg)
 
         try:
-            _subscribe(self.gang.client, self.gang.exec_topic, receive, token, probes)
+            _subscribe(self.core.nodes.client, self.core.exec_topic, receive, token, probes)
             super().start()
         except BaseException:
             self._unsubscribe()
@@ -147,7 +148,7 @@ class _Exec(WorkerCall):
         if isinstance(item, Message) and isinstance(item.body, dict):
             if item.body.get("token") == self.token:
                 self.lines.show(item.body)
-                if self.gang.hub.inbox.empty():  # now, not at ipykernel's next flush (0.2 s)
+                if self.core.hub.inbox.empty():  # now, not at ipykernel's next flush (0.2 s)
                     self.lines.flush()
             return False
         return super().take(item)
@@ -155,7 +156,8 @@ class _Exec(WorkerCall):
     def stop(self, reason: str, by_user: bool, again: bool = False) -> None:
         if not self.reason:
             self.reason = reason
-            self.gang.client.run(stop_command, self.token, workers=self.workers, on_error="ignore")
+            client = self.core.nodes.client
+            client.run(stop_command, self.token, workers=self.workers, on_error="ignore")
 
     def settle(self) -> None:
         try:
@@ -168,7 +170,7 @@ class _Exec(WorkerCall):
         """Show the lines that arrive until ``until`` (monotonic), then return."""
         while (remaining := until - time.monotonic()) > 0:
             try:
-                item = self.gang.hub.inbox.get(timeout=min(remaining, _TICK_S))
+                item = self.core.hub.inbox.get(timeout=min(remaining, _TICK_S))
             except queue.Empty:
                 return
             self.take(item)
@@ -177,7 +179,7 @@ class _Exec(WorkerCall):
 
     def _unsubscribe(self) -> None:
         with contextlib.suppress(Exception):
-            self.gang.client.unsubscribe_topic(self.gang.exec_topic)
+            self.core.nodes.client.unsubscribe_topic(self.core.exec_topic)
 
 
 def _subscribe(

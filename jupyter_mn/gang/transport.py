@@ -9,13 +9,10 @@ initialized eagerly) and after every cell (a new communicator may connect differ
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ..errors import TransportError
 from ..wire.events import Note, TransportReport, from_msg
-
-if TYPE_CHECKING:
-    from .base import Gang
+from .core import GangCore
 
 _ASK_TIMEOUT_S = 30.0
 ONE_NODE = (
@@ -39,17 +36,20 @@ def violation(reports: Iterable[TransportReport]) -> str | None:
     return None
 
 
-def require_rdma(gang: Gang) -> None:
-    """Ask every node what NCCL chose; raise ``TransportError`` on a socket fallback."""
-    replies = gang.ask_all(lambda node, agent: agent.transport(), _ASK_TIMEOUT_S)
+def require_rdma(core: GangCore) -> None:
+    """Ask every node what NCCL chose (while the gang starts); raise ``TransportError`` on a
+    socket fallback."""
+    replies = core.nodes.ask_all(
+        lambda node, agent: agent.transport(), _ASK_TIMEOUT_S, core.watcher
+    )
     failed = next((r.error for r in replies if r.error is not None), None)
     if failed is not None:
         raise TransportError(f"--require-rdma: could not ask the nodes: {failed}")
     reports = [from_msg(r.value) for r in replies]
     for report in reports:
-        gang.notify(report)
+        core.notify(report)
     problem = violation(reports)
     if problem:
         raise TransportError(f"--require-rdma: {problem}")
-    if gang.spec.nodes == 1:
-        gang.notify(Note(ONE_NODE))
+    if core.spec.nodes == 1:
+        core.notify(Note(ONE_NODE))

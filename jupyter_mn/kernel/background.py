@@ -16,15 +16,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..views.stacktext import format_stacks
 from ..views.text import TextView
 
 if TYPE_CHECKING:
-    from ..wire.events import OnEvent
-    from .cluster import Cluster
+    from ..gang import Gang
+    from ..wire.events import OnEvent, Stacks
     from .result import CellResult
+    from .spec import ClusterSpec
 
 #: Lines a handle's ``output`` keeps (about 1 MB of typical lines).
 OUTPUT_LINES = 10_000
@@ -55,11 +56,26 @@ class RecentLines(io.TextIOBase):
             return "".join(f"{line}\n" for line in self._lines) + self._partial
 
 
+class CellOwner(Protocol):
+    """What a background cell asks of its cluster (``Cluster`` is one): the job's name, and
+    stopping and looking at the cell."""
+
+    @property
+    def spec(self) -> ClusterSpec: ...
+
+    @property
+    def gang(self) -> Gang | None: ...
+
+    def cancel(self, reason: str) -> bool: ...
+
+    def stacks(self) -> Stacks: ...
+
+
 class BackgroundCell:
     """A cell running on the gang in a background thread."""
 
     def __init__(
-        self, cluster: Cluster, cell_id: int, run: Callable[[OnEvent], CellResult]
+        self, cluster: CellOwner, cell_id: int, run: Callable[[OnEvent], CellResult]
     ) -> None:
         self.cluster = cluster
         self.cell_id = cell_id
@@ -84,7 +100,7 @@ class BackgroundCell:
 
     def _view(self, event: Any) -> None:
         if not self._job and self.cluster.gang is not None:  # events come once the gang exists
-            self._job = self.cluster.spec.name or self.cluster.gang.id
+            self._job = self.cluster.spec.name or self.cluster.gang.core.id
         self._text(event)
 
     def done(self) -> bool:

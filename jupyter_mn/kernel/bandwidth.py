@@ -207,13 +207,14 @@ def bench(
         f".measure({size}, {iters}, {warmup})"
     )
     rows = cluster.run(code, on_event=on_event).unwrap()
-    facts = gang.client.run(link_facts, gang.master[0], workers=gang.addresses)
-    inter = link_rates([facts[a] for a in gang.addresses])
-    nnodes = gang.spec.nodes
-    report = BenchReport(device=gang.device, iters=iters, warmup=warmup)
+    core = gang.core
+    facts = core.nodes.client.run(link_facts, core.master[0], workers=core.addresses)
+    inter = link_rates([facts[a] for a in core.addresses])
+    nnodes = core.spec.nodes
+    report = BenchReport(device=core.device, iters=iters, warmup=warmup)
     for row in rows:
         if row["scope"] == "links":
-            report.links = node_links(gang.hosts, row["size"], row["seconds"])
+            report.links = node_links(core.hosts, row["size"], row["seconds"])
             report.link_size = row["size"]
             continue
         crosses_nodes = row["scope"] == "inter-node" or (row["scope"] == "all ranks" and nnodes > 1)
@@ -226,7 +227,7 @@ def bench(
                 inter if crosses_nodes else None,
             )
         )
-    if "cuda" not in gang.device:
+    if "cuda" not in core.device:
         report.notes.append(
             "gloo on CPU: these numbers measure host memory copies and TCP (loopback when the "
             "gang is on one machine), not a GPU interconnect"

@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..wire.events import OnEvent, Stacks
 from ..wire.payload import CellPayload
-from .jobslot import JobSlot
+from .clusterstate import ClusterState
 from .result import CellResult
 from .retries import with_retries
-from .shippednames import RankNames
 from .spec import ClusterSpec, check_seconds, check_seed
 from .verdict import explain
 from .warmgang import WarmGang, claim_nodes
@@ -47,15 +46,19 @@ class Cluster:
     """
 
     def __init__(self, spec: ClusterSpec | None = None, **options: Any) -> None:
-        self.spec = spec.replace(**options) if spec else ClusterSpec.build(options)
+        spec = spec.replace(**options) if spec else ClusterSpec.build(options)
+        #: spec, lock, job slot and shipped names, shared with the warm gang
+        self._state = ClusterState(spec)
         self.cells = 0
         self.last_used = time.time()
-        self._lock = threading.RLock()
-        self._slot = JobSlot(self._lock)
-        self._names = RankNames()
-        self._warm = WarmGang(self, self._lock, lambda: self._slot.busy, self._names.forget)
+        self._warm = WarmGang(self._state)
         self._last: LastCell | None = None
         _live.add(self)
+
+    @property
+    def spec(self) -> ClusterSpec:
+        """The defaults of what runs next (a later cell's, once adopted)."""
+        return self._state.spec
 
     @property
     def gang(self) -> Gang | None:
@@ -82,7 +85,7 @@ class Cluster:
         that needs none of the notebook's files (doctor, exec) claims nodes without them.
         """
         with self._job():
-            with self._lock:
+            with self._state.lock:
                 warm = self._warm.warm()
                 if not warm:
                     self._warm.drop()
@@ -104,14 +107,14 @@ class Cluster:
             if expired := self._warm.job_ended():
                 torn_down.append(expired)
 
-        with self._slot.hold(lambda: self._warm.lifetime.idle(None), ended):
+        with self._state.slot.hold(lambda: self._warm.lifetime.idle(None), ended):
             yield torn_down
 
     def close(self) -> None:
         """Stop every process of the gang (a background cell is interrupted). Safe twice."""
         self.cancel("the cluster is closing")
-        with self._lock:
-            self._slot.wait_quiet()
+        with self._state.lock:
+            self._state.slot.wait_quiet()
             self._warm.close()
 
     def cancel(self, reason: str) -> bool:
@@ -122,18 +125,14 @@ class Cluster:
 
     def release(self, reason: str) -> None:
         """Free the gang now, from any thread: stop a running cell, then every process."""
-        self.cancel(reason)
-        with self._lock:
-            self._slot.wait_quiet()
-            self._warm.lifetime.idle(None)
-            self._warm.tear_down(reason)
+        self._warm.release(reason)
 
     def adopt(self, spec: ClusterSpec) -> None:
         """Take ``spec`` (a later cell's, for the same gang) as the defaults of what runs next;
         a changed ``max_runtime`` counts from the gang's start."""
-        with self._lock:
+        with self._state.lock:
             changed = spec.max_runtime != self.spec.max_runtime
-            self.spec = spec
+            self._state.spec = spec
             if changed and self.gang is not None:
                 self._warm.lifetime.cap(spec.max_runtime)
 
@@ -177,7 +176,7 @@ class Cluster:
             hang_timeout = self.spec.replace(hang_timeout=hang_timeout).hang_timeout
         with self._job() as torn_down:
             self.cells += 1
-            payload = self._names.payload(  # bad input: nothing started
+            payload = self._state.names.payload(  # bad input: nothing started
                 code,
                 self.cells if cell_id is None else cell_id,
                 namespace,
@@ -198,7 +197,7 @@ class Cluster:
             )
         if torn_down:
             result.notes.append(f"the gang was torn down: {torn_down[0]}")
-        self._names.ran(payload)
+        self._state.names.ran(payload)
         result.notes[:0] = [*payload.notes, *self._warm.notes]
         return result
 
@@ -216,10 +215,10 @@ class Cluster:
         gang = self.up(on_event)
         sent = gang.files.refresh(self.spec)  # what a node's copy of the directory was sent
         result = run_cell(
-            gang, self._names.for_ranks(payload, gang), on_event, timeout, hang_timeout
+            gang, self._state.names.for_ranks(payload, gang), on_event, timeout, hang_timeout
         )
         result.notes[:0] = sent
-        self._last = LastCell(payload.cell_id, result, gang.id)
+        self._last = LastCell(payload.cell_id, result, gang.core.id)
         return result
 
     def launch(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -236,7 +235,7 @@ class Cluster:
         """
         from .runfunction import launch
 
-        return launch(self, fn, args, kwargs)
+        return launch(self.spec, self.run, fn, args, kwargs)
 
     def submit(self, code: str, **options: Any) -> BackgroundCell:
         """Run ``code`` like ``run`` but in the background; returns at once with a handle.
@@ -244,7 +243,7 @@ class Cluster:
         One cell runs at a time: ``run`` or ``submit`` raise ``ClusterBusy`` meanwhile.
         """
         cell_id = options.pop("cell_id", None) or self.cells + 1
-        return self._slot.submit(
+        return self._state.slot.submit(
             self,
             cell_id,
             code,
@@ -267,17 +266,17 @@ class Cluster:
         """Where every rank is now (``%cluster stacks``), with the hang verdict when ranks wait
         in a collective; works during a cell."""
         gang = self.gang
-        return explain("stacks on request", gang.stacks() if gang is not None else [])[0]
+        return explain("stacks on request", gang.core.nodes.stacks() if gang is not None else [])[0]
 
     def status(self) -> dict[str, Any]:
-        gang = self.gang
+        core = self.gang.core if self.gang is not None else None
         return {
-            "id": gang.id if gang else None,
-            "state": gang.status.value if gang else ("RELEASED" if self.released else "DOWN"),
-            "detail": (gang.detail if gang else self.released),
+            "id": core.id if core else None,
+            "state": core.status.value if core else ("RELEASED" if self.released else "DOWN"),
+            "detail": (core.detail if core else self.released),
             "shape": self.spec.shape,
             "backend": self.spec.backend,
-            "device": gang.device if gang else None,
+            "device": core.device if core else None,
             "cells": self.cells,
             "idle_s": round(time.time() - self.last_used, 1),
             "idle_timeout_s": self.spec.idle_timeout,

@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import ClusterBusy
-from .background import BackgroundCell
+from .background import BackgroundCell, CellOwner
 from .cell import compile_cell
 
 if TYPE_CHECKING:
     from ..wire.events import OnEvent
-    from .cluster import Cluster
     from .result import CellResult
 
 
@@ -62,7 +61,7 @@ class JobSlot:
         self._quiet.wait_for(lambda: self._busy in (None, threading.current_thread()))
 
     def submit(
-        self, cluster: Cluster, cell_id: int, code: str, run: Callable[[OnEvent], CellResult]
+        self, cluster: CellOwner, cell_id: int, code: str, run: Callable[[OnEvent], CellResult]
     ) -> BackgroundCell:
         """``run`` (``code``'s cell) in the background, unless a background cell still runs."""
         if self._background is not None and not self._background.done():

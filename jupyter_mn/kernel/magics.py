@@ -65,7 +65,7 @@ class ClusterMagics(Magics):
             "stacks": (verb_parser("stacks"), self._stacks),
             "debug": (verb_parser("debug", (("--rank",), {"type": int})), self._debug),
             "launch": (add_spec_flags(verb_parser("launch")), self._launch),
-            **node_verbs(self),
+            **node_verbs(self.spec_from),
         }
         #: verbs whose text after `` -- `` is kept verbatim (a shell command, a Python call)
         self._raw_verbs = {"exec", "launch"}

@@ -13,21 +13,25 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .flags import Argument, add_spec_flags, verb_parser
+from .spec import ClusterSpec
 
 if TYPE_CHECKING:
     from IPython.core.magic_arguments import MagicArgumentParser
 
-    from .magics import ClusterMagics
 
 #: Seconds a ``%cluster exec`` command may run when no --timeout is given.
 EXEC_TIMEOUT_S = 600.0
 
 
-def node_verbs(magics: ClusterMagics) -> dict[str, tuple[MagicArgumentParser, Callable]]:
+def node_verbs(
+    spec_from: Callable[[Any], ClusterSpec],
+) -> dict[str, tuple[MagicArgumentParser, Callable]]:
+    """The node verbs' parsers and handlers; ``spec_from``: the magic's flags → a spec."""
+
     def parser(verb: str, *arguments: Argument) -> MagicArgumentParser:
         return add_spec_flags(verb_parser(verb, *arguments))
 
-    verbs = NodeVerbs(magics)
+    verbs = NodeVerbs(spec_from)
     return {
         "doctor": (parser("doctor"), verbs.doctor),
         "exec": (
@@ -62,13 +66,13 @@ def node_verbs(magics: ClusterMagics) -> dict[str, tuple[MagicArgumentParser, Ca
 class NodeVerbs:
     """Handlers: flags → the kernel's cluster for them → the Python API → what is shown."""
 
-    def __init__(self, magics: ClusterMagics) -> None:
-        self.magics = magics
+    def __init__(self, spec_from: Callable[[Any], ClusterSpec]) -> None:
+        self._spec_from = spec_from
 
     def _cluster(self, args: Any) -> Any:
         from . import cluster
 
-        return cluster.session(self.magics.spec_from(args))
+        return cluster.session(self._spec_from(args))
 
     def doctor(self, args: Any) -> Any:
         from ..doctor import doctor

@@ -1,6 +1,6 @@
 """Kernel side of the registry: keep each gang's ``JobModel`` and logs current, obey requests.
 
-``track(cluster, gang)`` subscribes to the gang's events (they arrive on dask's thread) and hands
+``track(owner, gang)`` subscribes to the gang's events (they arrive on dask's thread) and hands
 them to one recorder thread per process, which writes the registry and the log files, beats the
 heartbeat and polls the ``requests`` table. Polling from a thread is what lets the Clusters panel
 and ``jupyter mn cancel`` reach a kernel that is busy running a cell as well as an idle one.
@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..jobs.joblogs import JobLogWriter
 from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
@@ -37,7 +37,6 @@ from .kernelid import current_kernel_id
 
 if TYPE_CHECKING:
     from ..gang import Gang
-    from .cluster import Cluster
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
@@ -50,25 +49,36 @@ _SOURCES = {"panel": "the Clusters panel", "cli": "jupyter mn"}
 _DONE = {"cancel": "cancelled", "release": "released"}
 
 
+class GangOwner(Protocol):
+    """Who holds a recorded gang and obeys its requests: a cluster's warm gang (``Cluster``
+    answers the same calls)."""
+
+    gang: Gang | None
+
+    def cancel(self, reason: str) -> bool: ...
+
+    def release(self, reason: str) -> None: ...
+
+
 class JobRecord:
     """One gang's row and log files; only the recorder thread touches it."""
 
-    def __init__(self, registry: Registry, cluster: Cluster, gang: Gang) -> None:
-        spec = gang.spec
+    def __init__(self, registry: Registry, owner: GangOwner, gang: Gang) -> None:
+        spec = gang.core.spec
         self.registry = registry
-        self.cluster = weakref.ref(cluster)
+        self.owner = weakref.ref(owner)
         self.gang = gang
-        job_id = gang.id  # unique and path-safe; the user's name is ``name``
+        job_id = gang.core.id  # unique and path-safe; the user's name is ``name``
         self.model = JobModel(
             id=job_id,
-            name=spec.name or gang.id,
-            gang=gang.id,
+            name=spec.name or gang.core.id,
+            gang=gang.core.id,
             backend=spec.backend,
             shape=spec.shape,
             gpus=spec.gpus,
             world_size=spec.world_size,
-            state=gang.status.value,
-            started=gang.started_at,
+            state=gang.core.status.value,
+            started=gang.core.started_at,
             heartbeat=time.time(),
             pid=os.getpid(),
             kernel_id=current_kernel_id(),
@@ -107,7 +117,8 @@ class JobRecord:
             model.cells += 1 if event.cell else 0
             self.logs.mark(len(model.nodes), f"{event.what} started {time.strftime('%H:%M:%S')}")
         elif isinstance(event, Hung) and event.over:
-            model.state, model.detail, model.error = self.gang.status.value, self.gang.detail, None
+            core = self.gang.core
+            model.state, model.detail, model.error = core.status.value, core.detail, None
         elif isinstance(event, Hung):  # until it is over or the gang's next state (the cell ends)
             model.state, model.detail, model.error = HUNG, event.verdict, event.verdict
         elif isinstance(event, Preemption):  # the panel polls: a deadline, not a countdown
@@ -129,13 +140,13 @@ class JobRecord:
     def _placed(self) -> bool:
         """Record the gang's Kubernetes namespace once its provisioner has chosen it (``gc``
         deletes there); other provisioners have none."""
-        namespace = getattr(self.gang.provisioner, "namespace", "")
+        namespace = getattr(self.gang.core.provisioner, "namespace", "")
         changed = namespace != self.model.namespace
         self.model.namespace = namespace
         return changed
 
     def _ranks_up(self) -> None:
-        for info in self.gang.ranks:
+        for info in self.gang.core.ranks:
             node = self.model.nodes[info.rank // self.model.gpus]
             node.host = info.host
             gpu = info.device.startswith("cuda")
@@ -149,16 +160,16 @@ class JobRecord:
 
     def obey(self, request: Request) -> str:
         """Carry out a cancel/release request; returns what happened (stored as its outcome)."""
-        cluster = self.cluster()
+        owner = self.owner()
         why = f"{_DONE[request.action]} from {_SOURCES.get(request.source, request.source)}"
-        if cluster is None or cluster.gang is not self.gang:
+        if owner is None or owner.gang is not self.gang:
             return "the job had already ended"
         if request.action == "cancel":
-            if cluster.cancel(why):
+            if owner.cancel(why):
                 return "cancelling the running cell"
             return "no cell was running"
         threading.Thread(
-            target=cluster.release, args=(why,), name="jupyter-mn-release", daemon=True
+            target=owner.release, args=(why,), name="jupyter-mn-release", daemon=True
         ).start()
         return "releasing the gang"
 
@@ -182,10 +193,10 @@ class Recorder:
         self._thread = threading.Thread(target=self._loop, name="jupyter-mn-recorder", daemon=True)
         self._thread.start()
 
-    def track(self, cluster: Cluster, gang: Gang) -> JobRecord:
+    def track(self, owner: GangOwner, gang: Gang) -> JobRecord:
         """Record ``gang``: its row now, or (a locked or full database) by the recorder thread
         as soon as it can be written, so the panel, the CLI and ``gc`` see every gang."""
-        record = JobRecord(self.registry, cluster, gang)
+        record = JobRecord(self.registry, owner, gang)
         with self._lock:
             self._records[record.model.id] = record
             try:
@@ -205,7 +216,7 @@ class Recorder:
                 self._pending = True
                 self._wake.set()
 
-        gang.hub.subscribe(listener)
+        gang.core.hub.subscribe(listener)
         return record
 
     def drain(self) -> None:
@@ -268,14 +279,14 @@ _recorder: Recorder | None = None
 _recorder_lock = threading.Lock()
 
 
-def track(cluster: Cluster, gang: Gang) -> None:
+def track(owner: GangOwner, gang: Gang) -> None:
     """Record ``gang`` (not started yet) in the registry; never fails the cell."""
     global _recorder
     try:
         with _recorder_lock:
             if _recorder is None:
                 _recorder = Recorder()
-        _recorder.track(cluster, gang)
+        _recorder.track(owner, gang)
     except Exception:
         log.exception("jupyter_mn: the job registry is not available; the job is not recorded")
 

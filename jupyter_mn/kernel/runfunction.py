@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SpecError
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from .result import CellResult
+    from .spec import ClusterSpec
 
 _FN, _ARGS, _KWARGS = "_jupyter_mn_fn", "_jupyter_mn_args", "_jupyter_mn_kwargs"
 #: The cell every rank runs: its value (rank 0's) is the function's return value.
@@ -31,15 +32,20 @@ def call_names(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[st
 
 
 def launch(
-    cluster: Cluster, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    spec: ClusterSpec,
+    run: Callable[..., CellResult],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
 ) -> Any:
-    """``Cluster.launch``: ``CALL_CELL`` on ``cluster``'s ranks, shown as a cell's output is."""
+    """``Cluster.launch``: ``CALL_CELL`` on the ranks (``run``: the cluster's ``run``), shown as
+    a cell's output is."""
     from ..views import make_view
 
     names = call_names(fn, args, kwargs)
-    view = make_view(cluster.spec, title=f"launch {getattr(fn, '__name__', 'function')}")
+    view = make_view(spec, title=f"launch {getattr(fn, '__name__', 'function')}")
     try:
-        result = cluster.run(CALL_CELL, namespace=names, push=names, on_event=view)
+        result = run(CALL_CELL, namespace=names, push=names, on_event=view)
     finally:
         view.close()
     return result.unwrap()

@@ -52,7 +52,7 @@ class RankNames:
     def for_ranks(self, payload: CellPayload, gang: Gang) -> CellPayload:
         """``payload`` as ``gang``'s ranks get it: the large names they already hold as digests;
         new rank processes hold none."""
-        ranks = (gang.id, gang.incarnation)
+        ranks = (gang.core.id, gang.generations.incarnation)
         if ranks != self._ranks:
             self._shipper.forget()
             self._ranks = ranks

@@ -195,7 +195,7 @@ def _seconds(s: float) -> str:
 
 
 def explain(reason: str, ranks: Sequence[RankWhere]) -> tuple[Stacks, Verdict | None]:
-    """``ranks`` (as ``Gang.stacks`` gathered them) judged now: the ``Stacks`` event the views
+    """``ranks`` (as ``NodeAgents.stacks`` gathered them) judged now: the ``Stacks`` event the views
     show, the verdict first, and the verdict itself (None when no rank waits)."""
     ordered = tuple(sorted(ranks, key=lambda r: r.rank))
     verdict = judge(ordered, time.time_ns())

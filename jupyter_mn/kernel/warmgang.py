@@ -10,68 +10,63 @@ and torn down, saying why, on close, on ``release``, after ``idle_timeout`` or a
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .clusterstate import ClusterState
 from .lifetime import GangLifetime
+from .spec import ClusterSpec
 from .workdir import for_spec
 
 if TYPE_CHECKING:
     from ..gang.base import Gang, Preflight
     from ..wire.events import OnEvent
-    from .cluster import Cluster
-    from .spec import ClusterSpec
 
 
 class WarmGang:
     """The one gang of a cluster, or why there is none (``released``)."""
 
-    def __init__(
-        self,
-        cluster: Cluster,
-        lock: threading.RLock,
-        busy: Callable[[], bool],
-        forget: Callable[[], None],
-    ) -> None:
-        """``lock``: the cluster's; ``busy``: whether a job runs; ``forget``: what goes with the
-        gang (the names its ranks hold)."""
-        self._cluster, self._lock, self._busy, self._forget = cluster, lock, busy, forget
+    def __init__(self, state: ClusterState) -> None:
+        """``state``: the cluster's spec, lock, job slot and the names its ranks hold (which go
+        with the gang)."""
+        self._state = state
         self.gang: Gang | None = None
         #: why the gang was torn down ("" while up, or never started)
         self.released = ""
         #: what re-forming the gang told us, for the next result
         self.notes: list[str] = []
-        self.lifetime = GangLifetime(lock, busy, self.tear_down, self.cancel)
+        self.lifetime = GangLifetime(
+            state.lock, lambda: state.slot.busy, self.tear_down, self.cancel
+        )
 
     def up(self, on_event: OnEvent | None) -> Gang:
         """The warm gang, or a new one (all ranks or none)."""
         from ..gang import make_gang
         from .recorder import track
 
-        spec = self._cluster.spec
-        with self._lock:
+        spec = self._state.spec
+        with self._state.lock:
             if self.warm() and self.gang is not None:
                 return self.gang
             files = for_spec(spec)  # bad input: nothing started
             self.drop()
             gang = make_gang(spec)
             self.gang = gang
-            track(self._cluster, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release
+            track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release
             gang.start(on_event, preflight=preflight_of(spec), files=files)
             self.released = ""
             self.lifetime.started(spec.max_runtime)
-            if not self._busy():
+            if not self._state.slot.busy:
                 self.lifetime.idle(spec.idle_timeout)
             return gang
 
     def warm(self) -> bool:
         """Whether the gang is up and usable, once a re-forming after a failure has ended."""
-        with self._lock:
+        with self._state.lock:
             if self.gang is None:
                 return False
-            self.notes += self.gang.settle()
-            return self.gang.status.usable
+            self.notes += self.gang.generations.settle()
+            return self.gang.core.status.usable
 
     def job_ended(self) -> str:
         """A job ended: why the cost cap tore the gang down then ("" if it did not; else the
@@ -81,7 +76,7 @@ class WarmGang:
             self.drop()
             self.released = f"torn down: {expired}"
         elif self.gang is not None:
-            self.lifetime.idle(self._cluster.spec.idle_timeout)
+            self.lifetime.idle(self._state.spec.idle_timeout)
         return expired
 
     def cancel(self, reason: str) -> bool:
@@ -89,9 +84,17 @@ class WarmGang:
         gang = self.gang
         return gang is not None and gang.request_cancel(reason)
 
+    def release(self, reason: str) -> None:
+        """Free the gang now, from any thread: stop a running job, then every process."""
+        self.cancel(reason)
+        with self._state.lock:
+            self._state.slot.wait_quiet()
+            self.lifetime.idle(None)
+            self.tear_down(reason)
+
     def tear_down(self, why: str) -> None:
         """Drop the gang, if there is one, saying why (``Cluster.status()`` shows it)."""
-        with self._lock:
+        with self._state.lock:
             if self.gang is not None:
                 self.drop()
                 self.released = why
@@ -99,9 +102,9 @@ class WarmGang:
     def drop(self) -> None:
         self.lifetime.gone()
         if self.gang is not None:
-            self.gang.close()
+            self.gang.core.close()
             self.gang = None
-        self._forget()
+        self._state.names.forget()
 
     def close(self) -> None:
         self.lifetime.close()
@@ -129,4 +132,4 @@ def claim_nodes(spec: ClusterSpec, on_event: OnEvent | None, files: bool) -> Ite
         gang.start(on_event, ranks=False, preflight=preflight_of(spec), files=selected)
         yield gang
     finally:
-        gang.close()
+        gang.core.close()

@@ -273,9 +273,10 @@ class ClusterWidget:
                 self._draw({"header", "summary"})
                 self._show_final()
 
-        unsubscribe = gang.hub.subscribe(settled)
-        if gang.status != GangStatus.RENDEZVOUS:  # it settled before we listened
-            settled(GangState(gang.status, gang.detail))
+        core = gang.core
+        unsubscribe = core.hub.subscribe(settled)
+        if core.status != GangStatus.RENDEZVOUS:  # it settled before we listened
+            settled(GangState(core.status, core.detail))
 
     # ---- drawing thread
     def _loop(self) -> None:

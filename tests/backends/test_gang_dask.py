@@ -171,7 +171,7 @@ def test_two_gangs_never_share_a_worker(dask_tls, no_leftovers):
             second.run("1")
         message = str(info.value)
         assert "0 host(s) available, 1 requested" in message
-        assert f"is claimed by gang {first.gang.id}" in message
+        assert f"is claimed by gang {first.gang.core.id}" in message
     finally:
         first.close()
     with dask_cluster(dask_tls, nodes=2, gpus=1) as third:  # the claims were given back
@@ -193,7 +193,7 @@ def test_two_gangs_of_one_name_are_two_gangs(dask_tls, no_leftovers):
     try:
         first.up()
         second.up()
-        assert first.gang.id != second.gang.id
+        assert first.gang.core.id != second.gang.core.id
         hosts = {
             first.run(WHERE.format(who="first")).value,
             second.run(WHERE.format(who="second")).value,
@@ -201,7 +201,7 @@ def test_two_gangs_of_one_name_are_two_gangs(dask_tls, no_leftovers):
         assert hosts == {"127.0.0.1", "127.0.0.2"}  # one node each, not one shared agent
 
         def logged(cluster: Cluster) -> list[str]:
-            jobs = [j for j in registry.jobs() if j.gang == cluster.gang.id]
+            jobs = [j for j in registry.jobs() if j.gang == cluster.gang.core.id]
             assert len(jobs) == 1 and jobs[0].name == "train"
             return [line.text for line in read_logs(registry.log_dir(jobs[0].id))[0]]
 
@@ -211,7 +211,7 @@ def test_two_gangs_of_one_name_are_two_gangs(dask_tls, no_leftovers):
         assert "first runs here" not in logged(second)
         first.close()
         assert second.run(WHERE.format(who="second again")).value in hosts
-        assert second.gang.status.usable
+        assert second.gang.core.status.usable
     finally:
         first.close()
         second.close()
@@ -343,7 +343,9 @@ def test_killing_a_node_mid_cell_breaks_the_gang_and_the_next_cell_works(
     try:
         gang = cluster.up()
         ranks = rank_processes(ours(no_leftovers))
-        pid = gang.client.run(os.getpid, workers=[gang.addresses[1]])[gang.addresses[1]]
+        pid = gang.core.nodes.client.run(os.getpid, workers=[gang.core.addresses[1]])[
+            gang.core.addresses[1]
+        ]
         threading.Timer(1.5, os.kill, (pid, signal.SIGKILL)).start()
         started = time.monotonic()
         result = cluster.run("import time\ntime.sleep(30)\ndist.barrier()")
@@ -353,7 +355,9 @@ def test_killing_a_node_mid_cell_breaks_the_gang_and_the_next_cell_works(
         with pytest.raises(NodeLost, match=r"node 1 was lost: its agent \(a dask worker\)"):
             result.unwrap()
         # torn down in the background: BROKEN at once, CLOSED soon after
-        assert gang.status.value in ("BROKEN", "CLOSED") and "torn down" in " ".join(result.notes)
+        assert gang.core.status.value in ("BROKEN", "CLOSED") and "torn down" in " ".join(
+            result.notes
+        )
         assert not wait_gone(ranks)
         assert cluster.run("dist.get_world_size()").value == 2  # a fresh gang
     finally:

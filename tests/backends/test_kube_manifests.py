@@ -15,15 +15,13 @@ import pytest
 
 from jupyter_mn.errors import SpecError
 from jupyter_mn.gang.kubernetes import gangs
+from jupyter_mn.gang.kubernetes.gangs import LATEST_MINOR, MIN_MINOR, Target
 from jupyter_mn.gang.kubernetes.manifests import (
     AGENT_UID,
     COMPLETION_INDEX,
     GANG_LABEL,
-    LATEST_MINOR,
-    MIN_MINOR,
     NAME_KEY,
     Names,
-    Target,
     build,
     selector,
 )

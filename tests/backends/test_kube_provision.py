@@ -327,14 +327,14 @@ def test_two_gangs_of_one_name_both_start_and_gc_of_one_leaves_the_other(cluster
     spec = kube_spec(nodes=1).replace(name="train")
     live, dead = Recorder(), Recorder()
     live_gang, dead_gang = Gang(spec, live.provisioner), Gang(spec, dead.provisioner)
-    assert sorted(live.up(spec, live_gang.id)) == [0]
-    assert sorted(dead.up(spec, dead_gang.id)) == [0]  # not 409: the names differ
+    assert sorted(live.up(spec, live_gang.core.id)) == [0]
+    assert sorted(dead.up(spec, dead_gang.core.id)) == [0]  # not 409: the names differ
     jobs = [o for o in cluster.ours() if o["kind"] == "Job"]
     assert [j["metadata"]["annotations"][NAME_KEY] for j in jobs] == ["train", "train"]
-    registry.save(orphaned(dead_gang.id, name="train"))
+    registry.save(orphaned(dead_gang.core.id, name="train"))
     reap(registry, keep_s=1e9)
     left = {o["metadata"]["labels"][GANG_LABEL] for o in cluster.ours()}
-    assert left == {live_gang.id}
+    assert left == {live_gang.core.id}
     assert len([p for p in cluster.live("pods") if p["spec"].get("nodeName")]) == 1
     live.provisioner.release()
     assert cluster.ours() == []
@@ -349,14 +349,16 @@ def test_the_registry_records_the_namespace_and_gc_deletes_there(cluster, regist
     spec = kube_spec(nodes=1, namespace="research")
     gang = make_gang(spec)
     record = JobRecord(registry, Cluster(spec), gang)
-    gang.hub.subscribe(lambda event: record.handle(event) and record.save())
-    gang.provisioner.bring_up(spec, gang.id, Security.temporary())  # its kernel then "dies"
+    gang.core.hub.subscribe(lambda event: record.handle(event) and record.save())
+    gang.core.provisioner.bring_up(
+        spec, gang.core.id, Security.temporary()
+    )  # its kernel then "dies"
     job = registry.job(record.model.id)
     assert job.namespace == "research"
     assert {o["metadata"]["namespace"] for o in cluster.ours()} == {"research"}
     job.state, job.pid = ORPHANED, dead_pid()
     registry.save(job)
     done = reap(registry, keep_s=1e9)
-    assert any(f"{gang.id}: deleted" in line and "in research" in line for line in done), done
+    assert any(f"{gang.core.id}: deleted" in line and "in research" in line for line in done), done
     assert cluster.ours() == []
-    gang.provisioner.release()
+    gang.core.provisioner.release()

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, Target, build
+from jupyter_mn.gang.kubernetes.gangs import Target
+from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, build
 from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.node.ports import is_free, listen_port

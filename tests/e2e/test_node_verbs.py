@@ -164,7 +164,7 @@ def test_ranks_flag_shows_only_those_ranks_and_the_logs_keep_every_line(kernel):
     shown = sorted(line for line in reply.stdout.splitlines() if "] hi " in line)
     assert shown == ["[node 0 rank 0] hi 0", "[node 1 rank 3] hi 3"]
     job = kernel.run(
-        "from jupyter_mn.kernel import cluster\ncluster.current().gang.id"
+        "from jupyter_mn.kernel import cluster\ncluster.current().gang.core.id"
     ).result.strip("'")
 
     def logged(rank: int) -> str:

@@ -337,7 +337,7 @@ def test_background_cell_stacks_and_cancel(gang):
 
 def test_lost_node_agent_breaks_the_gang_and_the_next_cell_brings_a_fresh_one(gang):
     pids = ready(gang)
-    old_id = gang.gang.id
+    old_id = gang.gang.core.id
     worker = node_of(psutil.Process(pids[3]))
     assert worker.environ()["JUPYTER_MN_TEST_TOKEN"] == TOKEN
     code = "import time\nif dist.get_rank() == 3:\n    time.sleep(60)\n" + ALL_REDUCE
@@ -358,7 +358,7 @@ def test_lost_node_agent_breaks_the_gang_and_the_next_cell_brings_a_fresh_one(ga
     assert gang.status()["state"] in ("BROKEN", "CLOSED")
     assert not wait_gone(processes(pids[2], pids[3]))  # its ranks went with it
     assert gang.run(ALL_REDUCE).value == 4.0
-    assert gang.gang.id != old_id and not set(rank_pids().values()) & set(pids.values())
+    assert gang.gang.core.id != old_id and not set(rank_pids().values()) & set(pids.values())
 
 
 def test_a_frozen_node_is_named_within_the_liveness_window(no_leftovers):

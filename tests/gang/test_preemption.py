@@ -73,7 +73,7 @@ def gang_of(cluster: Cluster) -> list[psutil.Process]:
     found = []
     for proc in ours():
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get(JOB) == cluster.gang.id:
+            if proc.environ().get(JOB) == cluster.gang.core.id:
                 found.append(proc)
     return found
 
@@ -151,7 +151,7 @@ def test_with_retries_the_cell_resumes_from_the_preemption_checkpoint(tmp_path, 
 
         idle = cluster.gang
         os.kill(worker_of(2, gang_of(cluster)).pid, signal.SIGTERM)
-        wait_until(lambda: not idle.status.usable, 30, "the idle gang to be given up")
+        wait_until(lambda: not idle.core.status.usable, 30, "the idle gang to be given up")
         assert cluster.run("1 + 1").unwrap() == 2 and cluster.gang is not idle
 
 
@@ -204,7 +204,7 @@ def test_a_scripts_ranks_on_the_preempted_node_get_its_sigterm(tmp_path, no_left
         cluster.up()  # the warm gang's agents run it
         with cluster.nodes() as gang:
             result = run_script(gang, str(script), (), sigterm)
-        assert not gang.status.usable  # its node is going: the next cell starts a fresh gang
+        assert not gang.core.status.usable  # its node is going: the next cell starts a fresh gang
     assert result.ok, (sigterm.lines, result.error())
     stops = {line.split()[-1] for line in sigterm.lines if " stops at step " in line}
     assert len(stops) == 1 and len([t for t in sigterm.lines if " stops at " in t]) == 4

@@ -52,7 +52,7 @@ def cluster(gate: Path) -> Iterator[Cluster]:
 
 
 def _job(registry: Registry, cluster: Cluster) -> JobModel:
-    return next(j for j in registry.jobs() if j.gang == cluster.gang.id)
+    return next(j for j in registry.jobs() if j.gang == cluster.gang.core.id)
 
 
 def _cancel_while_running(

@@ -145,7 +145,7 @@ def test_a_copy_that_cannot_be_updated_tears_the_gang_down_and_the_next_cell_sta
         try:
             with pytest.raises(FilesNotSent, match=r"^node 1: its copy of .+ was not updated"):
                 cluster.run("1")
-            assert gang.status in (GangStatus.BROKEN, GangStatus.CLOSED)
+            assert gang.core.status in (GangStatus.BROKEN, GangStatus.CLOSED)
         finally:
             cache.unlink()
             added.unlink()

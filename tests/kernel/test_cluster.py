@@ -72,10 +72,10 @@ def test_a_cell_goes_on_the_cell_stream_and_a_large_one_as_actor_calls(gang_2x2,
     cell still runs (its request went on the stream); one with 100 KB of captured names needs the
     actor path."""
     actor_cells: list[list[int] | None] = []
-    gang = gang_2x2.gang
-    real = gang.call_each
+    agents = gang_2x2.gang.core.nodes
+    real = agents.call_each
     monkeypatch.setattr(
-        gang, "call_each", lambda call, nodes=None: (actor_cells.append(nodes), real(call, nodes))
+        agents, "call_each", lambda call, nodes=None: (actor_cells.append(nodes), real(call, nodes))
     )
     assert gang_2x2.run("dist.get_rank() + 40").value == 40
     assert actor_cells == []

@@ -18,10 +18,10 @@ LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 def test_two_gangs_of_one_name_get_different_readable_ids():
     spec = ClusterSpec(name="train")
     first, second = Gang(spec, LocalProvisioner()), Gang(spec, LocalProvisioner())
-    assert first.id != second.id
-    assert first.id.startswith("train-") and second.id.startswith("train-")
-    assert first.topic != second.topic
-    assert Gang(ClusterSpec(), LocalProvisioner()).id.startswith("jmn-")
+    assert first.core.id != second.core.id
+    assert first.core.id.startswith("train-") and second.core.id.startswith("train-")
+    assert first.core.topic != second.core.topic
+    assert Gang(ClusterSpec(), LocalProvisioner()).core.id.startswith("jmn-")
 
 
 @pytest.mark.parametrize(

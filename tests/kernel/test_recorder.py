@@ -28,7 +28,7 @@ def cluster() -> Iterator[Cluster]:
 
 
 def _job(registry: Registry, cluster: Cluster) -> JobModel:
-    return next(j for j in registry.jobs() if j.gang == cluster.gang.id)
+    return next(j for j in registry.jobs() if j.gang == cluster.gang.core.id)
 
 
 def _when(registry: Registry, cluster: Cluster, check, what: str) -> JobModel:
@@ -67,7 +67,7 @@ def test_a_cell_is_counted_when_it_starts(registry, cluster):
 
 def test_a_preemption_notice_shows_in_the_panel_with_its_deadline(registry, cluster):
     deadline = time.time() + 100
-    cluster.gang.hub.dispatch(Preemption(1, PreemptCause.POD, deadline))  # as from node 1
+    cluster.gang.core.hub.dispatch(Preemption(1, PreemptCause.POD, deadline))  # as from node 1
     until = time.strftime("%H:%M:%S", time.localtime(deadline))
     expected = (
         f"PREEMPTING node 1 (until {until}): its pod is being deleted (eviction or preemption)"
@@ -178,7 +178,7 @@ def test_a_job_whose_log_dir_cannot_be_made_is_still_recorded(cluster, tmp_path,
     registry = Registry(tmp_path / "reg")
     try:
         gang = cluster.up()
-        registry.log_dir(gang.id).write_text("in the way")
+        registry.log_dir(gang.core.id).write_text("in the way")
         record = Recorder(registry).track(cluster, gang)
         assert cluster.run("print('a line with nowhere to go')").ok
         wait_until(  # a cell is counted when it starts: wait for its end too
@@ -204,7 +204,7 @@ def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry
     job = JobModel.from_json(record.model.to_json())  # the shape the sidebar reads
     assert (job.state, job.detail, job.error) == ("HUNG", verdict, verdict)
     assert record.handle(Hung(verdict, 300.0, over=True))  # the ranks moved on
-    assert JobModel.from_json(record.model.to_json()).state == gang.status.value
+    assert JobModel.from_json(record.model.to_json()).state == gang.core.status.value
     assert record.handle(Hung(verdict, 300.0))
     assert record.handle(CellDone(4, False, 301.0, error="rank 3 (node 1) was interrupted"))
     assert record.handle(GangState("READY"))

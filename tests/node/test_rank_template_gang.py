@@ -81,7 +81,7 @@ def test_ranks_are_fresh_processes_forked_from_the_gangs_template(templated):
         assert info["parent_cmdline"] == TEMPLATE
         assert info["sid"] == info["pid"]  # it leads its session: gc's killpg reaches it all
         assert info["cmdline"] == [sys.executable, "-m", "jupyter_mn.rank.runtime"]
-        assert (info["proc_rank"], info["proc_job"]) == (str(rank), templated.gang.id)
+        assert (info["proc_rank"], info["proc_job"]) == (str(rank), templated.gang.core.id)
         assert info["shared"] == ["/dev/null"]  # nothing of the template's stayed open in it
         assert info["threads"] == FRESH_THREADS
         assert info["cuda"] is False

@@ -38,7 +38,10 @@ def test_nccl_info_goes_to_a_file_per_rank_not_the_users_stream(gang_2x2):
         assert env["NCCL_DEBUG_FILE"].endswith(f"nccl-rank{rank}.log")
         assert os.path.isdir(os.path.dirname(env["NCCL_DEBUG_FILE"]))
         assert env["TORCH_FR_BUFFER_SIZE"] == "256" and env["TORCH_DISTRIBUTED_DEBUG"] is None
-    assert {n: r.backend for n, r in gang_2x2.gang.hub.transport.items()} == {0: "gloo", 1: "gloo"}
+    assert {n: r.backend for n, r in gang_2x2.gang.core.hub.transport.items()} == {
+        0: "gloo",
+        1: "gloo",
+    }
 
 
 def test_straggler_is_named_from_its_late_arrival(gang_2x2):
@@ -79,7 +82,7 @@ def test_require_rdma_without_rdma_fails_before_any_rank_starts(no_leftovers):
     assert cluster.spec.rdma  # --require-rdma implies --rdma
     with pytest.raises(TransportError, match=r"--require-rdma: node [01] has no usable RDMA port"):
         cluster.run("1")
-    assert cluster.gang is None or not cluster.gang.status.usable
+    assert cluster.gang is None or not cluster.gang.core.status.usable
     assert not rank_processes(ours(no_leftovers))
     cluster.close()
 

@@ -69,7 +69,7 @@ class RegistryWrites:
 
 
 class LineCount:
-    """A gang listener (``gang.hub.subscribe``): the lines that reached the kernel, per rank,
+    """A gang listener (``gang.core.hub.subscribe``): the lines that reached the kernel, per rank,
     and gaps in each node's batch numbers (a lost ``LogLines``)."""
 
     def __init__(self) -> None:

@@ -19,7 +19,8 @@ from ...errors import SchedulingError, SpecError
 from ...kernel.gangids import gang_id as new_gang_id
 from ...kernel.spec import ClusterSpec
 from . import gangs
-from .manifests import LATEST_MINOR, Target, build, to_yaml
+from .gangs import LATEST_MINOR, Target
+from .manifests import build, to_yaml
 from .rollout import api_errors
 
 KUEUE_GROUP = "kueue.x-k8s.io"

@@ -10,13 +10,10 @@ provisioner does all-or-nothing itself (see ``provision.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import SpecError
 from ...kernel.spec import ClusterSpec
-
-if TYPE_CHECKING:
-    from .manifests import Target
 
 POLICIES = ("kueue", "volcano", "coscheduling", "native", "none")
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -45,6 +42,27 @@ class GangParts:
     pod_labels: dict[str, str] = field(default_factory=dict)
     pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_spec: dict[str, Any] = field(default_factory=dict)
+
+
+#: Oldest and newest Kubernetes minor versions the builders are validated against.
+MIN_MINOR, LATEST_MINOR = 28, 37
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the objects are built for: the server's minor version and a concrete gang policy."""
+
+    minor: int = LATEST_MINOR
+    policy: str = "none"
+    namespace: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise SpecError(f"gang policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.minor < MIN_MINOR:
+            raise SpecError(
+                f"Kubernetes 1.{self.minor} is too old: jupyter_mn needs 1.{MIN_MINOR} or newer"
+            )
 
 
 def native_api(minor: int) -> str:

@@ -22,6 +22,7 @@ from ...kernel.gangids import MAX_ID, label_value
 from ...kernel.kubespec import KubeOptions, Volume, parse_toleration
 from ...kernel.spec import ClusterSpec
 from . import gangs
+from .gangs import Target
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "jupyter-mn"
@@ -37,28 +38,7 @@ TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
 AGENT_UID = 1000
 #: Finished Jobs (and their pods) are deleted this long after they end.
 TTL_AFTER_FINISHED_S = 300
-#: Oldest and newest Kubernetes minor versions the builders are validated against.
-MIN_MINOR, LATEST_MINOR = 28, 37
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the objects are built for: the server's minor version and a concrete gang policy."""
-
-    minor: int = LATEST_MINOR
-    policy: str = "none"
-    namespace: str = "default"
-
-    def __post_init__(self) -> None:
-        if self.policy not in gangs.POLICIES:
-            raise SpecError(
-                f"gang policy {self.policy!r} is not one of {', '.join(gangs.POLICIES)}"
-            )
-        if self.minor < MIN_MINOR:
-            raise SpecError(
-                f"Kubernetes 1.{self.minor} is too old: jupyter_mn needs 1.{MIN_MINOR} or newer"
-            )
 
 
 @dataclass(frozen=True)

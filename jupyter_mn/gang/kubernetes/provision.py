@@ -19,8 +19,9 @@ from ...errors import JupyterMNError
 from ...kernel.spec import ClusterSpec
 from ...wire.events import NodesWaiting, OnEvent
 from .discovery import KUEUE_GROUP, SA_NAMESPACE, choose, discover, load_api
+from .gangs import Target
 from .lease import AdmissionLease
-from .manifests import Target, build, labels
+from .manifests import build, labels
 from .portforward import PortForward, pod_stream
 from .rollout import Rollout, api_errors
 
