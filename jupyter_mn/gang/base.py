@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingError
+from ..jobs.usage import Meter
 from ..kernel.gangids import gang_id
 from ..kernel.spec import ClusterSpec
 from ..kernel.workdir import Selection
@@ -94,6 +95,8 @@ class Gang:
         self.files = FileSync(self)
         #: the first node told to go (SIGTERM), while its grace period runs
         self.preemption: Preemption | None = None
+        #: GPU-hours: nodes × GPUs × seconds from provisioning to release (``jobs/usage.py``)
+        self.usage = Meter(spec.world_size, lambda: "cuda" in self.device or not self.ranks)
 
     # ---- state and events
     def _transition(self, status: GangStatus, detail: str = "") -> None:
@@ -124,10 +127,7 @@ class Gang:
     @property
     def device(self) -> str:
         """``"cuda (nccl)"`` or ``"cpu (gloo)"``, from what the ranks reported."""
-        if not self.ranks:
-            return "unknown"
-        kinds = {("cuda" if r.device.startswith("cuda") else "cpu", r.backend) for r in self.ranks}
-        return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
+        return device_of(self.ranks)
 
     # ---- lifecycle
     def start(
@@ -153,6 +153,7 @@ class Gang:
                     f"got {len(addresses)} node(s) from the {self.provisioner.backend} backend, "
                     f"need {self.spec.nodes}"
                 )
+            self.usage.up()
             self._agents.client = client
             client.subscribe_topic(self.topic, self._liveness.on_dask_event)
             self.hosts = self._agents.place(addresses)
@@ -241,6 +242,7 @@ class Gang:
             with contextlib.suppress(Exception):
                 self._agents.client.unsubscribe_topic(self.topic)
         self.provisioner.release()
+        self.usage.release()
         self._agents.forget()
         self._transition(GangStatus.CLOSED, broken or "")
 
@@ -311,6 +313,14 @@ class Gang:
 
     def next_generation(self) -> int:
         return self._generations.next()
+
+
+def device_of(ranks: list[RankReady]) -> str:
+    """``"cuda (nccl)"`` or ``"cpu (gloo)"`` (both, in a mixed gang; "unknown" before any)."""
+    if not ranks:
+        return "unknown"
+    kinds = {("cuda" if r.device.startswith("cuda") else "cpu", r.backend) for r in ranks}
+    return ", ".join(f"{d} ({b})" for d, b in sorted(kinds))
 
 
 def rendezvous_cause(failures: list[BaseException]) -> JupyterMNError:

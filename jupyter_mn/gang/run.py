@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from ..errors import NodeUnreachable, TransportError
+from ..jobs.usage import hours
 from ..kernel.credentials import holds_secret
 from ..kernel.result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
 from ..kernel.verdict import Verdict, explain
@@ -205,6 +206,9 @@ class CellJob(Job[CellResult]):
             error,
             value_text(result.value) if result.ok else "",
             result.outcome,
+            hours(gang.spec.world_size, result.elapsed),
+            gang.usage.hours(),
+            gang.usage.unit,
         )
         gang.hub.announce(done, self.on_event)
         if gang.spec.require_rdma and (problem := violation(gang.hub.transport.values())):

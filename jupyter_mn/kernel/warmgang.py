@@ -60,7 +60,7 @@ class WarmGang:
             track(self._cluster, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release
             gang.start(on_event, preflight=preflight_of(spec), files=files)
             self.released = ""
-            self.lifetime.started(spec.max_runtime)
+            self.lifetime.started(spec, gang.usage)
             if not self._busy():
                 self.lifetime.idle(spec.idle_timeout)
             return gang
