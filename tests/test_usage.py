@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
+from IPython.core.error import UsageError as MagicUsageError
+from IPython.core.interactiveshell import InteractiveShell
 from jobs import make_job
 
 from jupyter_mn.cli import main
@@ -14,6 +17,7 @@ from jupyter_mn.errors import SpecError
 from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import Registry
 from jupyter_mn.jobs.usage import Meter, UsageError, job_hours, parse_since, totals
+from jupyter_mn.kernel import cluster
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.wire.events import HoursUnit
 
@@ -140,3 +144,27 @@ def test_the_cap_is_a_spec_field_a_kwarg_and_an_environment_variable(monkeypatch
     monkeypatch.setenv("JUPYTER_MN_MAX_GPU_HOURS", "0.5")
     assert ClusterSpec.build().max_gpu_hours == 0.5
     assert usage.cap_seconds(0.5, 4) == 450
+
+
+@pytest.mark.parametrize(
+    ("flag", "error", "message"),
+    [
+        ("--max-gpu-hours nan", SpecError, "max_gpu_hours must be a positive number of hours"),
+        ("--max-gpu-hours -0.5", SpecError, "max_gpu_hours must be a positive number of hours"),
+        ("--max-gpu-hours 9e9", SpecError, "max_gpu_hours 9e\\+09 on 4 GPU"),
+        ("--max-gpu-hours lots", MagicUsageError, "invalid float value: 'lots'"),
+    ],
+)
+def test_a_bad_max_gpu_hours_on_a_cell_is_a_short_error_and_starts_nothing(flag, error, message):
+    shell = InteractiveShell.instance()
+    shell.extension_manager.load_extension("jupyter_mn")
+    children = len(psutil.Process().children(recursive=True))
+    try:
+        with pytest.raises(error, match=message) as info:
+            shell.run_cell_magic("cluster", f"--nodes 2 --gpus 2 {flag}", "1")
+        assert len(str(info.value)) < 200 and "\n" not in str(info.value)
+        assert cluster.current() is None or cluster.current().gang is None
+        assert len(psutil.Process().children(recursive=True)) == children
+    finally:
+        cluster.shutdown()
+        InteractiveShell.clear_instance()
