@@ -4,6 +4,8 @@ runs."""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 
 import psutil
@@ -18,6 +20,7 @@ from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import Registry
 from jupyter_mn.jobs.usage import Meter, UsageError, job_hours, parse_since, totals
 from jupyter_mn.kernel import cluster
+from jupyter_mn.kernel.lifetime import GangLifetime
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.wire.events import HoursUnit
 
@@ -168,3 +171,38 @@ def test_a_bad_max_gpu_hours_on_a_cell_is_a_short_error_and_starts_nothing(flag,
     finally:
         cluster.shutdown()
         InteractiveShell.clear_instance()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_the_sooner_cap_fires_the_gpu_hours_one_when_the_meter_reaches_it(busy):
+    clock = FakeClock()
+    meter = Meter(slots=4, gpu=lambda: False, clock=clock)
+    meter.up()
+    clock.now += 17.5  # half a second short of 0.02 rank-hours on 4 ranks
+    stopped: queue.SimpleQueue[str] = queue.SimpleQueue()
+    lifetime = GangLifetime(
+        threading.RLock(), lambda: busy, stopped.put, lambda why: stopped.put(why) or True
+    )
+    reason = "--max-gpu-hours reached (0.02 rank-hours: 4 × 18 s)"
+    try:
+        lifetime.started(ClusterSpec(nodes=2, gpus=2, max_gpu_hours=0.02, max_runtime=3600), meter)
+        if busy:  # the running job is stopped; the gang goes when it has ended
+            assert stopped.get(timeout=30) == reason and lifetime.take_expired() == reason
+        else:
+            assert stopped.get(timeout=30) == f"torn down: {reason}"
+    finally:
+        lifetime.close()
+
+
+def test_a_gang_gone_before_its_cap_is_not_torn_down_by_it():
+    clock = FakeClock()
+    meter = Meter(slots=4, clock=clock)
+    meter.up()
+    stopped: queue.SimpleQueue[str] = queue.SimpleQueue()
+    lifetime = GangLifetime(threading.RLock(), lambda: False, stopped.put, stopped.put)
+    lifetime.started(ClusterSpec(nodes=2, gpus=2, max_gpu_hours=1), meter)
+    lifetime.gone()
+    clock.now += 3600
+    lifetime.cap(ClusterSpec(nodes=2, gpus=2, max_gpu_hours=1))  # a later cell's spec
+    assert stopped.empty()
+    lifetime.close()
