@@ -91,6 +91,7 @@ def _add_list(sub: Any) -> None:
 def _list(args: argparse.Namespace) -> int:
     import time
 
+    from .jobs import usage
     from .jobs.registry import Registry
 
     jobs = Registry().jobs()
@@ -101,7 +102,7 @@ def _list(args: argparse.Namespace) -> int:
         print("no jobs (a %%cluster cell or Cluster(...).up() starts one)")
         return 0
     now = time.time()
-    rows = [("JOB", "STATE", "SHAPE", "BACKEND", "AGE", "CELLS", "NOTEBOOK / LAUNCHER")]
+    rows = [("JOB", "STATE", "SHAPE", "BACKEND", "AGE", "CELLS", "USAGE", "NOTEBOOK / LAUNCHER")]
     rows += [
         (
             job.id,
@@ -110,6 +111,7 @@ def _list(args: argparse.Namespace) -> int:
             job.backend,
             _duration((job.ended or now) - job.started),
             str(job.cells),
+            usage.text(job.gpu_hours, job.unit) if job.up is not None else "-",
             job.notebook or job.launcher,
         )
         for job in jobs
@@ -118,6 +120,51 @@ def _list(args: argparse.Namespace) -> int:
     for row in rows:
         line = "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
         print(_printable(line))
+    return 0
+
+
+def _add_usage(sub: Any) -> None:
+    p = sub.add_parser("usage", help="GPU-hours (rank-hours on CPUs) by notebook and by job")
+    p.add_argument("--since", help="only what was used in this last span: 7d, 12h, 30m, 2w")
+    p.add_argument("--json", action="store_true", help="print the totals as JSON")
+    p.set_defaults(func=_usage)
+
+
+def _usage(args: argparse.Namespace) -> int:
+    import time
+
+    from .jobs import usage
+    from .jobs.registry import Registry
+
+    since = time.time() - usage.parse_since(args.since) if args.since is not None else 0.0
+    jobs = Registry().jobs()
+    names = {job.id: job.name for job in jobs}
+    tables = {
+        "notebook": usage.totals(jobs, lambda j: j.notebook or j.launcher or "-", since),
+        "job": usage.totals(jobs, lambda j: j.id, since),
+    }
+    if args.json:
+        print(json.dumps({k: [dataclasses.asdict(t) for t in v] for k, v in tables.items()}))
+        return 0
+    if not tables["job"]:
+        print("no GPU-hours recorded" + (f" in the last {args.since}" if args.since else ""))
+        return 0
+    for title, totals in tables.items():
+        print(f"by {title}:")
+        rows = [
+            (
+                t.key,
+                names[t.key] if title == "job" else f"{t.jobs} job(s)",
+                usage.text(t.hours, t.unit),
+            )
+            for t in totals
+        ]
+        width = [max(len(row[i]) for row in rows) for i in range(2)]
+        for key, what, hours in rows:
+            print(_printable(f"  {key.ljust(width[0])}  {what.ljust(width[1])}  {hours}"))
+    for unit in sorted({t.unit for t in tables["job"]}):
+        total = sum(t.hours for t in tables["job"] if t.unit == unit)
+        print(f"total: {usage.text(total, unit)}")
     return 0
 
 
@@ -274,6 +321,7 @@ def _doctor(args: argparse.Namespace) -> int:
 COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_config,
     _add_list,
+    _add_usage,
     _add_logs,
     _add_cancel,
     _add_release,

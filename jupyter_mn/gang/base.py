@@ -84,6 +84,7 @@ class Gang:
                     f"got {len(addresses)} node(s) from the {backend} backend, "
                     f"need {core.spec.nodes}"
                 )
+            core.usage.up()
             core.nodes.client = client
             client.subscribe_topic(core.topic, self._liveness.on_dask_event)
             core.hosts = core.nodes.place(addresses)

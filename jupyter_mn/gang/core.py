@@ -17,6 +17,7 @@ import time
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError
+from ..jobs.usage import Meter
 from ..kernel.gangids import gang_id
 from ..kernel.spec import ClusterSpec
 from ..wire.events import GangState, OnEvent, Preemption
@@ -75,6 +76,8 @@ class GangCore:
         self.watcher: OnEvent | None = None
         #: set once teardown begins: the heartbeat stops
         self.closing = threading.Event()
+        #: GPU-hours: nodes × GPUs × seconds from provisioning to release (``jobs/usage.py``)
+        self.usage = Meter(spec.world_size, lambda: "cuda" in self.device or not self.ranks)
         self._closer: threading.Thread | None = None
 
     def transition(self, status: GangStatus, detail: str = "") -> None:
@@ -134,5 +137,6 @@ class GangCore:
             with contextlib.suppress(Exception):
                 self.nodes.client.unsubscribe_topic(self.topic)
         self.provisioner.release()
+        self.usage.release()
         self.nodes.forget()
         self.transition(GangStatus.CLOSED, broken or "")

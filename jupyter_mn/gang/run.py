@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from ..errors import NodeUnreachable, TransportError
+from ..jobs.usage import hours
 from ..kernel.credentials import holds_secret
 from ..kernel.result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
 from ..kernel.spec import ClusterSpec
@@ -211,6 +212,9 @@ class CellJob(Job[CellResult]):
             error,
             value_text(result.value) if result.ok else "",
             result.outcome,
+            hours(core.spec.world_size, result.elapsed),
+            core.usage.hours(),
+            core.usage.unit,
         )
         core.hub.announce(done, self.on_event)
         if core.spec.require_rdma and (problem := violation(core.hub.transport.values())):

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import JupyterMNError
 from .netfs import on_network_fs
+from .usage import job_hours
 
 log = logging.getLogger(__name__)
 #: How often a kernel writes its live jobs' heartbeat into the registry; a live job whose kernel
@@ -108,6 +109,13 @@ class JobModel:
     pending: list[str] = field(default_factory=list)
     #: the notebook's path relative to the Jupyter server's root (filled by the server)
     link: str | None = None
+    #: when the backend handed over the nodes (None: not yet, or never); with ``ended``, what
+    #: ``gpu_hours`` counts
+    up: float | None = None
+    #: ``HoursUnit``'s value: GPU-hours, or rank-hours for CPU ranks
+    unit: str = ""
+    #: nodes × GPUs × seconds held, in hours (``jobs/usage.py``; a live job's, filled when read)
+    gpu_hours: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -325,8 +333,8 @@ class Registry:
             if (job := self._load(model, beat, {})) is not None
             if (not kernel_alive(pid, job.started) if host == HOST else now - beat > ORPHAN_AFTER_S)
         ]
-        for job_id, job in dead:
-            job.state, job.ended = ORPHANED, job.ended or now
+        for job_id, job in dead:  # it ended with its last heartbeat, not when that was seen
+            job.state, job.ended = ORPHANED, job.ended or min(now, job.heartbeat or now)
             job.detail = f"its kernel (pid {job.pid} on {job.host}) stopped without closing it"
             with self._tx() as db:
                 db.execute(
@@ -347,6 +355,7 @@ class Registry:
             return None
         job.heartbeat = heartbeat
         job.pending = pending.get(job.id, [])
+        job.gpu_hours = job_hours(job, time.time())
         return job
 
     def _pending(self) -> dict[str, list[str]]:

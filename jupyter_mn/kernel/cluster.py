@@ -129,12 +129,15 @@ class Cluster:
 
     def adopt(self, spec: ClusterSpec) -> None:
         """Take ``spec`` (a later cell's, for the same gang) as the defaults of what runs next;
-        a changed ``max_runtime`` counts from the gang's start."""
+        a changed cost cap (``max_runtime``, ``max_gpu_hours``) counts from the gang's start."""
         with self._state.lock:
-            changed = spec.max_runtime != self.spec.max_runtime
+            changed = (spec.max_runtime, spec.max_gpu_hours) != (
+                self.spec.max_runtime,
+                self.spec.max_gpu_hours,
+            )
             self._state.spec = spec
             if changed and self.gang is not None:
-                self._warm.lifetime.cap(spec.max_runtime)
+                self._warm.lifetime.cap(spec)
 
     def __enter__(self) -> Cluster:
         return self
@@ -280,6 +283,7 @@ class Cluster:
             "cells": self.cells,
             "idle_s": round(time.time() - self.last_used, 1),
             "idle_timeout_s": self.spec.idle_timeout,
+            "gpu_hours": core.usage.text() if core else None,
         }
 
 

@@ -57,6 +57,11 @@ def add_spec_flags(parser: Parser) -> Parser:
     add("--idle-timeout", type=float, help="release the gang after S idle seconds")
     add("--start-timeout", type=float, help="seconds allowed to bring the gang up")
     add("--max-runtime", type=float, help="tear the gang down after S seconds (a cost cap)")
+    add(
+        "--max-gpu-hours",
+        type=float,
+        help="tear the gang down once nodes × GPUs × hours reach H (rank-hours on CPUs)",
+    )
     add("--local-limit", type=int, help="local backend: most ranks a gang may have (512)")
     add("--grace", type=float, help="seconds a preempted node keeps running (default 120)")
     add("--memory-limit", help="kill a rank whose resident memory exceeds this (e.g. 8GB)")

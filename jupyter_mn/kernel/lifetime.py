@@ -1,9 +1,11 @@
 """When a ``Cluster``'s warm gang goes without being asked to.
 
-``idle_timeout`` after its last job ends (the idle release), and ``max_runtime`` after it came up
-(the cost cap, ``--max-runtime``). Neither tears a gang down under a running job: the cap stops
-the job through the same interrupt request as Ctrl-C, and the gang goes when the job has ended
-(``Cluster``'s job slot asks ``expired``).
+``idle_timeout`` after its last job ends (the idle release), and the cost cap: ``max_runtime``
+after it came up (``--max-runtime``), or once its nodes have used ``max_gpu_hours``
+(``--max-gpu-hours``, counted by the gang's ``Meter`` from its nodes being up), whichever comes
+first. Neither tears a gang down under a running job: the cap stops the job through the same
+interrupt request as Ctrl-C, and the gang goes when the job has ended (``Cluster``'s job slot
+asks ``expired``).
 """
 
 from __future__ import annotations
@@ -11,8 +13,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from ..jobs.usage import cap_seconds, text
 from .deadline import Deadline
+
+if TYPE_CHECKING:
+    from ..jobs.usage import Meter
+    from .spec import ClusterSpec
 
 
 class GangLifetime:
@@ -31,22 +39,33 @@ class GangLifetime:
         self._idle = Deadline(self._release_idle)
         self._idle_timeout = 0.0
         self._expiry = Deadline(self._expire)
-        #: the cost cap of the warm gang, counted from ``_up_at`` (None: no gang, or no cap)
-        self._cap: float | None = None
+        #: what the armed cap says when it fires ("": no gang, or no cap)
+        self._reason = ""
         self._up_at = 0.0
+        self._meter: Meter | None = None
         #: why the cap stopped the running job ("" if it did not): the gang goes when it ends
         self.expired = ""
 
-    def started(self, max_runtime: float | None) -> None:
-        """A gang came up now: its cost cap counts from here."""
+    def started(self, spec: ClusterSpec, meter: Meter) -> None:
+        """A gang came up now (its nodes at ``meter.up_at``): its cost cap counts from here."""
         self._up_at = time.monotonic()
-        self.cap(max_runtime)
+        self._meter = meter
+        self.cap(spec)
 
-    def cap(self, max_runtime: float | None) -> None:
-        """(Re-)arm the cost cap, counted from the gang's start."""
-        self._cap = max_runtime
-        left = None if max_runtime is None else max(self._up_at + max_runtime - time.monotonic(), 0)
-        self._expiry.arm(left)
+    def cap(self, spec: ClusterSpec) -> None:
+        """(Re-)arm the cost cap, counted from the gang's start: the sooner of ``max_runtime``
+        and ``max_gpu_hours``."""
+        caps = []
+        if spec.max_runtime is not None:
+            left = self._up_at + spec.max_runtime - time.monotonic()
+            caps.append((left, f"--max-runtime {spec.max_runtime:g} s reached"))
+        if spec.max_gpu_hours is not None and self._meter is not None:
+            meter = self._meter
+            held = cap_seconds(spec.max_gpu_hours, meter.slots)
+            used = f"{text(spec.max_gpu_hours, meter.unit)}: {meter.slots} × {held:.4g} s"
+            caps.append((held - meter.seconds(), f"--max-gpu-hours reached ({used})"))
+        left, self._reason = min(caps, default=(None, ""))
+        self._expiry.arm(None if left is None else max(left, 0))
 
     def idle(self, seconds: float | None) -> None:
         """Release the gang ``seconds`` from now unless a job runs then; None: not while a job
@@ -57,7 +76,7 @@ class GangLifetime:
 
     def gone(self) -> None:
         """The gang was torn down: no cap to enforce."""
-        self._cap = None
+        self._reason, self._meter = "", None
         self._expiry.arm(None)
 
     def take_expired(self) -> str:
@@ -70,11 +89,11 @@ class GangLifetime:
         self._expiry.close()
 
     def _expire(self) -> None:
-        """``max_runtime`` is up: tear the gang down now, or once its running job is stopped."""
+        """The cost cap is reached: tear the gang down now, or once its running job is stopped."""
         with self._lock:
-            if self._cap is None:  # the gang went meanwhile
+            reason = self._reason
+            if not reason:  # the gang went meanwhile
                 return
-            reason = f"--max-runtime {self._cap:g} s reached"
             if not self._busy():
                 self._drop(f"torn down: {reason}")
                 return

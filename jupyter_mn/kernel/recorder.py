@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..jobs.joblogs import JobLogWriter
 from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
+from ..jobs.usage import job_hours
 from ..wire.events import (
     CellDone,
     GangState,
@@ -99,12 +100,14 @@ class JobRecord:
         if isinstance(event, GangState):
             self._placed()
             model.state, model.detail = event.state, event.detail
+            usage = self.gang.core.usage
+            model.up, model.unit = usage.up_at, usage.unit.value
             if event.state == GangStatus.READY:
                 self._ranks_up()
             elif event.state == GangStatus.BROKEN:
                 model.error = event.detail
             elif event.state == GangStatus.CLOSED:
-                model.ended = time.time()
+                model.ended = usage.released_at or time.time()
         elif isinstance(event, RankState):
             node = model.nodes[event.node]
             node.ranks[event.rank - event.node * model.gpus] = event.state
@@ -131,6 +134,7 @@ class JobRecord:
                 "elapsed": event.elapsed,
                 "value": event.value,
                 "error": event.error,
+                "hours": event.hours,
             }
             model.error = None if event.ok else (event.error or f"cell {event.cell_id} failed")
         else:
@@ -156,6 +160,7 @@ class JobRecord:
 
     def save(self) -> None:
         self.model.heartbeat = time.time()
+        self.model.gpu_hours = job_hours(self.model, self.model.heartbeat)
         self.registry.save(self.model)
 
     def obey(self, request: Request) -> str:

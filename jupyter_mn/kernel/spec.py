@@ -118,6 +118,8 @@ class ClusterSpec:
     pg_timeout: float = 1800.0
     #: a gang's whole life, counted from its start: a cost cap (the gang is torn down)
     max_runtime: float | None = _cap(None)
+    #: a gang's whole count of nodes × GPUs × hours (rank-hours on CPUs): a cost cap as above
+    max_gpu_hours: float | None = _cap(None)
     #: local backend: the most ranks a gang may have (each a process on this machine)
     local_limit: int = _cap(LOCAL_LIMIT)
     #: agents stop their ranks when the kernel has been silent this long (it died)
@@ -193,6 +195,8 @@ class ClusterSpec:
             value = getattr(self, name)
             if value is not None:
                 check_seconds(name, value)
+        if self.max_gpu_hours is not None:
+            _check_gpu_hours(self.max_gpu_hours, self.world_size)
         if not is_number(self.hang_timeout, low=0):
             raise SpecError(
                 f"hang_timeout must be 0 (off) or a positive number of seconds, "
@@ -431,6 +435,17 @@ def check_seconds(name: str, value: Any) -> None:
         raise SpecError(f"{name} must be a positive number of seconds, got {value!r}")
     if value > MAX_SECONDS:
         raise SpecError(f"{name} {value:g} s is more than {MAX_SECONDS:g} s (two weeks)")
+
+
+def _check_gpu_hours(value: Any, slots: int) -> None:
+    """A GPU-hours cap: a positive number whose wall time on ``slots`` GPUs fits a cap."""
+    if not is_number(value, low=0, strict=True):
+        raise SpecError(f"max_gpu_hours must be a positive number of hours, got {value!r}")
+    if value * 3600 / slots > MAX_SECONDS:
+        raise SpecError(
+            f"max_gpu_hours {value:g} on {slots} GPU(s) is {value / slots:g} h of wall time, "
+            f"more than any cap may be ({MAX_SECONDS / 3600:g} h, two weeks)"
+        )
 
 
 def check_seed(seed: Any, world_size: int) -> None:

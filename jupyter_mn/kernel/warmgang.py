@@ -55,7 +55,7 @@ class WarmGang:
             track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release
             gang.start(on_event, preflight=preflight_of(spec), files=files)
             self.released = ""
-            self.lifetime.started(spec.max_runtime)
+            self.lifetime.started(spec, gang.core.usage)
             if not self._state.slot.busy:
                 self.lifetime.idle(spec.idle_timeout)
             return gang

@@ -7,6 +7,7 @@ line, the per-rank table and straggler hints.
 
 from __future__ import annotations
 
+from ..jobs import usage
 from ..wire.events import CellDone, TransportReport
 from .cellstate import CellState
 from .straggler import hints
@@ -16,11 +17,17 @@ MAX_TABLE_RANKS = 32
 
 def header(state: CellState) -> str:
     """``train · RUNNING · 2×2 local · 3.1 s``; once the cell ended, its outcome in the state's
-    place and the gang's state after it: ``train · FAILED · 2×2 local · 3.1 s · gang READY``."""
+    place, the gang's state after it and the GPU-hours of the cell and of the gang so far:
+    ``train · FAILED · 2×2 local · 3.1 s · gang READY · 0.00344 GPU-hours (gang 0.0121)``."""
     done = state.done
     word = state.label if done is None else done.outcome
     text = f"{state.title} · {word} · {state.shape} {state.backend} · {state.elapsed:.1f} s"
-    return text if done is None else f"{text} · gang {state.label}"
+    if done is None:
+        return text
+    text = f"{text} · gang {state.label}"
+    if not done.gang_hours:  # nodes claimed for one job, or a gang that never got its nodes
+        return text
+    return f"{text} · {usage.text(done.hours, done.unit)} (gang {usage.number(done.gang_hours)})"
 
 
 def gpu_lines(state: CellState) -> list[str]:

@@ -67,6 +67,13 @@ class RankStatus(_Text):
     INTERRUPTED = "interrupted"
 
 
+class HoursUnit(_Text):
+    """What a gang's count of held devices is in: GPUs, or CPU ranks where there are none."""
+
+    GPU = "GPU-hours"
+    RANK = "rank-hours"
+
+
 class CellOutcome(_Text):
     """How a cell ended, as its view says it: kept apart from the gang's state (a failed cell
     leaves a READY gang)."""
@@ -260,6 +267,10 @@ class CellDone:
     #: page reloaded while the cell ran
     value: str = ""
     outcome: CellOutcome = CellOutcome.DONE
+    #: nodes × GPUs × this cell's seconds, and the gang's count so far (``jobs/usage.py``)
+    hours: float = 0.0
+    gang_hours: float = 0.0
+    unit: HoursUnit = HoursUnit.GPU
 
 
 @_event
@@ -519,6 +530,7 @@ _ENUMS: dict[type, dict[str, type[enum.Enum]]] = {
     RankReply: {"status": RankStatus},
     RankTiming: {"status": RankStatus},
     Preemption: {"cause": PreemptCause},
+    CellDone: {"unit": HoursUnit},
 }
 
 

@@ -13,6 +13,17 @@ export interface INodeModel {
   transport: string;
 }
 
+/** A job's last cell (`JobModel.last_cell`, written by `kernel/recorder.py`). */
+export interface ILastCell {
+  id: number;
+  ok: boolean;
+  elapsed: number;
+  value?: string;
+  error?: string;
+  /** nodes × GPUs × the cell's seconds, in hours */
+  hours?: number;
+}
+
 export interface IJobModel {
   id: string;
   name: string;
@@ -37,13 +48,19 @@ export interface IJobModel {
   launcher: string;
   cells: number;
   /** the last cell's outcome: rank 0's value as text, or the root cause */
-  last_cell: { id: number; ok: boolean; elapsed: number; value?: string; error?: string } | null;
+  last_cell: ILastCell | null;
   error: string | null;
   nodes: INodeModel[];
   /** actions requested from the panel or the CLI that the kernel has not answered yet */
   pending: string[];
   /** the notebook's path relative to the server root, when it is under it */
   link: string | null;
+  /** when the backend handed over the nodes (null: not yet, or never) */
+  up: number | null;
+  /** "GPU-hours", or "rank-hours" for ranks on CPUs ("" before the job said) */
+  unit: string;
+  /** nodes × GPUs × seconds held, in hours (a live job's so far, as of the server's read) */
+  gpu_hours: number;
 }
 
 /** GET jupyter-mn/api/jobs */

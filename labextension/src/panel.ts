@@ -4,7 +4,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { el, elapsed } from './format';
+import { el, elapsed, hours } from './format';
 import { FINISHED_STATES, IDLE_STATES, IJobList, IJobModel } from './model';
 import { requestAPI } from './request';
 
@@ -93,6 +93,8 @@ export class ClustersPanel extends Widget {
         }
         const end = job.ended ?? data.now;
         item.querySelector('.jp-mn-Job-elapsed')!.textContent = elapsed(end - job.started);
+        item.querySelector('.jp-mn-Job-usage')!.textContent =
+          job.up ? hours(job.gpu_hours, job.unit) : '';
       });
       while (list.children.length > jobs.length) {
         list.lastChild!.remove();
@@ -107,7 +109,7 @@ export class ClustersPanel extends Widget {
 
   /** The list item of a job: reused while its model is unchanged, so clicks are never lost. */
   private _item(job: IJobModel): HTMLElement {
-    const key = JSON.stringify({ ...job, heartbeat: 0 });
+    const key = JSON.stringify({ ...job, heartbeat: 0, gpu_hours: 0 }); // both tick in place
     const cached = this._items.get(job.id);
     if (cached && cached.key === key) {
       return cached.node;
@@ -131,6 +133,7 @@ export class ClustersPanel extends Widget {
     facts.appendChild(el('span', 'jp-mn-Job-shape', `${job.shape} · ${job.backend}`));
     facts.appendChild(el('span', 'jp-mn-Job-elapsed'));
     facts.appendChild(el('span', 'jp-mn-Job-cells', `${job.cells} cell${job.cells === 1 ? '' : 's'}`));
+    facts.appendChild(el('span', 'jp-mn-Job-usage'));
     item.appendChild(facts);
 
     const badges = el('div', 'jp-mn-Job-badges');
