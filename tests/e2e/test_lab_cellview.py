@@ -134,3 +134,31 @@ def test_a_trivial_cell_is_one_line_and_a_failed_one_shows_its_ranks(lab, page):
         page.locator(".jp-Notebook .jp-Cell").last.click()
         run_command(page, "notebook:run-cell")
         expect(page.get_by_text("cluster released")).to_have_count(1, timeout=60_000)
+
+
+HANGS = (
+    "%%cluster --nodes 2 --gpus 1 --hang-timeout 3\nimport time\nt = torch.ones(1)\n"
+    "if dist.get_rank() == 1:\n    time.sleep(120)\ndist.all_reduce(t)"
+)
+
+
+def test_a_stopped_hang_keeps_its_banner_and_shows_the_stacks_once_folded(lab, page):
+    page.goto(lab.notebook("hang.ipynb", [HANGS, "%cluster down"]))
+    wait_kernel_idle(page)
+    run_command(page, "notebook:run-cell")
+    try:
+        banner = page.locator(".jp-mn-hung").first
+        expect(banner).to_contain_text("never entered all_reduce", timeout=120_000)
+        page.locator("button.jp-mn-cancel").first.click()
+        expect(page.locator(".jp-mn-state").first).to_have_text("HUNG", timeout=30_000)
+        expect(banner).to_be_visible()  # still there after the stop
+        output = page.locator(".jp-Cell").first.locator(".jp-Cell-outputWrapper")
+        stacks = output.locator("details.jp-mn-stacks")
+        expect(stacks).to_have_count(1)
+        expect(stacks.locator("pre")).to_be_hidden()  # folded until asked
+        verdict = banner.inner_text().removeprefix("HUNG: ").split(";")[0]
+        assert output.locator(".jp-mn-done").inner_text().count(verdict) == 1
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator(".jp-Cell").first.screenshot(path=str(ARTIFACTS / "cellview-hung-cell.png"))
+    finally:
+        take_the_gang_down(page)
