@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kernels import Kernel
+from tests.support.kernels import Kernel
 
 BG = (
     "%%cluster --nodes 2 --gpus 1 --bg\nimport time\nfor i in range(3):\n    print('step', i)\n"

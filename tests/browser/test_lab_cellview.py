@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
-from conftest import ARTIFACTS, run_command, wait_kernel_idle
 from playwright.sync_api import expect
-from test_lab_reload import take_the_gang_down
 
 from jupyter_mn.wire.events import LogLines, RankState, RankStatus, to_msg
+from tests.browser.test_lab_reload import take_the_gang_down
+from tests.support.lab import ARTIFACTS, run_command, wait_kernel_idle
 
 GO = "go-cellview"
 BOTH = (
