@@ -4,6 +4,8 @@ The handle is a future in the ipyparallel ``AsyncResult`` / dask ``Future`` trad
 ``done()``, ``result()`` (rank 0's value, or the cell's ``CellError``), plus ``output`` (the ranks'
 labelled lines so far, kept here rather than printed into whichever cell runs at the time),
 ``stacks()`` (where every rank is now) and ``cancel()`` (the same escalation as Ctrl-C).
+``%cluster last`` gives the newest one back (``h = %cluster last``), as ipyparallel's
+``%pxresult`` does: ``_`` is the newest value of any cell, not this one.
 A handle lives as long as the kernel holds it, so ``output`` keeps only the newest lines; the
 job's log files (``joblogs.py``) keep every one. A cluster runs one at a time (``jobslot.py``).
 """
@@ -71,6 +73,14 @@ class CellOwner(Protocol):
     def stacks(self) -> Stacks: ...
 
 
+class OutputText(str):
+    """A handle's ``output``: a ``str``, shown in a notebook as the lines it holds (a plain
+    ``str`` shows as its repr, one line of ``\\n`` escapes)."""
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.rstrip("\n"))
+
+
 class BackgroundCell:
     """A cell running on the gang in a background thread."""
 
@@ -82,7 +92,10 @@ class BackgroundCell:
         self.started = time.monotonic()
         self._ended: float | None = None
         self._buffer = RecentLines(OUTPUT_LINES)
-        self._text = TextView(self._buffer, self._buffer, displays=False)
+        #: its table says the gang's shape and the cell's number, as a foreground cell's does
+        spec = cluster.spec
+        title = spec.name or f"cell {cell_id}"
+        self._text = TextView(self._buffer, self._buffer, spec=spec, title=title, displays=False)
         self._job = ""
         self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
         self._thread = threading.Thread(
@@ -123,13 +136,13 @@ class BackgroundCell:
         return self.done()
 
     @property
-    def output(self) -> str:
+    def output(self) -> OutputText:
         """What the ranks printed so far, ``[node N rank R]``-labelled: the newest
         ``OUTPUT_LINES`` lines, after a note on where the earlier ones are."""
         text, dropped = self._buffer.getvalue(), self._buffer.dropped
         if not dropped:
-            return text
-        return (
+            return OutputText(text)
+        return OutputText(
             f"jupyter_mn: {dropped} earlier line(s) are not kept here: "
             f"`jupyter mn logs {self._job}` shows every line\n{text}"
         )

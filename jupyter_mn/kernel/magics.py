@@ -11,7 +11,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -22,6 +22,9 @@ from traitlets import Bool, Dict, Float, Integer, Unicode
 from .flags import add_spec_flags, cell_parser, spec_from_flags, verb_parser
 from .node_magics import node_verbs
 from .spec import ENV_PREFIX, ClusterSpec, cap_fields, gang_fields, spec_fields
+
+if TYPE_CHECKING:
+    from .background import BackgroundCell
 
 #: How many specs ``spec_from`` remembers (a notebook uses a few).
 _SPECS_KEPT = 64
@@ -63,6 +66,7 @@ class ClusterMagics(Magics):
             "auto": (verb_parser("auto", (("mode",), {"choices": ["on", "off"]})), self._auto),
             "config": (verb_parser("config"), self._config),
             "stacks": (verb_parser("stacks"), self._stacks),
+            "last": (verb_parser("last"), self._last),
             "debug": (verb_parser("debug", (("--rank",), {"type": int})), self._debug),
             "launch": (add_spec_flags(verb_parser("launch")), self._launch),
             **node_verbs(self.spec_from),
@@ -72,6 +76,8 @@ class ClusterMagics(Magics):
         self._auto_on = False
         #: specs already built, by what they were built from (see ``spec_from``)
         self._specs: dict[str, ClusterSpec] = {}
+        #: the newest ``--bg`` cell's handle (``%cluster last``): ``_`` moves on with any value
+        self._last_bg: BackgroundCell | None = None
 
     # ---- spec from config + flags
     def _config_layer(self) -> dict[str, Any]:
@@ -148,7 +154,8 @@ class ClusterMagics(Magics):
             "push": _names(args.push),
         }
         if args.bg:  # its output, pulled names and displays stay on the handle
-            return target.submit(cell, **options)
+            self._last_bg = target.submit(cell, **options)
+            return self._last_bg
         view = make_view(spec, title=spec.name or f"cell {cell_id}", cell_id=cell_id)
         try:
             result = target.run(cell, on_event=view, **options)
@@ -209,6 +216,12 @@ class ClusterMagics(Magics):
             print("jupyter_mn: no gang is up")
             return
         print(format_stacks(running.stacks()))
+
+    def _last(self, args: Any) -> BackgroundCell:
+        """``h = %cluster last``: the newest ``%%cluster --bg`` cell's handle."""
+        if self._last_bg is None:
+            raise UsageError("no %%cluster --bg cell has run in this kernel")
+        return self._last_bg
 
     def _debug(self, args: Any) -> None:
         """``%cluster debug [--rank R]``: pdb on a rank of the last, failed cell."""

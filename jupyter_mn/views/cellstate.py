@@ -17,6 +17,7 @@ from typing import Any
 
 from ..wire.events import (
     CellDone,
+    CellOutcome,
     GangState,
     GangStatus,
     GpuSample,
@@ -27,15 +28,19 @@ from ..wire.events import (
     Preemption,
     RankPaused,
     RankResumed,
+    RankState,
+    RankStatus,
     Stacks,
     TransportReport,
 )
-from .stacktext import format_stacks
+from .straggler import hints
 
 #: Lines kept per rank: bounded per rank, so a chatty rank cannot push a quiet one out of view.
 TAIL_LINES = 100
 #: Utilization samples kept per GPU for the sparkline: about a minute at ~1 Hz.
 HISTORY = 60
+#: A cell that ran at least this long says its per-rank times even when nothing went wrong.
+TABLE_AFTER_S = 10.0
 
 
 @dataclass
@@ -48,10 +53,17 @@ class NodeLog:
     partial: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def add(self, rank: int, stream: str, lines: tuple[str, ...]) -> None:
+        """A progress bar's finished line (stderr, redrawn before it ended) is kept as ``bar``:
+        tqdm writes to stderr, and its last state is no error."""
         tail = self.ranks.setdefault(rank, deque(maxlen=TAIL_LINES))
-        tail.extend((self.total + i, rank, stream, line) for i, line in enumerate(lines))
+        streams = [stream] * len(lines)
+        if self.partial.pop((rank, stream), None) is not None and stream == "err" and lines:
+            streams[0] = "bar"  # its line is finished
+        tail.extend(
+            (self.total + i, rank, kind, line)
+            for i, (kind, line) in enumerate(zip(streams, lines, strict=True))
+        )
         self.total += len(lines)
-        self.partial.pop((rank, stream), None)  # its line is finished
 
     def redraw(self, rank: int, stream: str, text: str) -> None:
         if text:
@@ -63,6 +75,11 @@ class NodeLog:
     def live(self) -> list[tuple[int, str, str]]:
         """(rank, stream, text) of the lines still being written, by rank."""
         return [(rank, stream, text) for (rank, stream), text in sorted(self.partial.items())]
+
+    @property
+    def shown(self) -> int:
+        """The lines the log shows: the finished ones and the bars still being drawn."""
+        return self.total + len(self.partial)
 
     @property
     def lines(self) -> list[tuple[int, str, str]]:
@@ -97,14 +114,18 @@ class CellState:
         self.history: dict[tuple[int, int], deque[int]] = {}
         self.transport: dict[int, TransportReport] = {}
         self.done: CellDone | None = None
-        #: what the user should read besides the logs: retries, restarts, stacks on a timeout
+        #: what the user should read besides the logs: retries, restarts
         self.notices: list[str] = []
-        #: the hang watchdog's verdict while the cell still runs ("" when it has not fired)
+        #: the hang verdict while the cell runs, and after it if it ended HUNG ("" when none)
         self.hung = ""
+        #: where every rank was when last asked: a newer look replaces it (shown once)
+        self.stacks: Stacks | None = None
         #: why each node (-1: the gang) is not up yet, while the gang comes up
         self.waiting: dict[int, NodesWaiting] = {}
         #: a node told to go while the cell runs (its grace period counts down in the header)
         self.preemption: Preemption | None = None
+        #: ranks whose failure is a cause (no log filter hides their lines)
+        self.failing: frozenset[int] = frozenset()
         self.dirty: set[str] = {"header"}
         self.lock = threading.Lock()
 
@@ -132,6 +153,10 @@ class CellState:
                 self.dirty.add(f"log{event.node}")
                 if self.preemption is not None:  # the countdown moves on with the output
                     self.dirty.add("header")
+        elif isinstance(event, RankState):
+            if event.primary and event.state in (RankStatus.ERROR, RankStatus.LOST):
+                self.failing |= {event.rank}
+                self.dirty.add(f"log{event.node}")
         elif isinstance(event, Preemption):
             self.preemption = self.preemption or event
             self.dirty.add("header")
@@ -159,7 +184,11 @@ class CellState:
             self.transport[event.node] = event
             self.dirty.add("transport")
         elif isinstance(event, CellDone):
-            self.done, self.ended, self.hung = event, time.monotonic(), ""
+            self.done, self.ended = event, time.monotonic()
+            if event.outcome != CellOutcome.HUNG:
+                self.hung = ""
+            elif self.stacks is not None:  # the verdict on the stacks the stop took
+                self.hung = self.stacks.verdict or self.hung
             self.dirty.update({"header", "summary"})
         elif isinstance(event, Hung):
             self.hung = "" if event.over else event.verdict
@@ -168,7 +197,7 @@ class CellState:
             self.notices.append(event.text)
             self.dirty.add("summary")
         elif isinstance(event, Stacks):
-            self.notices.append(format_stacks(event))
+            self.stacks = event
             self.dirty.add("summary")
 
     @property
@@ -186,6 +215,18 @@ class CellState:
         ):
             return str(self.state)
         return f"PREEMPTING node {notice.node} ({notice.left():.0f} s left)"
+
+    def notable(self) -> bool:
+        """The ended cell has more to say than its header: it failed, has a straggler, ran
+        long, or its transport is not what was asked for."""
+        done = self.done
+        return (
+            done is None
+            or not done.ok
+            or done.elapsed >= TABLE_AFTER_S
+            or bool(hints(done.ranks))
+            or any(self.alarm(node) for node in self.transport)
+        )
 
     def waiting_lines(self) -> list[str]:
         """The current pending reasons, one line per reason naming its nodes."""

@@ -13,9 +13,9 @@ import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..wire.events import NO_NETWORK, GpuStat, TransportReport, number_ranges
+from ..wire.events import NO_NETWORK, GpuStat, TransportReport
 from .cellstate import HISTORY, CellState
-from .summary import evidence, transport_line
+from .summary import cpu_only, evidence, gpu_note, nodes_label, transport_line
 
 #: Sparkline size in CSS pixels: two pixels per sample, utilization 0–100 % over 18 pixels.
 SPARK_W, SPARK_H = 2 * (HISTORY - 1), 20
@@ -130,14 +130,13 @@ def transport_html(state: CellState) -> str:
             text += f'<div class="jp-mn-evidence">{html.escape(proof)}</div>'
         title = html.escape(transport_line(report) + "".join(f"\nrdma: {h}" for h in report.hcas))
         rows.append(f'<div class="jp-mn-trow" title="{title}">{text}</div>')
-    body = "".join(rows) or "waiting for the ranks …"
-    return f'<div class="jp-mn-transport"><b>Transport</b>{body}</div>'
+    if not rows or (cpu_only(state) and not any(alarm for _, alarm in groups)):
+        return ""  # nothing known yet, or gloo on CPU, which the header's "no GPU" says
+    return f'<div class="jp-mn-transport"><b>Transport</b>{"".join(rows)}</div>'
 
 
-def _nodes(nodes: Iterable[int]) -> str:
-    nodes = tuple(nodes)
-    label = ("node " if len(nodes) == 1 else "nodes ") + number_ranges(nodes)
-    return f'<span class="jp-mn-nodename">{label}</span>'
+def _nodes(nodes: list[int]) -> str:
+    return f'<span class="jp-mn-nodename">{nodes_label(nodes)}</span>'
 
 
 def sparkline(values: Iterable[int]) -> str:
@@ -187,16 +186,23 @@ def gpu_row(state: CellState, node: int, g: GpuStat) -> str:
 
 
 def gpu_html(state: CellState) -> str:
-    """Per node its GPUs' rows; nodes without a GPU share one line per reason."""
+    """Per node its GPUs' rows; nodes without a GPU share one line per reason. Nothing before
+    the first sample, nor where no node has a GPU (the header says so)."""
     rows, none = [], {}
+    if cpu_only(state):
+        return ""
     for node in sorted(state.gpus):
         sample = state.gpus[node]
         if not sample.gpus:
-            none.setdefault(sample.note or "no GPU", []).append(node)
+            none.setdefault((gpu_note(sample), sample.note), []).append(node)
             continue
         gpus = "".join(gpu_row(state, node, g) for g in sample.gpus)
         rows.append(f'<div class="jp-mn-gpunode">{_nodes([node])}<div>{gpus}</div></div>')
-    for note, nodes in none.items():
-        rows.append(f'<div class="jp-mn-nogpu">{_nodes(nodes)}: {html.escape(note)}</div>')
-    body = "".join(rows) or "waiting for the first GPU sample …"
-    return f'<div class="jp-mn-gpu"><b>GPUs</b>{body}</div>'
+    for (note, why), nodes in none.items():
+        title = html.escape(why)  # NVML's own words, for whoever wants them
+        rows.append(
+            f'<div class="jp-mn-nogpu" title="{title}">{_nodes(nodes)}: {html.escape(note)}</div>'
+        )
+    if not rows:
+        return ""
+    return f'<div class="jp-mn-gpu"><b>GPUs</b>{"".join(rows)}</div>'

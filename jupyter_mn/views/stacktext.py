@@ -6,10 +6,11 @@ from __future__ import annotations
 from ..wire.events import Stacks
 
 
-def format_stacks(event: Stacks) -> str:
-    """The verdict, then every rank's stack, innermost last, under a ``[node N rank R]``
-    heading with the collective it is inside, if any."""
-    lines = [f"jupyter_mn: hang: {event.verdict}"] if event.verdict else []
+def format_stacks(event: Stacks, verdict: bool = True) -> str:
+    """The verdict (unless ``verdict`` is False: it was shown already), then every rank's
+    stack, innermost last, under a ``[node N rank R]`` heading with the collective it is
+    inside, if any."""
+    lines = [f"jupyter_mn: hang: {event.verdict}"] if event.verdict and verdict else []
     lines.append(f"jupyter_mn: {event.reason}; where each rank is (innermost last):")
     for r in event.ranks:
         state = r.note or ("running" if r.busy else "idle (done with this cell)")

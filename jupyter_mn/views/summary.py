@@ -8,20 +8,26 @@ line, the per-rank table and straggler hints.
 from __future__ import annotations
 
 from ..jobs import usage
-from ..wire.events import CellDone, TransportReport
+from ..wire.events import CellDone, GpuSample, TransportReport, number_ranges
 from .cellstate import CellState
+from .stacktext import format_stacks
 from .straggler import hints
 
 MAX_TABLE_RANKS = 32
 
 
+NO_GPU = "no GPU"
+
+
 def header(state: CellState) -> str:
     """``train · RUNNING · 2×2 local · 3.1 s``; once the cell ended, its outcome in the state's
     place, the gang's state after it and the GPU-hours of the cell and of the gang so far:
-    ``train · FAILED · 2×2 local · 3.1 s · gang READY · 0.00344 GPU-hours (gang 0.0121)``."""
+    ``train · FAILED · 2×2 local · 3.1 s · gang READY · 0.00344 GPU-hours (gang 0.0121)``.
+    A gang with no GPU anywhere says so once, here: ``2×2 local · no GPU``."""
     done = state.done
     word = state.label if done is None else done.outcome
-    text = f"{state.title} · {word} · {state.shape} {state.backend} · {state.elapsed:.1f} s"
+    where = f"{state.shape} {state.backend}" + (f" · {NO_GPU}" if cpu_only(state) else "")
+    text = f"{state.title} · {word} · {where} · {state.elapsed:.1f} s"
     if done is None:
         return text
     text = f"{text} · gang {state.label}"
@@ -30,12 +36,30 @@ def header(state: CellState) -> str:
     return f"{text} · {usage.text(done.hours, done.unit)} (gang {usage.number(done.gang_hours)})"
 
 
+def gpu_note(sample: GpuSample) -> str:
+    """A node's lack of GPUs in plain words: NVML's reason (its library not found, no driver)
+    says nothing more to a user than ``no GPU``; a missing nvidia-ml-py hides GPUs that may be
+    there."""
+    if "nvidia-ml-py" in sample.note:
+        return "GPUs not sampled (nvidia-ml-py is not installed)"
+    return NO_GPU
+
+
+def cpu_only(state: CellState) -> bool:
+    """Every node has said it has no GPU: the header says it, no GPU panel or line does."""
+    samples = state.gpus.values()
+    return bool(samples) and all(not s.gpus and gpu_note(s) == NO_GPU for s in samples)
+
+
 def gpu_lines(state: CellState) -> list[str]:
-    out = []
+    """Per GPU a line; nodes without one share a line per reason (none if no node has one)."""
+    out, none = [], {}
+    if cpu_only(state):
+        return out
     for node in sorted(state.gpus):
         sample = state.gpus[node]
         if not sample.gpus:
-            out.append(f"node {node}: {sample.note or 'no GPU'}")
+            none.setdefault(gpu_note(sample), []).append(node)
         for g in sample.gpus:
             peak_util, peak_mem = state.peaks.get((node, g.index), (g.util, g.mem_used))
             extras = [f"{g.power_w:.0f} W" if g.power_w is not None else ""]
@@ -46,7 +70,12 @@ def gpu_lines(state: CellState) -> list[str]:
                 f"{g.mem_used / 1024:.1f}/{g.mem_total / 1024:.1f} GiB (peak "
                 f"{peak_mem / 1024:.1f}) {' '.join(e for e in extras if e)} · ranks {ranks}"
             )
-    return out
+    return out + [f"{nodes_label(nodes)}: {note}" for note, nodes in none.items()]
+
+
+def nodes_label(nodes: list[int]) -> str:
+    """``node 3``, ``nodes 0-2,5``."""
+    return ("node " if len(nodes) == 1 else "nodes ") + number_ranges(nodes)
 
 
 def transport_line(report: TransportReport) -> str:
@@ -118,7 +147,10 @@ def summary(state: CellState, tail: int = 3) -> str:
     with state.lock:
         lines = [f"jupyter_mn: {header(state)}"]
         for node, log in sorted(state.logs.items()):
-            lines.append(f"node {node}: {line_count(log.total)}" + (", last:" if log.total else ""))
+            if not log.shown:
+                continue
+            lines.append(f"node {node}: {line_count(log.shown)}, last:")
             for rank in sorted(log.ranks):
                 lines += [f"  [rank {rank}] {entry[3]}" for entry in list(log.ranks[rank])[-tail:]]
-        return "\n".join(lines + state.notices + final(state))
+        stacks = [format_stacks(state.stacks)] if state.stacks is not None else []
+        return "\n".join(lines + state.notices + stacks + final(state))

@@ -30,11 +30,8 @@ from ..wire.events import (
 from .cellstate import CellState
 from .displays import RankDisplays
 from .stacktext import format_stacks
-from .straggler import hints
 from .summary import evidence, final, header
 
-#: Cells at least this long end with the per-rank table even when nothing went wrong.
-TABLE_AFTER_S = 10.0
 #: A progress bar's state is printed at most this often (a saved notebook keeps every print).
 PARTIAL_EVERY_S = 5.0
 #: An unfinished line is a progress bar once it has been unfinished this long.
@@ -71,6 +68,9 @@ class TextView:
         self._begun: dict[tuple[int, int, str], float] = {}
         #: this cell brought the gang up: its first table says where the ranks run
         self._cold = False
+        #: the stacks printed last: a stop that finds the ranks where a hang left them says so
+        #: in a line, not in the same stacks again
+        self._stacks_shown: Stacks | None = None
 
     def __call__(self, event: Any) -> None:
         self.state.apply(event)
@@ -96,9 +96,7 @@ class TextView:
                 stream="err",
             )
         elif isinstance(event, Stacks):
-            out = self._out("err")
-            out.write(format_stacks(event) + "\n")
-            out.flush()
+            self._stacks(event)
         elif isinstance(event, (Note, NodesWaiting)):
             self._note(event.text)
 
@@ -151,6 +149,16 @@ class TextView:
                 out.flush()
                 self._printed[key] = (now, text)
 
+    def _stacks(self, event: Stacks) -> None:
+        last, self._stacks_shown = self._stacks_shown, event
+        out = self._out("err")
+        if last is not None and _where(last) == _where(event):
+            out.write(f"jupyter_mn: {event.reason}; every rank is where the stacks above show\n")
+        else:
+            same_verdict = last is not None and last.verdict == event.verdict
+            out.write(format_stacks(event, verdict=not same_verdict) + "\n")
+        out.flush()
+
     def _gang(self, event: GangState) -> None:
         if event.state == GangStatus.SCHEDULING:
             self._note(f"starting a {event.detail} gang …")
@@ -176,15 +184,7 @@ class TextView:
     def _final(self) -> None:
         """The table, when it says something: a trivial warm cell ends without one."""
         with self.state.lock:
-            done = self.state.done
-            worth = (
-                self._cold
-                or self._warned
-                or done is None
-                or not done.ok
-                or done.elapsed >= TABLE_AFTER_S
-                or bool(hints(done.ranks))
-            )
+            worth = self._cold or self._warned or self.state.notable()
             lines = [header(self.state), *final(self.state)] if worth else []
         if lines:
             self._note("\n".join(lines))
@@ -193,3 +193,8 @@ class TextView:
         out = self._out(stream)
         out.write(f"jupyter_mn: {text}\n")
         out.flush()
+
+
+def _where(event: Stacks) -> list[tuple[int, bool, str, tuple[str, ...]]]:
+    """What a rank's stack says, without when it was taken."""
+    return [(r.rank, r.busy, r.note, tuple(r.stack)) for r in event.ranks]

@@ -1,19 +1,23 @@
-"""The cell's live widget: header with Cancel, GPU and transport panels, a log tab per node.
+"""The cell's live widget: header with Cancel, GPU and transport panels, every node's log in
+view (labelled by rank) under a filter whose ``all`` is the default.
 
 Events update a ``CellState`` on the kernel's main thread; a drawing thread redraws one changed
 part per frame, at most 10 frames a second and within a byte budget, because Jupyter drops
 IOPub messages past 1000 msg/s or 1 MB/s (docs/architecture.md, "Views and the IOPub budget")
 and every update of a log resends the whole bounded tail. One part per frame keeps a 64-node gang
-whose ranks all print at 10 messages a second: each node's tab is redrawn in turn. The GPU panel,
+whose ranks all print at 10 messages a second: each node's log is redrawn in turn. The GPU panel,
 which changes with every node's ~1 Hz sample, gets at most a quarter of the byte budget. Its
 ``text/plain`` is the text summary, so a saved notebook or a papermill output stays readable
 without a kernel.
 
-Once the cell has ended the view folds: its output becomes plain HTML (header, GPU and
-transport panels, every node's last lines, the notes), which a saved notebook shows without a
-kernel, and the widget's parts are closed: a 2×2 cell's live view is 39 models (its widgets
-with their layouts and styles), a finished one keeps 5 (the root, which a page reloaded while
-the cell ran still shows, with one HTML of the folded view).
+A part with nothing to show is empty and takes no room (no heading, no "0 lines"): a cell with
+nothing to report is its header line. A gang with no GPU anywhere says so once, in the header.
+
+Once the cell has ended the view folds: its output becomes plain HTML (header, the nodes' last
+lines, and where the cell has something to report the GPU and transport panels and the notes),
+which a saved notebook shows without a kernel, and the widget's parts are closed: a 2×2 cell's
+live view is 33 models (its widgets with their layouts and styles), a finished one keeps 5 (the
+root, which a page reloaded while the cell ran still shows, with one HTML of the folded view).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from ..kernel.spec import ClusterSpec
 from ..wire.events import CellOutcome, Displays, GangState, GangStatus
 from .cellstate import CellState
 from .displays import RankDisplays
-from .filter import FILTER_STYLE, RankFilter, node_ranks, rank_runs
+from .filter import FILTER_STYLE, LogFilter, node_ranks, rank_runs
 from .glance import GLANCE_STYLE, gpu_html, transport_html
+from .stacktext import format_stacks
 from .straggler import hints
 from .summary import header, line_count, rank_table, summary
 
@@ -65,8 +70,11 @@ STYLE = """<style>
   border: 1px solid var(--jp-border-color2, #ddd); }
 .jp-mn-log pre { margin: 0; padding: 4px; flex-shrink: 0; overflow: visible;
   font-size: var(--jp-code-font-size, 12px); }
+.jp-mn-nodehead { font-size: 11px; color: var(--jp-ui-font-color2, #666); }
 .jp-mn-log .jp-mn-err { color: var(--jp-error-color1, #d32f2f); }
 .jp-mn-log .jp-mn-live { font-weight: bold; }
+.jp-mn-log .jp-mn-failing { border-left: 3px solid var(--jp-error-color1, #d32f2f); }
+.jp-mn-cell pre, .jp-mn-done pre, .jp-mn-alarm { word-break: normal; overflow-wrap: anywhere; }
 .jp-mn-table { border-collapse: collapse; font-size: 12px; }
 .jp-mn-table td, .jp-mn-table th { padding: 1px 8px; text-align: left; }
 .jp-mn-alarm { background: #fdecea; color: #b71c1c; padding: 2px 6px; }
@@ -155,26 +163,18 @@ class ClusterWidget:
         self._header = W.HTML()
         self._cancel = CancelButton(kernel_id=current_kernel_id() or "", running=True)
         self._logs = [W.HTML() for _ in range(spec.nodes)]
-        tabs = []
-        for node, log in enumerate(self._logs):
-            ranks = node_ranks(node, spec.gpus, spec.ranks)
-            # classes given at construction: a later add_class is one more comm message each
-            children = [RankFilter(ranks=ranks), log] if len(ranks) > 1 else [log]
-            tabs.append(W.VBox(children, _dom_classes=["jp-mn-node"]))  # the filter's scope
-        self._tabs = W.Tab(children=tabs, titles=[f"node {n}" for n in range(spec.nodes)])
+        nodes = [node_ranks(node, spec.gpus, spec.ranks) for node in range(spec.nodes)]
         self._gpu = W.HTML()
         self._transport = W.HTML()
         panels = W.HBox([self._gpu, self._transport], _dom_classes=["jp-mn-panels"])
         self._notes = W.HTML()
-        self.root = W.VBox(
-            [
-                W.HTML(STYLE + GLANCE_STYLE + FILTER_STYLE),
-                W.HBox([self._header, self._cancel]),
-                panels,
-                self._tabs,
-                self._notes,
-            ]
-        )
+        parts: list[W.Widget] = [W.HTML(STYLE + GLANCE_STYLE + FILTER_STYLE)]
+        parts += [W.HBox([self._header, self._cancel]), panels]
+        if len(nodes) > 1 or len(nodes[0]) > 1:  # one rank: nothing to filter
+            parts.append(LogFilter(nodes=nodes))
+        parts += [W.VBox(self._logs), self._notes]
+        # classes given at construction: a later add_class is one more comm message each
+        self.root = W.VBox(parts, _dom_classes=["jp-mn-cell"])  # the filter's scope
         #: widget updates sent, and their bytes (the IOPub budget's two measures)
         self.updates = 0
         self.sent_bytes = 0
@@ -203,15 +203,13 @@ class ClusterWidget:
     def final_bundle(self) -> dict[str, Any]:
         """What stays of the cell: its parts as they were last drawn, as HTML, and the text
         summary."""
-        logs = "".join(
-            f'<div class="jp-mn-node"><b>node {node}</b>{log.value}</div>'
-            for node, log in enumerate(self._logs)
-            if self.state.logs[node].total or self.state.logs[node].live
-        )
-        panels = f'<div class="jp-mn-panels">{self._gpu.value}{self._transport.value}</div>'
-        body = self._header.value + panels + logs + self._notes.value
+        logs = "".join(log.value for log in self._logs)
+        panels = self._gpu.value + self._transport.value
+        if panels and self.state.notable():
+            logs = f'<div class="jp-mn-panels">{panels}</div>{logs}'
+        body = self._header.value + logs + self._notes.value
         return {
-            "text/html": f'{STYLE}{GLANCE_STYLE}<div class="jp-mn-done">{body}</div>',
+            "text/html": f'{STYLE}{GLANCE_STYLE}{FILTER_STYLE}<div class="jp-mn-done">{body}</div>',
             "text/plain": summary(self.state),
         }
 
@@ -347,25 +345,41 @@ class ClusterWidget:
         )
 
     def _log_html(self, node: int) -> str:
-        log = self.state.logs[node]
+        """The node's lines under a ``node N · 12 lines`` heading; nothing while it has none."""
+        log, failing = self.state.logs[node], self.state.failing
+        if not log.shown:
+            return ""
         lines = log.lines
         live = "".join(  # progress bars: redrawn in place, last
-            f'<span class="jp-mn-live" data-rank="{rank}">[rank {rank}] {html.escape(text)}</span>'
+            f'<span class="jp-mn-live{" jp-mn-failing" if rank in failing else ""}" '
+            f'data-rank="{rank}">[rank {rank}] {html.escape(text)}</span>'
             for rank, _stream, text in log.live
         )
-        shown = len(lines)
-        note = f"last {shown} of {log.total} lines" if log.total > shown else line_count(log.total)
-        body = rank_runs(lines) + live
-        log_div = f'<div class="jp-mn-log"><pre data-node="{node}">{body}</pre></div>'
-        return f"{log_div}<small>{note}</small>"
+        kept = len(lines) + len(log.live)
+        count = f"last {kept} of {log.shown} lines" if log.shown > kept else line_count(kept)
+        body = rank_runs(lines, failing) + live
+        has = " jp-mn-hasfailing" if any(r in failing for r in log.ranks) else ""
+        return (
+            f'<div class="jp-mn-nodelog{has}" data-node="{node}">'
+            f'<div class="jp-mn-nodehead">node {node} · {count}</div>'
+            f'<div class="jp-mn-log"><pre data-node="{node}">{body}</pre></div></div>'
+        )
 
     def _notes_html(self) -> str:
         notices = "".join(f"<pre>{html.escape(text)}</pre>" for text in self.state.notices)
+        if (stacks := self.state.stacks) is not None:  # folded: the verdict is in the header
+            text = html.escape(format_stacks(stacks, verdict=not self.state.hung))
+            why = html.escape(stacks.reason)
+            notices += (
+                f'<details class="jp-mn-stacks"><summary>where each rank is ({why})</summary>'
+                f"<pre>{text}</pre></details>"
+            )
         done = self.state.done
         if done is None:
             return f'<div class="jp-mn-notes">{notices}</div>' if notices else ""
-        lines = hints(done.ranks)
-        items = "".join(f"<li><b>{html.escape(line)}</b></li>" for line in lines)
+        if not self.state.notable():  # a cell with nothing to report: its header says it all
+            return f'<div class="jp-mn-notes">{notices}</div>' if notices else ""
+        items = "".join(f"<li><b>{html.escape(line)}</b></li>" for line in hints(done.ranks))
         table = html.escape("\n".join(rank_table(done)))
         return (
             f'<div class="jp-mn-notes">{notices}<ul>{items}</ul><details><summary>per-rank times'

@@ -1,7 +1,7 @@
 """The kernel status JupyterLab shows during a kernel's first ``%%cluster`` cell (real Lab, real
 kernel, chromium): Busy for as long as the cell runs, although the page opens a kernel subshell
 for the widget's comm meanwhile (``jupyter_mn/server/kernelstatus.py``) and sends on it when a
-node's tab is clicked."""
+node's filter is clicked."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ FIRST_CELL = (
 #: kernel has started the cell (its execute_input arrived). Between the click and that, the
 #: kernel may still be handling what the page sent it on connecting (the widget manager's
 #: comm_close, a subshell's deletion): real work, shown Busy then Idle, not the cell's.
-#: ``__comms`` holds the comm messages the page sent that the kernel has not finished: the tab
+#: ``__comms`` holds the comm messages the page sent that the kernel has not finished: the filter
 #: click's, which the kernel handles after the cell (Busy, then Idle, once more).
 SAMPLE = """() => {
   window.__status = [];
@@ -53,7 +53,8 @@ def test_the_status_bar_says_busy_for_the_whole_first_cluster_cell_and_idle_afte
     run_command(page, "notebook:run-cell")
     expect(page.locator(".jp-mn-state").first).to_have_text("RUNNING", timeout=120_000)
     try:
-        page.get_by_role("tab", name="node 1").click()  # a comm message on the page's subshell
+        # the log filter's choice: a comm message on the page's subshell
+        page.locator(".jp-mn-filterbutton", has_text="node 1").click()
         expect(page.locator(".jp-mn-state").first).to_have_text("DONE", timeout=120_000)
         expect(page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first).to_have_text("[1]:")
         page.wait_for_function("() => window.__comms.size === 0", timeout=30_000)

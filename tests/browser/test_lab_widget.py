@@ -1,6 +1,7 @@
 """The live widget in JupyterLab (real browser): a 2×2 cell with 2,000 lines per rank, Cancel
-only while it runs, the rank filter, the folded view once it ended; and the GPU and transport
-panels on recorded sample events (this machine has no GPU), whose screenshot is the README's."""
+only while it runs, the node and rank filter, the folded view once it ended; and the GPU and
+transport panels on recorded sample events (this machine has no GPU), whose screenshot is the
+README's."""
 
 from __future__ import annotations
 
@@ -59,31 +60,31 @@ def test_widget_shows_each_node_its_ranks_state_gpus_and_transport(lab, page):
     expect(node0).to_contain_text("[rank 0] rank 0 line 1999", timeout=120_000)
     expect(node0).to_contain_text("[rank 1] rank 1 line 1999", timeout=30_000)
     expect(node0).not_to_contain_text("[rank 2]")
+    expect(node1).to_be_visible()  # every node's lines in view, no click
     assert last_line_in_view(page, 0)  # the tail is in view, not scrolled away
-    choose = page.locator(".jp-mn-node", has=node0).locator(".jp-mn-filter select")
-    expect(choose.locator("option")).to_have_text(["all ranks", "rank 0", "rank 1"])
+    choose = page.locator(".jp-mn-filter select")
+    expect(choose.locator("option")).to_have_text(["all ranks", *(f"rank {r}" for r in range(4))])
     choose.select_option(label="rank 1")
     expect(node0).to_contain_text("[rank 1] rank 1 line 1999", use_inner_text=True)
     expect(node0).not_to_contain_text("[rank 0]", use_inner_text=True)
+    expect(node1).to_be_hidden()  # no line of rank 1's there
     ARTIFACTS.mkdir(exist_ok=True)
-    page.locator(".jp-mn-node", has=node0).screenshot(path=str(ARTIFACTS / "widget-rank-1.png"))
-    choose.select_option(label="all ranks")
-    expect(node0).to_contain_text("[rank 0] rank 0 line 1999", use_inner_text=True)
-    page.locator(".lm-TabBar-tab", has_text="node 1").first.click()
-    expect(node1).to_be_visible()
+    page.locator(".jp-mn-nodelog", has=node0).screenshot(path=str(ARTIFACTS / "widget-rank-1.png"))
+    page.locator(".jp-mn-filterbutton", has_text="node 1").click()
+    expect(choose.locator("option")).to_have_text(["all ranks", "rank 2", "rank 3"])
+    expect(node0).to_be_hidden()
     expect(node1).to_contain_text("[rank 3] rank 3 line 1999", timeout=30_000)
     assert last_line_in_view(page, 1)
     (lab.root / DONE).touch()
     expect(state).to_have_text("DONE", timeout=120_000)
     expect(cancel).to_be_hidden()
-    # folded: both nodes' lines in view at once, no tabs, no filter
+    # folded: both nodes' lines in view at once, no filter
     expect(node0).to_contain_text("[rank 0] rank 0 line 1999")
     expect(node1).to_be_visible()
     expect(node1).to_contain_text("[rank 2] rank 2 line 1999")
-    expect(page.locator(".jp-mn-done .lm-TabBar-tab")).to_have_count(0)
     expect(page.locator(".jp-mn-filter")).to_have_count(0)
-    expect(page.locator(".jp-mn-gpu").first).to_contain_text("no GPU")
-    expect(page.locator(".jp-mn-transport").first).to_contain_text("nodes 0-1: gloo (CPU)")
+    expect(page.locator(".jp-mn-header").first).to_contain_text("2×2 local · no GPU")
+    expect(page.locator(".jp-mn-gpu")).to_have_count(0)  # said once, in the header
     result = page.locator(".jp-OutputArea-executeResult .jp-OutputArea-output").first
     expect(result).to_have_text("4.0")
     expect(page.get_by_text("cluster released")).to_have_count(1, timeout=30_000)
@@ -111,7 +112,7 @@ def test_cancel_button_interrupts_the_cells_ranks(lab, page):
     expect(state).to_have_css("color", "rgb(227, 116, 0)")
     expect(page.locator(".jp-mn-header").first).to_contain_text("gang READY")
     expect(cancel).to_be_hidden()
-    expect(page.locator(".jp-mn-transport").first).to_contain_text("gloo (CPU)")
+    expect(page.locator(".jp-mn-header").first).to_contain_text("no GPU")
     run_command(page, "notebook:move-cursor-down")  # clicking Cancel selected the first cell
     run_command(page, "notebook:run-cell")  # the next cell (down) runs: the kernel is fine
     expect(page.get_by_text("cluster released")).to_have_count(1, timeout=30_000)

@@ -123,6 +123,7 @@ def test_a_progress_bar_redraws_in_place_in_the_widget_while_the_cell_runs(kerne
     final = logs[-1]
     assert "100%|" in final and "after the bar" in final and not live_rows(final)
     assert "50%|" not in final  # a redrawn state is not kept as a line of its own
+    assert re.search(r'<span data-rank="0">\[rank 0\] 100%\|', final)  # tqdm's stderr: not red
 
 
 def test_a_progress_bar_is_printed_now_and_then_by_the_text_view(kernel, tmp_path):

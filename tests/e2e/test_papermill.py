@@ -168,8 +168,10 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     )
     text = _texts(nb.cells[0:1])
     assert "[node 1 rank 1] step 29" in text  # every line, as text
-    assert re.search(r"jupyter_mn: cell \d+ · DONE · 2×1 local · [\d.]+ s · gang READY", text)
-    assert "node 1: no GPU" in text and "node 1: gloo (CPU)" in text
+    header = r"jupyter_mn: cell \d+ · DONE · 2×1 local · no GPU · [\d.]+ s · gang READY"
+    assert re.search(header, text)
+    assert "no GPU" not in text.split("gang READY")[1]  # said once, plainly: no NVML words
+    assert "NVML" not in text and "node 1: gloo (CPU)" in text
     assert " rank  node  status" in text
     widget_out = nb.cells[1].outputs
     shown = next(o for o in widget_out if o["output_type"] == "display_data")
