@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.kernels import Kernel
+from tests.support.kernels import Kernel, module_kernel
 
 LOUD = (
     "%%cluster --nodes 2 --gpus 2 --view widget\nimport time\nfor i in range(2000):\n"
@@ -22,10 +22,8 @@ LOUD = (
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    yield k
-    k.run("%cluster down")
-    k.shutdown()
+    with module_kernel() as k:
+        yield k
 
 
 def window_peak(times_sizes: list[tuple[float, int]], window: float) -> tuple[int, int]:

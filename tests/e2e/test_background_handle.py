@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.kernels import Kernel
+from tests.support.kernels import Kernel, module_kernel
 
 BG = (
     "%%cluster --nodes 2 --gpus 1 --bg\nimport time\nfor i in range(3):\n    print('step', i)\n"
@@ -18,10 +18,8 @@ BG = (
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    yield k
-    k.run("%cluster down")
-    k.shutdown()
+    with module_kernel() as k:
+        yield k
 
 
 def test_the_newest_background_handle_survives_other_cells_values(kernel):

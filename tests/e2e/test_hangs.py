@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.kernels import Kernel, Reply
+from tests.support.kernels import Kernel, Reply, module_kernel
 
 HANG = "jupyter_mn: hang: "
 #: every case leaves a gang whose next cell works; ``x`` shows which ranks kept their namespace
@@ -19,12 +19,8 @@ CHECK = "%%cluster --all\nt = torch.ones(1)\ndist.all_reduce(t)\n(t.item(), 'x' 
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    reply = k.run("%%cluster --nodes 2 --gpus 2 --view text\nx = 1", timeout=180)
-    assert reply.status == "ok", reply.error_text
-    yield k
-    k.run("%cluster down")
-    k.shutdown()
+    with module_kernel("%%cluster --nodes 2 --gpus 2 --view text\nx = 1") as k:
+        yield k
 
 
 def hang(

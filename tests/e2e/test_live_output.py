@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.kernels import Kernel
+from tests.support.kernels import Kernel, module_kernel
 from tests.support.procs import node_of, rank_processes
 
 SHAPE = "--nodes 1 --gpus 2"
@@ -77,11 +77,8 @@ print("flood done")
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
-    k = Kernel()
-    assert k.run(f"%%cluster {SHAPE} --view text\n0").status == "ok"  # one warm gang for all
-    yield k
-    k.run("%cluster down")
-    k.shutdown()
+    with module_kernel(f"%%cluster {SHAPE} --view text\n0") as k:  # one warm gang for all
+        yield k
 
 
 class Gate:

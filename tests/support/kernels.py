@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,3 +151,18 @@ class Kernel:
             return
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
+
+
+@contextmanager
+def module_kernel(warm: str = "") -> Iterator[Kernel]:
+    """A kernel that a module's tests share (after ``warm``, a first cell that must pass); its
+    gang is taken down and the kernel shut down afterwards, also when a test failed."""
+    k = Kernel()
+    try:
+        if warm:
+            reply = k.run(warm, timeout=180)
+            assert reply.status == "ok", reply.error_text
+        yield k
+    finally:
+        k.run("%cluster down")
+        k.shutdown()
