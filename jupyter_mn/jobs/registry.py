@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import JupyterMNError
 from .netfs import on_network_fs
+from .runstate import RUN_ENDED
 
 log = logging.getLogger(__name__)
 #: How often a kernel writes its live jobs' heartbeat into the registry; a live job whose kernel
@@ -39,8 +40,11 @@ HUNG = "HUNG"
 #: psutil's process start times are rounded (clock ticks, boot time): this much later than the
 #: job's start still counts as "started before the job".
 _START_SLACK_S = 2.0
-#: Gang states (gang/lifecycle.py) after which nothing of the job runs any more, plus ORPHANED.
-FINISHED = frozenset({"CLOSED", ORPHANED})
+#: Gang states (gang/lifecycle.py) after which nothing of the job runs any more, plus ORPHANED
+#: and the end states of a submitted run (``runstate.py``).
+FINISHED = frozenset({"CLOSED", ORPHANED, *(state.value for state in RUN_ENDED)})
+#: SQL placeholders for the FINISHED states
+_FINISHED = ",".join("?" * len(FINISHED))
 ACTIONS = ("cancel", "release")
 HOST = socket.gethostname()
 
@@ -108,10 +112,19 @@ class JobModel:
     pending: list[str] = field(default_factory=list)
     #: the notebook's path relative to the Jupyter server's root (filled by the server)
     link: str | None = None
+    #: a submitted run (``jupyter mn submit``): the executed notebook it writes, cell by cell
+    output: str | None = None
+    #: a submitted run: the code cells it runs (``cells`` counts those started)
+    cells_total: int = 0
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED
+
+    @property
+    def submitted(self) -> bool:
+        """A submitted run (a notebook's whole execution), not a gang."""
+        return self.output is not None
 
     def node_of(self, rank: int) -> int:
         """The node whose log file holds ``rank``'s lines (ranks fill nodes in order), so a
@@ -316,7 +329,8 @@ class Registry:
         now = now or time.time()
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, host, pid, heartbeat, model FROM jobs WHERE state NOT IN (?, ?)",
+                "SELECT id, host, pid, heartbeat, model FROM jobs "
+                f"WHERE state NOT IN ({_FINISHED})",
                 tuple(FINISHED),
             ).fetchall()
         dead = [
@@ -330,7 +344,8 @@ class Registry:
             job.detail = f"its kernel (pid {job.pid} on {job.host}) stopped without closing it"
             with self._tx() as db:
                 db.execute(
-                    "UPDATE jobs SET state = ?, model = ? WHERE id = ? AND state NOT IN (?, ?)",
+                    "UPDATE jobs SET state = ?, model = ? "
+                    f"WHERE id = ? AND state NOT IN ({_FINISHED})",
                     (job.state, json.dumps(job.to_json()), job_id, *FINISHED),
                 )
         return [job_id for job_id, _ in dead]

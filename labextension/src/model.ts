@@ -44,6 +44,10 @@ export interface IJobModel {
   pending: string[];
   /** the notebook's path relative to the server root, when it is under it */
   link: string | null;
+  /** a submitted run (`jupyter mn submit`): the executed notebook it writes */
+  output: string | null;
+  /** a submitted run: the code cells it runs (`cells` counts those started) */
+  cells_total: number;
 }
 
 /** GET jupyter-mn/api/jobs */
