@@ -283,7 +283,7 @@ def _submit(args: argparse.Namespace) -> int:
 def _add_fetch(sub: Any) -> None:
     p = sub.add_parser("fetch", help="write a submitted run's executed notebook (also mid-run)")
     p.add_argument("job", help="job id, unique id prefix or name")
-    p.add_argument("out", nargs="?", help="where to write it (default: NAME.JOB.ipynb here)")
+    p.add_argument("out", nargs="?", help="where to write it (default: <job id>.ipynb here)")
     p.set_defaults(func=_fetch)
 
 
@@ -294,7 +294,7 @@ def _fetch(args: argparse.Namespace) -> int:
     from .jobs.registry import Registry
 
     job = Registry().resolve(args.job)
-    out = Path(args.out or f"{job.name}.{job.id}.ipynb")
+    out = Path(args.out or f"{job.id}.ipynb")  # the id is path-safe; a name may not be
     fetch(job, out)
     print(f"{out}: {job.state}, {job.cells} of {job.cells_total} cells started")
     return 0

@@ -132,7 +132,9 @@ def start(prepared: Prepared, registry: Registry) -> JobModel:
         os.close(runner_log)
     assert proc.stdin is not None
     try:
-        model.pid = proc.pid
+        # its start after the runner's: ``kernel_alive`` takes a process started later for
+        # another one that reuses the pid
+        model.pid, model.started = proc.pid, time.time()
         registry.save(model)
         proc.stdin.write(submission.to_json().encode())
         proc.stdin.close()

@@ -3,6 +3,7 @@ followed, fetched mid-run and at its end, cancelled, and fails when its kernel i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ import nbformat
 import psutil
 from polling import wait_until
 
-from jupyter_mn.jobs.registry import JobModel, Registry
+from jupyter_mn.jobs.registry import JobModel
 
 JUPYTER_MN = [sys.executable, "-m", "jupyter_mn.cli"]
 #: A submitted run starts a kernel and a gang, under whatever else this machine runs.
@@ -32,8 +33,8 @@ def notebook(path: Path, *cells: str) -> Path:
     return path
 
 
-def mn(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*JUPYTER_MN, *args], capture_output=True, text=True, timeout=timeout)
+def mn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*JUPYTER_MN, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -42,8 +43,14 @@ def submit(*args: str) -> str:
     return mn("submit", *args).stdout.strip()
 
 
+def jobs() -> list[JobModel]:
+    """The registry as ``jupyter mn list`` reads it, in a process of its own."""
+    return [JobModel.from_json(j) for j in json.loads(mn("list", "--json").stdout)]
+
+
 def job(job_id: str) -> JobModel:
-    return Registry().job(job_id)
+    (found,) = [j for j in jobs() if j.id == job_id]
+    return found
 
 
 def ended(job_id: str) -> JobModel:
@@ -60,7 +67,7 @@ def outputs(cell: nbformat.NotebookNode) -> str:
 
 
 def gangs_of(run: JobModel) -> list[JobModel]:
-    return [j for j in Registry().jobs() if not j.submitted and j.notebook == run.notebook]
+    return [j for j in jobs() if not j.submitted and j.notebook == run.notebook]
 
 
 TRAIN = (
@@ -91,8 +98,8 @@ def test_a_run_outlives_the_shell_that_submitted_it_and_fetch_gives_every_cell(
     assert (run.state, run.cells, run.cells_total, run.error) == ("SUCCEEDED", 4, 4, None)
     assert "[node 1 rank 1] step 2 of 2" in follow.stdout  # submit's --nodes 2: the cell's default
     assert "──── cell 4 of 4 started" in follow.stdout and "──── SUCCEEDED" in follow.stdout
-    mn("fetch", job_id, str(tmp_path / "out.ipynb"))
-    cells = nbformat.read(tmp_path / "out.ipynb", 4).cells
+    mn("fetch", job_id, cwd=tmp_path)  # to <job id>.ipynb here
+    cells = nbformat.read(tmp_path / f"{job_id}.ipynb", 4).cells
     assert [c["metadata"]["papermill"]["status"] for c in cells] == ["completed"] * 4
     assert "[node 0 rank 0] step 0 of 2" in outputs(cells[2]) and outputs(cells[3]) == "done 3\n"
     assert [g.state for g in gangs_of(run)] == ["CLOSED"]  # closed by the kernel's shutdown
@@ -117,7 +124,8 @@ def test_fetch_mid_run_gives_the_finished_cells_and_cancel_leaves_no_process(
     assert outputs(cells[1]) == "first cell done\n"
     assert mn("cancel", job_id, "--wait", "60").stdout == f"{job_id}: CANCELLED\n"
     run = job(job_id)
-    assert run.detail == "cancelled at cell 3 of 4" and run.error is None
+    cancelled = ("CANCELLED", "cancelled at cell 3 of 4", None)
+    assert (run.state, run.detail, run.error) == cancelled, run
     assert [g.state for g in gangs_of(run)] == ["CLOSED"]  # released by the kernel, not orphaned
 
 
