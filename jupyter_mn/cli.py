@@ -13,7 +13,7 @@ import re
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 
 def _seconds(text: str) -> float:
@@ -110,7 +110,7 @@ def _list(args: argparse.Namespace) -> int:
             job.shape,
             job.backend,
             _duration((job.ended or now) - job.started),
-            str(job.cells),
+            f"{job.cells}/{job.cells_total}" if job.submitted else str(job.cells),
             usage.text(job.gpu_hours, job.unit) if job.up is not None else "-",
             job.notebook or job.launcher,
         )
@@ -238,7 +238,9 @@ def _add_request(sub: Any, action: str, help: str) -> None:
 
 
 def _add_cancel(sub: Any) -> None:
-    _add_request(sub, "cancel", "stop the job's running cell (the gang stays up)")
+    _add_request(
+        sub, "cancel", "stop the job's running cell (the gang stays up); stop a submitted run"
+    )
 
 
 def _add_release(sub: Any) -> None:
@@ -256,7 +258,8 @@ def _request(args: argparse.Namespace) -> int:
     request = registry.request(job.id, args.command, "cli")
     deadline = time.monotonic() + args.wait
     outcome = registry.outcome(request)
-    while outcome is None or (args.command == "release" and not registry.job(job.id).finished):
+    ends = args.command == "release" or job.submitted  # a submitted run ends when cancelled
+    while outcome is None or (ends and not registry.job(job.id).finished):
         if time.monotonic() > deadline:
             state = registry.job(job.id).state
             print(
@@ -267,7 +270,80 @@ def _request(args: argparse.Namespace) -> int:
             return 1
         time.sleep(0.1)  # the kernel answers within its poll interval
         outcome = registry.outcome(request)
-    print(f"{job.id}: {'released' if args.command == 'release' else outcome}")
+    if job.submitted:
+        outcome = registry.job(job.id).state
+    elif args.command == "release":
+        outcome = "released"
+    print(f"{job.id}: {outcome}")
+    return 0
+
+
+# ---- detached runs (jobs/submit.py, jobs/runner.py)
+def _add_submit(sub: Any) -> None:
+    from .kernel.flags import add_spec_flags
+
+    p = sub.add_parser(
+        "submit",
+        help="run a notebook detached (papermill, the jupyter_mn kernel); prints its job id",
+        description="Run NOTEBOOK in a process of its own that outlives this shell. Shape and "
+        "backend flags are the defaults of its %%%%cluster cells; a cell's own flags win.",
+    )
+    p.add_argument("notebook", help="the notebook to run")
+    p.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="a value for a name of the notebook's parameters cell (repeatable)",
+    )
+    p.add_argument("-o", "--output", help="the executed notebook (default: kept for fetch)")
+    add_spec_flags(p)
+    p.set_defaults(func=_submit)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from .jobs.registry import Registry
+    from .jobs.submit import prepare, start
+    from .kernel.credentials import mask_argv
+    from .kernel.flags import spec_flags
+
+    prepared = prepare(
+        args.notebook,
+        args.output,
+        [tuple(pair) for pair in args.parameter],
+        args.name,
+        spec_flags(args),
+        " ".join(mask_argv(["jupyter mn", *sys.argv[1:]]))[:300],
+    )
+    job = start(prepared, Registry())
+    print(job.id)
+    print(
+        f"follow: jupyter mn logs {job.id} -f | fetch: jupyter mn fetch {job.id} | "
+        f"stop: jupyter mn cancel {job.id}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _add_fetch(sub: Any) -> None:
+    p = sub.add_parser("fetch", help="write a submitted run's executed notebook (also mid-run)")
+    p.add_argument("job", help="job id, unique id prefix or name")
+    p.add_argument("out", nargs="?", help="where to write it (default: <job id>.ipynb here)")
+    p.set_defaults(func=_fetch)
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .jobs.fetch import fetch
+    from .jobs.registry import Registry
+
+    job = Registry().resolve(args.job)
+    out = Path(args.out or f"{job.id}.ipynb")  # the id is path-safe; a name may not be
+    fetch(job, out)
+    print(f"{out}: {job.state}, {job.cells} of {job.cells_total} cells started")
     return 0
 
 
@@ -323,6 +399,8 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_list,
     _add_usage,
     _add_logs,
+    _add_submit,
+    _add_fetch,
     _add_cancel,
     _add_release,
     _add_gc,
@@ -331,9 +409,18 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """A command's parser whose usage error is one line, like every other error here."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} -h)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jupyter mn", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     for add in COMMANDS:
         add(sub)
     args = parser.parse_args(argv)

@@ -32,17 +32,21 @@ def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[st
     now = time.time()
     for job in registry.jobs():
         if job.state == ORPHANED:
-            cleaner = _CLEANERS.get(job.backend)
-            if cleaner is None:
-                report.append(f"{job.id}: no automatic cleanup for the {job.backend} backend")
-            else:
-                report += cleaner(job, dry_run)
+            report += clean(job, dry_run)
         if job.finished and now - (job.ended or job.started) > keep_s:
             if not dry_run:
                 registry.forget(job.id)
             days = (now - (job.ended or job.started)) / 86400
             report.append(f"{job.id}: forgot the job and its logs (ended {days:.1f} days ago)")
     return report
+
+
+def clean(job: JobModel, dry_run: bool = False) -> list[str]:
+    """Remove what the ORPHANED ``job`` left (its backend's way); say what was done."""
+    cleaner = _CLEANERS.get(job.backend)
+    if cleaner is None:
+        return [f"{job.id}: no automatic cleanup for the {job.backend} backend"]
+    return cleaner(job, dry_run)
 
 
 def _local(job: JobModel, dry_run: bool) -> list[str]:

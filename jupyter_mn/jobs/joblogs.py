@@ -31,6 +31,8 @@ _BLOCK = 1 << 16
 _NODE_FILE = re.compile(r"^node-(\d+)\.log$")
 #: The rank of a line that marks where a job (a cell, a script, a command) starts.
 MARK_RANK = -1
+#: The rank of a line a submitted run's kernel printed (its cells' outputs), shown as it is.
+OUTPUT_RANK = -2
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class LogLine:
     def labelled(self) -> str:
         if self.is_mark:
             return f"──── {self.text} ────"
+        if self.rank == OUTPUT_RANK:
+            return self.text
         return f"[node {self.node} rank {self.rank}] {self.text}"
 
 

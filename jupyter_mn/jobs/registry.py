@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import JupyterMNError
 from .netfs import on_network_fs
+from .runstate import RUN_ENDED
 from .usage import job_hours
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,11 @@ HUNG = "HUNG"
 #: psutil's process start times are rounded (clock ticks, boot time): this much later than the
 #: job's start still counts as "started before the job".
 _START_SLACK_S = 2.0
-#: Gang states (gang/lifecycle.py) after which nothing of the job runs any more, plus ORPHANED.
-FINISHED = frozenset({"CLOSED", ORPHANED})
+#: Gang states (gang/lifecycle.py) after which nothing of the job runs any more, plus ORPHANED
+#: and the end states of a submitted run (``runstate.py``).
+FINISHED = frozenset({"CLOSED", ORPHANED, *(state.value for state in RUN_ENDED)})
+#: SQL placeholders for the FINISHED states
+_FINISHED = ",".join("?" * len(FINISHED))
 ACTIONS = ("cancel", "release")
 HOST = socket.gethostname()
 
@@ -116,10 +120,19 @@ class JobModel:
     unit: str = ""
     #: nodes × GPUs × seconds held, in hours (``jobs/usage.py``; a live job's, filled when read)
     gpu_hours: float = 0.0
+    #: a submitted run (``jupyter mn submit``): the executed notebook it writes, cell by cell
+    output: str | None = None
+    #: a submitted run: the code cells it runs (``cells`` counts those started)
+    cells_total: int = 0
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED
+
+    @property
+    def submitted(self) -> bool:
+        """A submitted run (a notebook's whole execution), not a gang."""
+        return self.output is not None
 
     def node_of(self, rank: int) -> int:
         """The node whose log file holds ``rank``'s lines (ranks fill nodes in order), so a
@@ -324,7 +337,8 @@ class Registry:
         now = now or time.time()
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, host, pid, heartbeat, model FROM jobs WHERE state NOT IN (?, ?)",
+                "SELECT id, host, pid, heartbeat, model FROM jobs "
+                f"WHERE state NOT IN ({_FINISHED})",
                 tuple(FINISHED),
             ).fetchall()
         dead = [
@@ -338,7 +352,8 @@ class Registry:
             job.detail = f"its kernel (pid {job.pid} on {job.host}) stopped without closing it"
             with self._tx() as db:
                 db.execute(
-                    "UPDATE jobs SET state = ?, model = ? WHERE id = ? AND state NOT IN (?, ?)",
+                    "UPDATE jobs SET state = ?, model = ? "
+                    f"WHERE id = ? AND state NOT IN ({_FINISHED})",
                     (job.state, json.dumps(job.to_json()), job_id, *FINISHED),
                 )
         return [job_id for job_id, _ in dead]

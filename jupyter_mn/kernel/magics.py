@@ -81,7 +81,10 @@ class ClusterMagics(Magics):
 
     # ---- spec from config + flags
     def _config_layer(self) -> dict[str, Any]:
-        return {name: getattr(self, f"default_{name}", None) for name in spec_fields()}
+        """The configured defaults. An unset ``Dict`` trait reads ``{}``, which counts as unset:
+        it would hide ``JUPYTER_MN_ENV`` (and ``jupyter mn submit``'s ``--env``)."""
+        values = {name: getattr(self, f"default_{name}", None) for name in spec_fields()}
+        return {name: None if value == {} else value for name, value in values.items()}
 
     def spec_from(self, args: Any) -> ClusterSpec:
         """Flags given on this cell, over the running gang's shape and caps (``--idle-timeout``,

@@ -61,6 +61,10 @@ export interface IJobModel {
   unit: string;
   /** nodes × GPUs × seconds held, in hours (a live job's so far, as of the server's read) */
   gpu_hours: number;
+  /** a submitted run (`jupyter mn submit`): the executed notebook it writes */
+  output: string | null;
+  /** a submitted run: the code cells it runs (`cells` counts those started) */
+  cells_total: number;
 }
 
 /** GET jupyter-mn/api/jobs */

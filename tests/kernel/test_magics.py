@@ -95,6 +95,13 @@ def test_quoted_values_lose_their_quotes_as_in_a_shell(shell):
     assert spec.env == (("A", "x y"), ("B", "it's"))
 
 
+def test_the_environments_rank_env_is_a_cells_default(shell, monkeypatch):
+    """``c.ClusterMagics.default_env`` unset reads ``{}``: it must not hide JUPYTER_MN_ENV."""
+    monkeypatch.setenv("JUPYTER_MN_ENV", "A=1,B=2")
+    magics = shell.magics_manager.registry["ClusterMagics"]
+    assert magics.spec_from(cell_parser().parse_args([])).env == (("A", "1"), ("B", "2"))
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -1,0 +1,48 @@
+"""``jupyter mn fetch``: a copy of a submitted run's executed notebook, also while it runs.
+
+The runner's papermill rewrites the notebook in place at each cell's start and end (and every
+few seconds within a long cell), so a read may meet a half-written file: it is read again until
+it parses, within ``READ_WITHIN_S``. The copy is written whole (a temporary file renamed).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .registry import JobModel, RegistryError
+
+READ_WITHIN_S = 10.0
+
+
+def fetch(job: JobModel, out: Path) -> None:
+    """Write ``job``'s executed notebook, as far as it has run, to ``out``."""
+    import nbformat
+
+    if not job.submitted:
+        raise RegistryError(f"job {job.id} is a gang, not a submitted run: nothing to fetch")
+    source = Path(job.output or "")
+    deadline = time.monotonic() + READ_WITHIN_S
+    while True:
+        try:
+            text = source.read_text()
+            nbformat.reads(text, as_version=4)
+            break
+        except FileNotFoundError:
+            raise RegistryError(
+                f"job {job.id} ({job.state}) has not written {source} yet"
+            ) from None
+        except ValueError:  # half written (json's and nbformat's errors are ValueErrors)
+            if time.monotonic() > deadline:
+                raise RegistryError(f"{source} does not read as a notebook") from None
+            time.sleep(0.1)  # papermill is writing it; it is whole again within milliseconds
+    fd, temp = tempfile.mkstemp(dir=out.resolve().parent, prefix=f".{out.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(temp, out)
+    except BaseException:
+        os.unlink(temp)
+        raise

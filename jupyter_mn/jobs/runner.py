@@ -1,0 +1,207 @@
+"""``python -m jupyter_mn.jobs.runner``: one submitted run, in a session of its own.
+
+``submit.py`` starts it, records its job, then writes its ``Submission`` to its stdin. It runs
+the notebook under papermill with the jupyter_mn kernel and is the one writer of the job's row:
+RUNNING with the cell it is at, then SUCCEEDED, FAILED with the cause, or CANCELLED. The cells'
+outputs (a ``%%cluster`` cell's include its ranks' lines) go to the job's log (``joblogs.py``);
+papermill saves the executed notebook when each cell starts and ends, and every ``AUTOSAVE_S``
+within a long one, so a crash loses no finished cell.
+
+A cancel or release request (``jupyter mn cancel``, the Clusters panel) interrupts the running
+cell and runs no further one; the kernel is then shut down through its shutdown request, which
+closes its gangs first (``kernel/kernelshutdown.py``); a kernel still running ``KILL_AFTER_S``
+later is killed. A kernel that dies ends the run FAILED with the cause, and what its gangs left
+is cleaned up as ``jupyter mn gc`` would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from ..wire.events import LogLines
+from .gc import clean
+from .joblogs import OUTPUT_RANK, JobLogWriter
+from .registry import HOST, JOB_HEARTBEAT_S, ORPHANED, Registry, Request
+from .runstate import RunState
+from .submit import KERNEL, Submission
+
+POLL_S = 0.25
+#: Seconds between papermill's saves of the executed notebook within one long cell.
+AUTOSAVE_S = 10
+#: Seconds a cancelled run's kernel has to stop its cell before it is killed.
+KILL_AFTER_S = 20.0
+
+
+class Cancelled(Exception):
+    """Raised at the next cell's start once the run is cancelled."""
+
+
+class OutputLog:
+    """A file-like sink for papermill's ``stdout_file``/``stderr_file``: whole lines into the
+    job's log, a line's unfinished end kept for the next write."""
+
+    def __init__(self, logs: JobLogWriter, stream: str) -> None:
+        self.logs, self.stream = logs, stream
+        self._rest = ""
+
+    def write(self, text: str) -> None:
+        *lines, self._rest = (self._rest + text).split("\n")
+        if lines:
+            self.logs.write(LogLines(0, 0, ((OUTPUT_RANK, self.stream, tuple(lines)),)))
+
+    def flush(self) -> None:
+        if self._rest:
+            self.write("\n")
+
+
+class Run:
+    def __init__(self, submission: Submission, registry: Registry) -> None:
+        from jupyter_client.manager import AsyncKernelManager
+
+        self.submission, self.registry = submission, registry
+        self.model = registry.job(submission.job)
+        self.logs = JobLogWriter(registry.log_dir(submission.job))
+        #: nbclient's own kind: its waits call the manager from inside its event loop
+        self.km = AsyncKernelManager(kernel_name=KERNEL)
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            for name, value in changes.items():
+                setattr(self.model, name, value)
+            self.model.heartbeat = time.time()
+            self.registry.save(self.model)
+
+    def run(self) -> None:
+        import papermill
+        from nbclient.exceptions import DeadKernelError
+        from papermill.cli import _resolve_type  # the types papermill's own ``-p`` gives
+
+        self.update(state=RunState.RUNNING.value, detail="starting the kernel")
+        watcher = threading.Thread(target=self._watch, name="jupyter-mn-run-watch", daemon=True)
+        watcher.start()
+        outcome: dict[str, Any] = {"state": RunState.SUCCEEDED.value, "detail": "done"}
+        try:
+            papermill.execute_notebook(
+                self.submission.notebook,
+                self.submission.output,
+                parameters={k: _resolve_type(v) for k, v in self.submission.parameters.items()},
+                kernel_name=KERNEL,
+                language="python",  # the kernel's, whatever the notebook's metadata says
+                progress_bar=False,
+                request_save_on_cell_execute=True,
+                autosave_cell_every=AUTOSAVE_S,
+                stdout_file=OutputLog(self.logs, "out"),
+                stderr_file=OutputLog(self.logs, "err"),
+                km=self.km,
+                on_cell_start=self._cell_started,
+            )
+        except Cancelled:
+            outcome = self._cancelled()
+        except papermill.PapermillExecutionError as exc:
+            progress = f"cell {self.model.cells} of {self.model.cells_total}"
+            outcome = (
+                self._cancelled()
+                if self.cancelled.is_set()  # the interrupted cell raised KeyboardInterrupt
+                else self._failed(f"{progress}: {exc.ename}: {exc.evalue}")
+            )
+        except DeadKernelError:
+            outcome = self._failed(f"the kernel died ({self._exit()})")
+        except Exception as exc:  # papermill, nbclient or the kernel spec: the run cannot go on
+            outcome = self._failed(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._stop_kernel()
+            self.done.set()
+        self.update(**outcome, ended=time.time())
+        self.logs.mark(1, f"{outcome['state']} {time.strftime('%H:%M:%S')}")
+        self.logs.close()
+
+    def _cancelled(self) -> dict[str, Any]:
+        detail = f"cancelled at cell {self.model.cells} of {self.model.cells_total}"
+        return {"state": RunState.CANCELLED.value, "detail": detail}
+
+    def _failed(self, cause: str) -> dict[str, Any]:
+        return {"state": RunState.FAILED.value, "detail": cause, "error": cause}
+
+    def _cell_started(self, cell: Any, cell_index: int, **_: Any) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled
+        if cell.cell_type != "code" or not cell.source.strip():
+            return
+        cells = self.model.cells + 1
+        progress = f"cell {cells} of {self.model.cells_total}"
+        self.logs.mark(1, f"{progress} started {time.strftime('%H:%M:%S')}")
+        self.update(cells=cells, detail=progress)
+
+    # ---- the watcher thread: requests, heartbeat, the cancel's kill
+    def _watch(self) -> None:
+        beat = kill_at = 0.0
+        while not self.done.wait(POLL_S):
+            for request in self.registry.open_requests([self.model.id]):
+                self.registry.answer(request.id, self._obey(request))
+                kill_at = kill_at or time.monotonic() + KILL_AFTER_S
+            if kill_at and time.monotonic() > kill_at:
+                self._signal(signal.SIGKILL)
+                kill_at = float("inf")
+            if time.monotonic() - beat > JOB_HEARTBEAT_S:
+                self.registry.beat([self.model.id])
+                beat = time.monotonic()
+
+    def _obey(self, request: Request) -> str:
+        """A cancel and a release alike end the run."""
+        self.cancelled.set()
+        self._signal(signal.SIGINT)  # the running cell, as Ctrl-C: a %%cluster cell stops its ranks
+        return "cancelling the run"
+
+    def _signal(self, sig: signal.Signals) -> None:
+        process = getattr(self.km.provisioner, "process", None)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, sig)
+
+    def _exit(self) -> str:
+        process = getattr(self.km.provisioner, "process", None)
+        code = process.poll() if process is not None else None
+        if code is None:
+            return "it stopped answering"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+    def _stop_kernel(self) -> None:
+        """Shut the kernel down (its gangs close first); clean up after a dead one's gangs."""
+        process = getattr(self.km.provisioner, "process", None)
+        pid = process.pid if process is not None else None
+        alive = process is not None and process.poll() is None
+        if self.km.has_kernel:
+            from jupyter_core.utils import run_sync
+
+            with contextlib.suppress(Exception):
+                run_sync(self.km.shutdown_kernel)(now=not alive)
+        if pid is not None and not alive:
+            self._clean_gangs(pid)
+
+    def _clean_gangs(self, kernel_pid: int) -> None:
+        self.registry.reap()
+        for job in self.registry.jobs():
+            if job.pid == kernel_pid and job.host == HOST and job.state == ORPHANED:
+                for line in clean(job):
+                    self.logs.write(LogLines(0, 0, ((OUTPUT_RANK, "err", (line,)),)))
+
+
+def main() -> int:
+    submission = Submission.from_json(sys.stdin.read())  # its end: submit recorded the job
+    Run(submission, Registry()).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""``jupyter mn submit``'s checks and defaults, without starting a run: every bad input is one
+line before anything is recorded or started, and the flags become every cell's defaults."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_mn.cli import main
+from jupyter_mn.errors import SpecError
+from jupyter_mn.jobs.registry import Registry
+from jupyter_mn.jobs.submit import defaults_environ
+from jupyter_mn.kernel import cluster
+from jupyter_mn.kernel.flags import cell_parser, spec_flags
+
+
+@pytest.fixture
+def private_runtime(tmp_path: Path) -> Iterator[Path]:
+    saved = os.environ["JUPYTER_RUNTIME_DIR"]
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    yield tmp_path
+    os.environ["JUPYTER_RUNTIME_DIR"] = saved
+
+
+@pytest.fixture
+def nb(tmp_path: Path) -> Path:
+    parameters = nbformat.v4.new_code_cell("steps = 2\nrate: float = 0.1")
+    parameters.metadata["tags"] = ["parameters"]
+    cells = [parameters, nbformat.v4.new_code_cell("%%cluster\nprint(steps)")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / "nb.ipynb")
+    return tmp_path / "nb.ipynb"
+
+
+def run(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            status = main(["submit", *argv])
+        except SystemExit as exc:
+            status = exc.code
+    return status, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["missing.ipynb"], "no notebook missing.ipynb"),
+        (
+            ["{nb}", "-p", "stesp", "3"],
+            "-p stesp: unknown parameter; nb.ipynb's parameters cell assigns steps, rate",
+        ),
+        (["{plain}", "-p", "steps", "3"], "-p steps: plain.ipynb has no parameters cell"),
+        (["{text}"], "is not a notebook (a .ipynb file)"),
+        (["{nb}", "--nodes", "two"], "argument --nodes: invalid int value: 'two'"),
+        (["{nb}", "-p", "steps"], "argument -p/--parameter: expected 2 arguments"),
+        (["{nb}", "--gpus", "0"], "gpus must be ≥ 1, got 0"),
+        (["{nb}", "--backend", "moon"], "unknown backend 'moon'"),
+        (["{nb}", "--backend", "dask"], "backend 'dask' needs --scheduler"),
+        (["{nb}", "--backend", "slurm"], "--backend slurm: no sbatch here"),
+        (["{nb}", "--env", "A=1,2"], "--env: this value cannot be passed on to the notebook's"),
+        (["{nb}", "-o", "nowhere/out.ipynb"], "-o nowhere/out.ipynb: no directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_nothing_is_submitted(
+    private_runtime, nb, monkeypatch, argv, error
+):
+    monkeypatch.chdir(private_runtime)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no sbatch: Slurm cannot start from here
+    plain = nb.with_name("plain.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), plain)
+    nb.with_name("text.ipynb").write_text("steps = 2\n")
+    names = {"nb": nb, "plain": plain, "text": nb.with_name("text.ipynb")}
+    status, err = run(*(a.format(**names) for a in argv))
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("jupyter mn submit: "), err
+    assert error in err
+    assert Registry().jobs() == []
+    assert not (private_runtime / "runtime" / "jupyter-mn" / "logs").exists() or not any(
+        (private_runtime / "runtime" / "jupyter-mn" / "logs").iterdir()
+    )
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("jupyter_mn")
+    yield ip
+    cluster.shutdown()
+    InteractiveShell.clear_instance()
+
+
+def test_submit_flags_are_the_cells_defaults_and_a_cells_own_flags_win(shell, monkeypatch):
+    given = "--nodes 3 --gpus 2 --env A=x=y --env B=2 --timeout 5 --check-path /a --rdma"
+    args = cell_parser().parse_args(given.split())
+    for key, value in defaults_environ(spec_flags(args)).items():
+        monkeypatch.setenv(key, value)
+    magics = shell.magics_manager.registry["ClusterMagics"]
+    spec = magics.spec_from(cell_parser().parse_args([]))
+    assert (spec.nodes, spec.gpus, spec.env, spec.timeout) == (3, 2, (("A", "x=y"), ("B", "2")), 5)
+    assert (spec.check_paths, spec.rdma) == (("/a",), True)
+    own = magics.spec_from(cell_parser().parse_args(["--nodes", "1", "--timeout", "9"]))
+    assert (own.nodes, own.gpus, own.timeout) == (1, 2, 9)
+
+
+def test_a_default_the_environment_cannot_carry_is_refused():
+    with pytest.raises(SpecError, match="--env: this value cannot be passed on"):
+        defaults_environ({"env": (("A", "1,2"),)})
