@@ -419,8 +419,20 @@ def _connect_or_recreate(db: Path) -> sqlite3.Connection:
         return _connect(db)
 
 
+def _private_file(db: Path) -> None:
+    """Make the database file 0600 (SQLite gives -wal/-shm its bits) without opening one that
+    exists: closing any descriptor of a file drops every POSIX lock this process holds on it,
+    and SQLite's WAL mode rests on the shared lock each open connection holds. Without it the
+    next process to close its connection thinks it was the last, checkpoints and resets the WAL,
+    and this process's older connections read a snapshot that no longer changes."""
+    try:
+        os.close(os.open(db, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        os.chmod(db, 0o600)
+
+
 def _connect(db: Path) -> sqlite3.Connection:
-    os.close(open_private(db, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal/-shm these bits
+    _private_file(db)
     conn = sqlite3.connect(db, timeout=10, check_same_thread=False, isolation_level=None)
     try:
         conn.execute(f"PRAGMA journal_mode={'DELETE' if on_network_fs(db) else 'WAL'}")

@@ -243,3 +243,27 @@ def test_one_unreadable_row_does_not_hide_the_others(registry: Registry, caplog)
         registry.job("jmn-bad")
     warnings = [r for r in caplog.records if "unreadable job" in r.getMessage()]
     assert len(warnings) == 2  # once per bad row, not once per listing
+
+
+def test_a_registry_sees_other_processes_writes_after_another_opened_here(tmp_path):
+    """A second ``Registry`` in one process (a kernel's recorder and its CLI call, the server's
+    handlers) must not cost the first its view: opening the database file to set its mode and
+    closing it dropped this process's SQLite locks, so the next process to close its connection
+    reset the WAL and the first registry read a frozen snapshot from then on."""
+    mine = Registry(tmp_path)
+    mine.save(make_job("jmn-a", state="READY"))
+    writer = (
+        "import sys\nfrom jupyter_mn.jobs.registry import Registry\n"
+        "from tests.support.jobs import make_job\n"
+        "r = Registry(sys.argv[1])\n"
+        "r.save(make_job('jmn-a', state=sys.argv[2], pid=int(sys.argv[3])))\nr.close()\n"
+    )
+    seen = []
+    for state in ("CLOSED", "READY", "CANCELLED", "BROKEN"):
+        Registry(tmp_path).close()
+        subprocess.run(
+            [sys.executable, "-c", writer, str(tmp_path), state, str(os.getpid())], check=True
+        )
+        (row,) = mine.jobs()
+        seen.append((state, row.state))
+    assert all(wrote == read for wrote, read in seen), seen
