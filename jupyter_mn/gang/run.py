@@ -215,6 +215,11 @@ class CellJob(Job[CellResult]):
             hours(core.spec.world_size, result.elapsed),
             core.usage.hours(),
             core.usage.unit,
+            result.interrupted,
+            result.verdict,
+            cause.rank if cause else -1,
+            cause.node if cause else -1,
+            cause.error.traceback if cause and cause.error else (),
         )
         core.hub.announce(done, self.on_event)
         if core.spec.require_rdma and (problem := violation(core.hub.transport.values())):
