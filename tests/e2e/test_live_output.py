@@ -200,3 +200,12 @@ def peak_rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         line = next(x for x in status if x.startswith("VmHWM:"))
     return int(line.split()[1]) / 1024
+
+
+def test_a_cold_cells_widget_appears_while_the_gang_is_scheduled(kernel):
+    kernel.run("%cluster down")
+    msgs = kernel.iopub_during(f"%%cluster {SHAPE} --view widget\n1")
+    first = next(i for i, m in enumerate(msgs) if m["msg_type"] == "display_data")
+    assert " · SCHEDULING · " in msgs[first]["content"]["data"]["text/plain"]
+    rendezvous = [i for i, m in enumerate(msgs) if "RENDEZVOUS" in widget_value(m)]
+    assert rendezvous and first < rendezvous[0]
