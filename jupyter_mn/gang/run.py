@@ -176,7 +176,7 @@ class CellJob(Job[CellResult]):
 
     def _show_stacks(self, reason: str) -> None:
         try:
-            stacks, self.verdict = explain(reason, self.core.nodes.stacks())
+            stacks, self.verdict = explain(reason, self.core.nodes.stacks(), stop=True)
         except KeyboardInterrupt:  # impatient: stop without them
             return
         self.core.hub.consume(stacks, self.on_event)

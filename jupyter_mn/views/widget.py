@@ -192,6 +192,11 @@ class ClusterWidget:
         self.folded = False
         self._final: W.HTML | None = None  # the root's one child once folded
 
+    @property
+    def verdict_shown(self) -> bool:
+        """The HUNG banner keeps the verdict after the stop."""
+        return bool(self.state.hung)
+
     # ---- display
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if self.folded:

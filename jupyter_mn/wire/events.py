@@ -335,6 +335,8 @@ class Stacks:
     reason: str
     ranks: tuple[RankWhere, ...]
     verdict: str = ""
+    #: taken by a stop: the cell's error says the verdict, so the text view does not
+    stop: bool = False
 
 
 @_event
