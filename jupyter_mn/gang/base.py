@@ -78,6 +78,7 @@ class Gang:
         try:
             backend = core.provisioner.backend
             core.transition(GangStatus.SCHEDULING, f"{core.spec.shape} {backend}")
+            core.show_queued()  # the view appears now, not after the nodes are provisioned
             client, addresses = core.provisioner.provision(core.spec, core.id)
             if len(addresses) != core.spec.nodes:
                 raise SchedulingError(

@@ -93,12 +93,17 @@ class GangCore:
     def notify(self, event: Any) -> None:
         """An event from the provisioner or a start-up check, on the starting (main) thread:
         shown now, after the events queued before it (the SCHEDULING transition)."""
+        self.show_queued()
+        self.hub.announce(event, self.watcher)
+
+    def show_queued(self) -> None:
+        """Show the events queued so far, on the starting (main) thread: the cell's view
+        appears with the phase the start is in, not once the ranks are being waited for."""
         with contextlib.suppress(queue.Empty):
             while True:
                 item = self.hub.inbox.get(timeout=0)
                 if self.hub.inbox.is_event(item):  # no job runs yet: nothing else is waited for
                     self.hub.consume(item, self.watcher)
-        self.hub.announce(event, self.watcher)
 
     @property
     def device(self) -> str:

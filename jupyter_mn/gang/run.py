@@ -176,7 +176,7 @@ class CellJob(Job[CellResult]):
 
     def _show_stacks(self, reason: str) -> None:
         try:
-            stacks, self.verdict = explain(reason, self.core.nodes.stacks())
+            stacks, self.verdict = explain(reason, self.core.nodes.stacks(), stop=True)
         except KeyboardInterrupt:  # impatient: stop without them
             return
         self.core.hub.consume(stacks, self.on_event)
@@ -215,6 +215,11 @@ class CellJob(Job[CellResult]):
             hours(core.spec.world_size, result.elapsed),
             core.usage.hours(),
             core.usage.unit,
+            result.interrupted,
+            result.verdict,
+            cause.rank if cause else -1,
+            cause.node if cause else -1,
+            cause.error.traceback if cause and cause.error else (),
         )
         core.hub.announce(done, self.on_event)
         if core.spec.require_rdma and (problem := violation(core.hub.transport.values())):

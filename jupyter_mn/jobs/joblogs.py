@@ -4,9 +4,10 @@ One file per node (``logs/<job>/node-<N>.log``, rotated to ``node-<N>.log.1`` pa
 so a chatty job keeps at most twice that per node). Each line is
 ``seq<TAB>time<TAB>rank<TAB>stream<TAB>text``; ``seq`` grows per node across rotations, so a reader
 that follows (the sidebar's follow mode, ``jupyter mn logs -f``) asks for lines after a cursor and
-reads files backwards from their end, never whole. Where a cell, script or command starts, every
-node's file gets a mark (rank ``MARK_RANK``), which readers keep whatever rank they filter on
-and show once however many nodes they merge.
+reads files backwards from their end, never whole. Where a cell, script or command starts, and
+where a cell hangs or ends without finishing its work (``kernel/recorder.py``), every node's file
+gets a mark (rank ``MARK_RANK``), which readers keep whatever rank they filter on and show once
+however many nodes they merge.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class ClusterMagics(Magics):
                 publish_display_data(bundle["data"], bundle["metadata"])
         if result.ok and result.pulled:
             self.shell.user_ns.update(result.pulled)
-        return result.unwrap()
+        return result.unwrap(verdict_shown=view.verdict_shown)
 
     def _dry_run(self, spec: ClusterSpec, k8s_version: str | None) -> None:
         if spec.backend == "slurm":

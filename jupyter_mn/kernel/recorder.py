@@ -23,6 +23,7 @@ from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry
 from ..jobs.usage import job_hours
 from ..wire.events import (
     CellDone,
+    CellOutcome,
     GangState,
     GangStatus,
     GpuSample,
@@ -88,6 +89,9 @@ class JobRecord:
             nodes=[NodeModel(node=n, ranks=["pending"] * spec.gpus) for n in range(spec.nodes)],
         )
         self.logs = JobLogWriter(registry.log_dir(job_id))
+        #: the running job's name in the logs (``In[7]``), and whether its hang verdict is there
+        self._what = ""
+        self._verdict_logged = False
 
     def handle(self, event: Any) -> bool:
         """Apply one event; True when the registry row changed."""
@@ -118,12 +122,14 @@ class JobRecord:
             model.nodes[event.node].transport = event.summary
         elif isinstance(event, RunStarted):  # counted when it starts: the panel shows it running
             model.cells += 1 if event.cell else 0
-            self.logs.mark(len(model.nodes), f"{event.what} started {time.strftime('%H:%M:%S')}")
+            self._what, self._verdict_logged = event.what, False
+            self._mark(f"{event.what} started")
         elif isinstance(event, Hung) and event.over:
             core = self.gang.core
             model.state, model.detail, model.error = core.status.value, core.detail, None
         elif isinstance(event, Hung):  # until it is over or the gang's next state (the cell ends)
             model.state, model.detail, model.error = HUNG, event.verdict, event.verdict
+            self._log_verdict(event.verdict)
         elif isinstance(event, Preemption):  # the panel polls: a deadline, not a countdown
             deadline = time.strftime("%H:%M:%S", time.localtime(event.deadline))
             model.error = f"PREEMPTING node {event.node} (until {deadline}): {event.cause.text}"
@@ -135,11 +141,34 @@ class JobRecord:
                 "value": event.value,
                 "error": event.error,
                 "hours": event.hours,
+                "outcome": event.outcome.value,
             }
-            model.error = None if event.ok else (event.error or f"cell {event.cell_id} failed")
+            failure = event.stopped or event.error or event.outcome.value
+            model.error = None if event.ok else failure
+            self._log_outcome(event)
         else:
             return False
         return True
+
+    def _mark(self, text: str) -> None:
+        self.logs.mark(len(self.model.nodes), f"{text} {time.strftime('%H:%M:%S')}")
+
+    def _log_verdict(self, verdict: str) -> None:
+        if not self._verdict_logged:
+            self._mark(f"{self._what} hang verdict: {verdict} ·")
+        self._verdict_logged = True
+
+    def _log_outcome(self, done: CellDone) -> None:
+        """How a cell that did not finish its work ended, in its logs: the outcome with why it
+        was stopped or its root cause, the hang verdict, the root cause's traceback."""
+        if done.outcome == CellOutcome.DONE:
+            return
+        if done.verdict:
+            self._log_verdict(done.verdict)
+        self._mark(f"{self._what} {done.outcome.value}: {done.stopped or done.error} ·")
+        if done.traceback and done.outcome in (CellOutcome.FAILED, CellOutcome.LOST):
+            lines = tuple(line for text in done.traceback for line in text.splitlines())
+            self.logs.write(LogLines(done.cause_node, 0, ((done.cause_rank, "err", lines),)))
 
     def _placed(self) -> bool:
         """Record the gang's Kubernetes namespace once its provisioner has chosen it (``gc``

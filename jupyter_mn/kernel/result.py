@@ -145,13 +145,15 @@ class CellResult:
             )
         return tuple(out)
 
-    def unwrap(self) -> Any:
+    def unwrap(self, verdict_shown: bool = False) -> Any:
         """Return rank 0's value (every rank's with ``--all``) or raise a ``CellError``."""
         if self.ok:
             return self.values if self.values is not None else self.value
-        raise self.error()
+        raise self.error(verdict_shown)
 
-    def error(self) -> CellError:
+    def error(self, verdict_shown: bool = False) -> CellError:
+        """The root cause as an exception; ``verdict_shown``: a view shows the hang verdict
+        above the error, which then does not say it again."""
         if self.preemption is not None:
             return self._preempted(self.preemption)
         cause = self.root_cause
@@ -173,7 +175,7 @@ class CellResult:
             cls, message = NodeLost, f"node {cause.node} was lost: {what}"
         if self.interrupted and self.verdict:  # the ranks' errors are its consequences
             notes.insert(0, f"then {message}")
-            message = self.verdict
+            message = "the ranks hung (the verdict above)" if verdict_shown else self.verdict
         if self.interrupted:
             cls, message = CellInterrupted, f"{self.interrupted}: {message}"
         return cls(message, result=self, traceback=list(cause.error.traceback), notes=notes)

@@ -48,7 +48,7 @@ def launch(
         result = run(CALL_CELL, namespace=names, push=names, on_event=view)
     finally:
         view.close()
-    return result.unwrap()
+    return result.unwrap(verdict_shown=view.verdict_shown)
 
 
 def parse_call(text: str, namespace: dict[str, Any]) -> tuple[Any, tuple, dict[str, Any]]:

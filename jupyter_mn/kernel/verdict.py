@@ -194,9 +194,12 @@ def _seconds(s: float) -> str:
     return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
 
 
-def explain(reason: str, ranks: Sequence[RankWhere]) -> tuple[Stacks, Verdict | None]:
+def explain(
+    reason: str, ranks: Sequence[RankWhere], stop: bool = False
+) -> tuple[Stacks, Verdict | None]:
     """``ranks`` (as ``NodeAgents.stacks`` gathered them) judged now: the ``Stacks`` event the views
-    show, the verdict first, and the verdict itself (None when no rank waits)."""
+    show, the verdict first, and the verdict itself (None when no rank waits). ``stop``: taken
+    by a stop of the cell."""
     ordered = tuple(sorted(ranks, key=lambda r: r.rank))
     verdict = judge(ordered, time.time_ns())
-    return Stacks(reason, ordered, verdict.text if verdict else ""), verdict
+    return Stacks(reason, ordered, verdict.text if verdict else "", stop), verdict

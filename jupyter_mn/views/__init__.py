@@ -19,6 +19,8 @@ class View(Protocol):
 
     #: rank 0's displays, shown while the cell runs (None: they stay on the result)
     displays: RankDisplays | None
+    #: the hang verdict is on screen: the cell's error below it does not say it again
+    verdict_shown: bool
 
     def __call__(self, event: Any) -> None: ...
 

@@ -71,6 +71,8 @@ class TextView:
         #: the stacks printed last: a stop that finds the ranks where a hang left them says so
         #: in a line, not in the same stacks again
         self._stacks_shown: Stacks | None = None
+        #: a hang verdict was printed (the watchdog's): the cell's error does not repeat it
+        self.verdict_shown = False
 
     def __call__(self, event: Any) -> None:
         self.state.apply(event)
@@ -156,7 +158,9 @@ class TextView:
             out.write(f"jupyter_mn: {event.reason}; every rank is where the stacks above show\n")
         else:
             same_verdict = last is not None and last.verdict == event.verdict
-            out.write(format_stacks(event, verdict=not same_verdict) + "\n")
+            verdict = not same_verdict and not event.stop  # a stop's: its error says it
+            self.verdict_shown |= verdict and bool(event.verdict)
+            out.write(format_stacks(event, verdict=verdict) + "\n")
         out.flush()
 
     def _gang(self, event: GangState) -> None:

@@ -192,6 +192,11 @@ class ClusterWidget:
         self.folded = False
         self._final: W.HTML | None = None  # the root's one child once folded
 
+    @property
+    def verdict_shown(self) -> bool:
+        """The HUNG banner keeps the verdict after the stop."""
+        return bool(self.state.hung)
+
     # ---- display
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if self.folded:
@@ -223,11 +228,11 @@ class ClusterWidget:
         self._thread.start()
 
     def __call__(self, event: Any) -> None:
+        self.state.apply(event)  # before the first show: it appears with the phase it is in
         if self._thread is None:  # shown with the first event: refused input shows no widget
             self.show()
         if isinstance(event, Displays):
             self.displays(event)
-        self.state.apply(event)
 
     def close(self) -> None:
         """Final draw of everything and the text summary, then fold: the output becomes

@@ -271,6 +271,14 @@ class CellDone:
     hours: float = 0.0
     gang_hours: float = 0.0
     unit: HoursUnit = HoursUnit.GPU
+    #: why it was stopped (``interrupted by the user``, ``--timeout 5 s reached``); "": it was not
+    stopped: str = ""
+    #: the hang verdict when it was stopped while ranks waited in a collective
+    verdict: str = ""
+    #: the root-cause rank (-1: none) and its traceback: the job's logs keep them
+    cause_rank: int = -1
+    cause_node: int = -1
+    traceback: tuple[str, ...] = ()
 
 
 @_event
@@ -327,6 +335,8 @@ class Stacks:
     reason: str
     ranks: tuple[RankWhere, ...]
     verdict: str = ""
+    #: taken by a stop: the cell's error says the verdict, so the text view does not
+    stop: bool = False
 
 
 @_event

@@ -197,3 +197,24 @@ def peak_rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         line = next(x for x in status if x.startswith("VmHWM:"))
     return int(line.split()[1]) / 1024
+
+
+def test_a_cold_cells_widget_appears_while_the_gang_is_scheduled(kernel):
+    kernel.run("%cluster down")
+    msgs = kernel.iopub_during(f"%%cluster {SHAPE} --view widget\n1")
+    first = next(i for i, m in enumerate(msgs) if m["msg_type"] == "display_data")
+    assert " · SCHEDULING · " in msgs[first]["content"]["data"]["text/plain"]
+    rendezvous = [i for i, m in enumerate(msgs) if "RENDEZVOUS" in widget_value(m)]
+    assert rendezvous and first < rendezvous[0]
+
+
+def test_under_the_widget_a_stopped_hangs_verdict_is_said_once_in_its_banner(kernel):
+    cell = "import time\nt = torch.ones(1)\nif dist.get_rank() == 1:\n    time.sleep(60)\n"
+    msgs = kernel.iopub_during(
+        f"%%cluster {SHAPE} --view widget --timeout 3\n{cell}dist.all_reduce(t)"
+    )
+    error = next(m["content"] for m in msgs if m["msg_type"] == "error")
+    assert error["evalue"] == "--timeout 3 s reached: the ranks hung (the verdict above)"
+    assert not any("never entered" in line for line in error["traceback"])
+    banners = [v for v in map(widget_value, msgs) if "HUNG: rank 1 (node 0) never entered" in v]
+    assert banners  # the widget says it

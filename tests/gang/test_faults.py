@@ -187,11 +187,13 @@ def test_timeout_shows_every_stack_then_interrupts_in_place(gang):
     result, took = timed(gang, code, timeout=1, on_event=TextView(out, err))
     error = error_of(result)
     assert isinstance(error, CellInterrupted)
-    assert str(error).startswith("--timeout 1 s reached")
+    assert str(error).startswith(
+        "--timeout 1 s reached: rank 3 (node 1) never entered all_reduce #"
+    )
     stacks = err.getvalue()
     cell = f"Cell In[{gang.cells}]"
     assert f"[node 1 rank 3] running\n    {cell}, line 4\n        time.sleep(60)" in stacks
-    assert stacks.startswith("jupyter_mn: hang: rank 3 (node 1) never entered all_reduce #")
+    assert "never entered" not in stacks  # the verdict is said once: in the error
     for rank in range(3):
         heading = f"[node {rank // 2} rank {rank}] running, inside all_reduce #"
         assert re.search(

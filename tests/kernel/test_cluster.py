@@ -198,6 +198,22 @@ def test_bad_input_raises_before_anything_starts(no_leftovers):
         Cluster(nodes=0)
 
 
+def test_a_cold_cells_view_hears_of_scheduling_before_the_ranks_start(no_leftovers):
+    """The view is shown with its first event: the SCHEDULING transition reaches it while the
+    nodes are provisioned, not once the start waits for the ranks (RENDEZVOUS)."""
+    cluster = Cluster(nodes=1, gpus=2)
+    heard: list[tuple[str, str]] = []  # (the event, the gang's state when the view got it)
+
+    def view(event) -> None:
+        heard.append((type(event).__name__, cluster.gang.core.status.value))
+
+    try:
+        assert cluster.run("1", on_event=view).ok
+    finally:
+        cluster.close()
+    assert heard[0] == ("GangState", "SCHEDULING")
+
+
 def test_close_stops_every_process(no_leftovers):
     cluster = Cluster(nodes=2, gpus=1)
     cluster.run("1")

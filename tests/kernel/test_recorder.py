@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -82,6 +83,73 @@ def test_a_failed_cell_records_its_root_cause(registry, cluster):
     assert not result.ok
     job = _when(registry, cluster, lambda j: j.last_cell and not j.last_cell["ok"], "failure")
     assert job.error == "rank 1 (node 1): RuntimeError: boom"
+
+
+def _mn_logs(capsys, registry: Registry, cluster: Cluster) -> list[str]:
+    """What ``jupyter mn logs JOB`` prints for the cluster's job."""
+    from jupyter_mn.cli import main
+
+    capsys.readouterr()
+    assert main(["logs", _job(registry, cluster).id, "--tail", "500"]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def _ctrl_c_when(registry: Registry, cluster: Cluster, state: str) -> threading.Thread:
+    """Press Ctrl-C (SIGINT to the main thread, where the cell's loop runs) once the job is in
+    ``state``."""
+
+    def press() -> None:
+        _when(registry, cluster, lambda j: j.state == state, state)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    thread = threading.Thread(target=press, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_logs_keep_a_failed_cells_outcome_and_its_root_cause_traceback(
+    registry, cluster, capsys
+):
+    cluster.up()
+    code = (
+        "def inner():\n    raise RuntimeError('boom in the logs')\n"
+        "if dist.get_rank() == 1:\n    inner()"
+    )
+    assert not cluster.run(code, cell_id=31).ok
+    _when(registry, cluster, lambda j: (j.last_cell or {}).get("id") == 31, "cell 31 recorded")
+    out = _mn_logs(capsys, registry, cluster)
+    failed = next(i for i, x in enumerate(out) if x.startswith("──── In[31] FAILED: "))
+    assert "rank 1 (node 1): RuntimeError: boom in the logs" in out[failed]
+    traceback = [x for x in out[failed:] if x.startswith("[node 1 rank 1] ")]
+    assert any("inner()" in x for x in traceback)
+    assert traceback[-1] == "[node 1 rank 1] RuntimeError: boom in the logs"
+
+
+def test_the_logs_keep_a_ctrl_c_as_an_interrupt_by_the_user(registry, cluster, capsys):
+    cluster.up()
+    presser = _ctrl_c_when(registry, cluster, "RUNNING")
+    result = cluster.run("import time\ntime.sleep(60)", cell_id=32)
+    presser.join(10)
+    assert result.interrupted == "interrupted by the user"
+    job = _when(registry, cluster, lambda j: (j.last_cell or {}).get("id") == 32, "cell 32")
+    assert (job.last_cell["outcome"], job.error) == ("INTERRUPTED", "interrupted by the user")
+    out = _mn_logs(capsys, registry, cluster)
+    assert any(x.startswith("──── In[32] INTERRUPTED: interrupted by the user · ") for x in out)
+    assert not any("In[32] FAILED" in x for x in out)
+
+
+def test_the_logs_keep_a_hang_verdict_and_the_stop_that_ended_it(registry, cluster, capsys):
+    cluster.up()
+    code = "import time\nif dist.get_rank() == 1:\n    time.sleep(60)\ndist.barrier()"
+    presser = _ctrl_c_when(registry, cluster, "HUNG")
+    result = cluster.run(code, cell_id=33, hang_timeout=1)
+    presser.join(10)
+    assert result.outcome == "HUNG" and result.verdict
+    _when(registry, cluster, lambda j: (j.last_cell or {}).get("id") == 33, "cell 33 recorded")
+    out = _mn_logs(capsys, registry, cluster)
+    verdicts = [x for x in out if x.startswith("──── In[33] hang verdict: ")]
+    assert len(verdicts) == 1 and "rank 1 (node 1)" in verdicts[0]
+    assert any(x.startswith("──── In[33] HUNG: interrupted by the user · ") for x in out)
 
 
 def test_cancel_request_stops_a_running_cell_and_the_gang_stays_up(registry, cluster):

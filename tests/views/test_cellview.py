@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from dataclasses import replace
 
+from jupyter_mn.kernel.result import CellResult, RankOutcome
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.views import TextView
 from jupyter_mn.views.filter import LogFilter
@@ -21,6 +22,7 @@ from jupyter_mn.wire.events import (
     GpuStat,
     Hung,
     LogLines,
+    RankError,
     RankState,
     RankStatus,
     RankTiming,
@@ -143,9 +145,41 @@ def hang_then_stop() -> list[object]:
     return [
         Hung(VERDICT, 5.0),
         Stacks("no progress for 5 s", WHERE, VERDICT),
-        Stacks("interrupted", tuple(replace(r, taken_ns=9) for r in WHERE), VERDICT),
+        Stacks("interrupted", tuple(replace(r, taken_ns=9) for r in WHERE), VERDICT, stop=True),
         CellDone(2, False, 8.0, outcome=CellOutcome.HUNG),
     ]
+
+
+def stopped_hang() -> CellResult:
+    """The result of ``hang_then_stop``: rank 1 asleep in its own code, rank 0 in all_reduce."""
+    ranks = [
+        RankOutcome(0, 0, 0, RankStatus.INTERRUPTED, error=RankError("KeyboardInterrupt", "")),
+        RankOutcome(1, 0, 1, RankStatus.INTERRUPTED, error=RankError("KeyboardInterrupt", "")),
+    ]
+    return CellResult(ranks, interrupted="interrupted by the user", verdict=VERDICT, culprits=(1,))
+
+
+def error_text(result: CellResult, view: ClusterWidget | TextView) -> str:
+    return "\n".join(result.error(view.verdict_shown)._render_traceback_())
+
+
+def test_under_the_widget_the_error_does_not_repeat_the_verdict_of_its_banner():
+    widget = drawn(ClusterWidget(SPEC), *hang_then_stop())
+    assert f"HUNG: {VERDICT}" in widget._header.value
+    text = error_text(stopped_hang(), widget)
+    assert VERDICT not in text
+    assert text.startswith("CellInterrupted: interrupted by the user: the ranks hung (the verdict")
+    assert "then rank 1 (node 0) was interrupted: KeyboardInterrupt" in text
+
+
+def test_the_text_view_and_the_error_say_the_verdict_once_whoever_found_it():
+    for events in (hang_then_stop(), hang_then_stop()[2:]):  # the watchdog's, the stop's alone
+        err = io.StringIO()
+        view = TextView(io.StringIO(), err, spec=SPEC)
+        for event in events:
+            view(event)
+        both = err.getvalue() + error_text(stopped_hang(), view)
+        assert both.count(VERDICT) == 1, both
 
 
 def test_a_stopped_hang_shows_the_verdict_once_the_stacks_once_and_keeps_its_banner():
