@@ -3,7 +3,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { el, elapsed, hours } from './format';
+import { counted, el, elapsed, hours } from './format';
 import { jobsIcon } from './icon';
 import { FINISHED_STATES, IDLE_STATES, IJobList, IJobModel } from './model';
 import { requestAPI } from './request';
@@ -107,14 +107,13 @@ export class JobsPanel extends Widget {
     const count = this._finishedCount;
     const answer = await showDialog({
       title: 'Clear finished jobs',
-      body: `Forget ${count} finished job${count === 1 ? '' : 's'} and ${count === 1 ? 'its' : 'their'} logs? Live jobs stay.`,
+      body: `Forget ${counted(count, 'finished job')} and the logs? Live jobs stay.`,
       buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Clear' })]
     });
     if (!answer.button.accept) {
       return;
     }
-    const reply = await requestAPI<{ forgot: string[] }>('jobs', { method: 'DELETE' }, this._settings);
-    this._status.textContent = `Forgot ${reply.forgot.length} finished job${reply.forgot.length === 1 ? '' : 's'}.`;
+    await requestAPI('jobs', { method: 'DELETE' }, this._settings); // the poll then redraws
   }
 
   dispose(): void {
@@ -223,7 +222,7 @@ export class JobsPanel extends Widget {
     const facts = el('div', 'jp-mn-Job-facts');
     facts.appendChild(el('span', 'jp-mn-Job-shape', `${job.shape} · ${job.backend}`));
     facts.appendChild(el('span', 'jp-mn-Job-elapsed'));
-    facts.appendChild(el('span', 'jp-mn-Job-cells', `${job.cells} cell${job.cells === 1 ? '' : 's'}`));
+    facts.appendChild(el('span', 'jp-mn-Job-cells', counted(job.cells, 'cell')));
     facts.appendChild(el('span', 'jp-mn-Job-usage'));
     item.appendChild(facts);
 
