@@ -39,7 +39,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
-    """The prebuilt Lab extension (the Clusters panel) shipped inside this package."""
+    """The prebuilt Lab extension (the Multi-node jobs panel) shipped inside this package."""
     return [{"src": "labextension", "dest": "jupyter-mn"}]
 
 

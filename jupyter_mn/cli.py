@@ -78,7 +78,7 @@ def _manifests(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- jobs in the registry (the same ones the Clusters panel shows)
+# ---- jobs in the registry (the same ones the Multi-node jobs panel shows)
 FOLLOW_POLL_S = 0.5
 
 

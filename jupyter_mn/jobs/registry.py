@@ -330,6 +330,14 @@ class Registry:
             db.execute("DELETE FROM requests WHERE job = ?", (job.id,))
         shutil.rmtree(self.log_dir(job.id), ignore_errors=True)
 
+    def forget_finished(self) -> list[str]:
+        """Drop every finished job and its logs (the panel's "Clear finished"); live jobs stay.
+        Returns the ids forgotten."""
+        done = [job.id for job in self.jobs() if job.finished]
+        for job_id in done:  # a finished job never comes back to life: no race with its kernel
+            self.forget(job_id)
+        return done
+
     def reap(self, now: float | None = None) -> list[str]:
         """Mark live jobs ORPHANED whose kernel died (on this host, where its process can be
         seen: a kernel busy in C code stops beating but is not gone) or, on another host,

@@ -2,8 +2,8 @@
 
 ``track(owner, gang)`` subscribes to the gang's events (they arrive on dask's thread) and hands
 them to one recorder thread per process, which writes the registry and the log files, beats the
-heartbeat and polls the ``requests`` table. Polling from a thread is what lets the Clusters panel
-and ``jupyter mn cancel`` reach a kernel that is busy running a cell as well as an idle one.
+heartbeat and polls the ``requests`` table. Polling from a thread is what lets the Multi-node jobs
+panel and ``jupyter mn cancel`` reach a kernel that is busy running a cell as well as an idle one.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ POLL_S = 0.25
 BATCH_S = 0.02
 #: Gang states written at once (a teardown must be on record even if the process exits next).
 _TERMINAL = (GangStatus.BROKEN, GangStatus.CLOSED)
-_SOURCES = {"panel": "the Clusters panel", "cli": "jupyter mn"}
+_SOURCES = {"panel": "the Multi-node jobs panel", "cli": "jupyter mn"}
 _DONE = {"cancel": "cancelled", "release": "released"}
 
 

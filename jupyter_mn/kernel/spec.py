@@ -105,7 +105,7 @@ class ClusterSpec:
     #: how the cell shows its gang: a widget where a frontend renders widgets, else text
     view: str = "auto"
     #: the ranks whose lines the cell shows (empty: all), as torchrun's ``--local-ranks-filter``;
-    #: every line still goes to the logs and the Clusters panel
+    #: every line still goes to the logs and the Multi-node jobs panel
     ranks: tuple[int, ...] = ()
     timeout: float | None = None
     #: show the hang verdict live when no rank has completed a collective or ended the cell for

@@ -1,5 +1,5 @@
-"""Jupyter server extension: the REST API over the job registry that the Clusters panel reads,
-and the kernel status JupyterLab shows kept right while a cell runs (``kernelstatus``).
+"""Jupyter server extension: the REST API over the job registry that the Multi-node jobs panel
+reads, and the kernel status JupyterLab shows kept right while a cell runs (``kernelstatus``).
 
 Enabled automatically on install (``jupyter-config/server-config/jupyter_mn.json``).
 """

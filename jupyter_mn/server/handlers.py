@@ -1,4 +1,5 @@
-"""REST handlers under ``/jupyter-mn/api/``: list and read jobs, read logs, cancel/release/forget.
+"""REST handlers under ``/jupyter-mn/api/``: list and read jobs, read logs, cancel/release/forget
+(one job, or every finished one).
 
 Every handler requires Jupyter authentication and authorization (resource ``jupyter_mn``: reads
 are "read", POST and DELETE are "write"); POST and DELETE also need the XSRF token or a token
@@ -78,6 +79,13 @@ class JobsHandler(_JobAPI):
     async def get(self) -> None:
         jobs = await self._off_loop(lambda: [self._model(job) for job in self.registry.jobs()])
         self.finish(json.dumps({"jobs": jobs, "now": time.time()}))
+
+    @web.authenticated
+    @authorized
+    async def delete(self) -> None:
+        """Forget every finished job and its logs ("Clear finished"); live jobs are untouched."""
+        forgot = await self._off_loop(self.registry.forget_finished)
+        self.finish(json.dumps({"forgot": forgot}))
 
 
 class JobHandler(_JobAPI):

@@ -15,6 +15,11 @@ export function hours(value: number, unit: string): string {
   return `${shown} ${unit || 'GPU-hours'}`;
 }
 
+/** A count and its noun, plural unless 1: `1 cell`, `3 cells`. */
+export function counted(n: number, noun: string): string {
+  return `${n} ${noun}${n === 1 ? '' : 's'}`;
+}
+
 /** An element with a class and plain-text content (never parsed as HTML). */
 export function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,

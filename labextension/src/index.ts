@@ -6,10 +6,11 @@ import {
 import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
+import { jobsIcon } from './icon';
 import { JobPage } from './jobpage';
 import { LogViewer } from './logviewer';
 import { IJobModel } from './model';
-import { ClustersPanel, clustersIcon } from './panel';
+import { JobsPanel } from './panel';
 import { requestAPI } from './request';
 import { noticeUnsavedRunningCells } from './unsaved';
 
@@ -38,7 +39,7 @@ function jobTabs<T extends Widget & { readonly jobId: string }>(
     let tab = tracker.find(t => t.content.jobId === jobId);
     if (!tab) {
       const content = make();
-      content.title.icon = clustersIcon;
+      content.title.icon = jobsIcon;
       tab = new MainAreaWidget({ content });
       tab.id = `jupyter-mn-${kind}-${jobId}`;
       void tracker.add(tab);
@@ -48,7 +49,7 @@ function jobTabs<T extends Widget & { readonly jobId: string }>(
   };
 }
 
-/** The "Clusters" sidebar, its log viewers and its jobs' live views. */
+/** The "Multi-node jobs" sidebar, its log viewers and its jobs' live views. */
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-mn:clusters',
   description: 'jupyter_mn jobs of this server: state, logs, cancel, release',
@@ -71,7 +72,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         openLogs(await requestAPI<IJobModel>(`jobs/${id}`, {}, settings));
       }
     });
-    const panel = new ClustersPanel(settings, {
+    const panel = new JobsPanel(settings, {
       openLogs,
       openJob: job => openJob(job.id),
       openNotebook: path => void app.commands.execute('docmanager:open', { path })

@@ -69,18 +69,19 @@ export function liveParts(
 }
 
 /**
- * How a cell ended: rank 0's value as text, or the root cause. `inKernel`: the kernel still holds
+ * How a cell ended: rank 0's value as text, or its outcome (a user's stop is INTERRUPTED, not a
+ * failure) and the root cause. `inKernel`: the kernel still holds
  * the object (as `Out[n]`), so say where.
  */
 export function outcome(cell: NonNullable<IJobModel['last_cell']>, inKernel: boolean): HTMLElement {
   const where = inKernel ? `   (the object is Out[${cell.id}] in the kernel)` : '';
   const text = cell.ok
     ? `Out[${cell.id}]: ${cell.value ?? ''}${where}`
-    : `the cell failed: ${cell.error ?? ''}`;
+    : `In[${cell.id}] ${cell.outcome ?? 'FAILED'}: ${cell.error ?? ''}`;
   return el('div', `jp-mn-JobView-outcome${cell.ok ? '' : ' jp-mn-JobView-error'}`, text);
 }
 
-/** Cancel the job's running cell, as the Clusters panel does. */
+/** Cancel the job's running cell, as the Multi-node jobs panel does. */
 function cancelButton(job: IJobModel): HTMLButtonElement {
   const cancel = el('button', 'jupyter-button jp-mn-JobView-cancel', 'Cancel');
   cancel.addEventListener('click', () => {

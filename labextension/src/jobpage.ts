@@ -12,7 +12,7 @@ const TAIL = 40;
 const RUNNING_STATES = ['RUNNING', 'HUNG'];
 
 /**
- * Any job of the server in the main area, opened from the Clusters panel ("View"): a `--bg`
+ * Any job of the server in the main area, opened from the Multi-node jobs panel ("View"): a `--bg`
  * cell, a papermill run, a script's `Cluster`, another tab's notebook. It follows the job by its
  * id as the cell's own stand-in (`jobview.ts`) does: state and elapsed time, each node's ranks,
  * GPU and transport and its newest lines, Cancel while a cell runs, and the last cell's value or

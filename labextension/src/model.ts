@@ -22,6 +22,8 @@ export interface ILastCell {
   error?: string;
   /** nodes × GPUs × the cell's seconds, in hours */
   hours?: number;
+  /** `CellOutcome`: DONE, FAILED, LOST, INTERRUPTED, HUNG or PREEMPTED */
+  outcome?: string;
 }
 
 export interface IJobModel {

@@ -1,20 +1,22 @@
-import { showErrorMessage } from '@jupyterlab/apputils';
+import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
-import { LabIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { el, elapsed, hours } from './format';
+import { counted, el, elapsed, hours } from './format';
+import { jobsIcon } from './icon';
 import { FINISHED_STATES, IDLE_STATES, IJobList, IJobModel } from './model';
 import { requestAPI } from './request';
 
-const ICON_SVG =
-  '<svg xmlns="http://www.w3.org/2000/svg" width="16" viewBox="0 0 24 24">' +
-  '<g class="jp-icon3" fill="#616161"><rect x="2" y="3" width="9" height="8" rx="1"/>' +
-  '<rect x="13" y="3" width="9" height="8" rx="1"/><rect x="2" y="13" width="9" height="8" rx="1"/>' +
-  '<rect x="13" y="13" width="9" height="8" rx="1"/></g></svg>';
+/** How many finished jobs the open "Finished" group lists, and how many more "Show more" adds:
+ * weeks of jobs stay a short list. */
+export const FINISHED_PAGE = 20;
 
-export const clustersIcon = new LabIcon({ name: 'jupyter-mn:clusters', svgstr: ICON_SVG });
+/** What ORPHANED means, on the state badge's tooltip. */
+export const ORPHANED_HELP =
+  'ORPHANED: the kernel that ran this job is gone (it died or was shut down without ' +
+  'releasing the gang). Its ranks normally end with it; `jupyter mn gc` kills any it left ' +
+  'behind and forgets finished jobs older than 7 days. Forget removes it from this list.';
 
 export interface IPanelActions {
   openLogs(job: IJobModel): void;
@@ -28,30 +30,50 @@ const GROUPS: Array<[string, string, (job: IJobModel) => boolean]> = [
   ['finished', 'Finished', job => FINISHED_STATES.includes(job.state)]
 ];
 
+/** A job's title: its notebook's file name and its `--name` (an unnamed job's name is its id). */
+function titleParts(job: IJobModel): { notebook: string | null; name: string | null } {
+  const path = job.link ?? job.notebook;
+  return {
+    notebook: path ? path.split(/[\\/]/).pop()! : null,
+    name: job.name !== job.id ? job.name : null
+  };
+}
+
 /**
- * The left-sidebar "Clusters" panel: every jupyter_mn job of this server, grouped as running,
- * idle and finished. It polls every 2 s while visible (backing off on errors, pausing while
- * hidden) and redraws only the jobs whose model changed.
+ * The left-sidebar "Multi-node jobs" panel: every jupyter_mn job of this server, grouped as
+ * running, idle and finished. Finished jobs are collapsed under a count, newest first, a page at
+ * a time, and "Clear finished" forgets them all. It polls every 2 s while visible (backing off on
+ * errors, pausing while hidden) and redraws only the jobs whose model changed.
  */
-export class ClustersPanel extends Widget {
+export class JobsPanel extends Widget {
   constructor(
     private _settings: ServerConnection.ISettings,
     private _actions: IPanelActions
   ) {
     super();
-    this.id = 'jupyter-mn-clusters';
+    this.id = 'jupyter-mn-clusters'; // the layout restorer knows the panel by this id
     this.addClass('jp-mn-ClustersPanel');
-    this.title.icon = clustersIcon;
-    this.title.caption = 'Clusters (jupyter_mn)';
-    this.node.appendChild(el('h2', 'jp-mn-ClustersPanel-title', 'Clusters'));
+    this.title.icon = jobsIcon;
+    this.title.caption = 'Multi-node jobs (jupyter_mn)';
+    this.node.appendChild(el('h2', 'jp-mn-ClustersPanel-title', 'Multi-node jobs'));
     for (const [key, label] of GROUPS) {
       const section = el('section', `jp-mn-Group jp-mn-Group-${key}`);
-      section.appendChild(el('h3', '', label));
+      if (key === 'finished') {
+        section.appendChild(this._finishedHead());
+      } else {
+        section.appendChild(el('h3', '', label));
+      }
       const list = el('ul', 'jp-mn-JobList');
       section.appendChild(list);
       this._lists.set(key, list);
       this.node.appendChild(section);
     }
+    this._more = el('button', 'jp-Button jp-mn-Action jp-mn-Finished-more');
+    this._more.addEventListener('click', () => {
+      this._finishedShown += FINISHED_PAGE;
+      void this._poll.refresh();
+    });
+    this._lists.get('finished')!.after(this._more);
     this._status = el('div', 'jp-mn-ClustersPanel-status');
     this.node.appendChild(this._status);
     this._poll = new Poll({
@@ -60,6 +82,38 @@ export class ClustersPanel extends Widget {
       standby: () => !this.isVisible || 'when-hidden',
       name: 'jupyter-mn:clusters'
     });
+  }
+
+  /** The finished group's heading: a toggle with the count, and "Clear finished". */
+  private _finishedHead(): HTMLElement {
+    const head = el('div', 'jp-mn-Group-head');
+    this._toggle = el('button', 'jp-mn-Group-toggle');
+    this._toggle.setAttribute('aria-expanded', 'false');
+    this._toggle.addEventListener('click', () => {
+      const open = this._toggle.getAttribute('aria-expanded') !== 'true';
+      this._toggle.setAttribute('aria-expanded', String(open));
+      this._finishedShown = FINISHED_PAGE;
+      void this._poll.refresh();
+    });
+    head.appendChild(this._toggle);
+    const clear = el('button', 'jp-Button jp-mn-Action jp-mn-Action-clear', 'Clear finished');
+    clear.title = 'Forget every finished job and its logs (live jobs stay)';
+    clear.addEventListener('click', () => void this._act('Clear finished', () => this._clear()));
+    head.appendChild(clear);
+    return head;
+  }
+
+  private async _clear(): Promise<void> {
+    const count = this._finishedCount;
+    const answer = await showDialog({
+      title: 'Clear finished jobs',
+      body: `Forget ${counted(count, 'finished job')} and the logs? Live jobs stay.`,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Clear' })]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+    await requestAPI('jobs', { method: 'DELETE' }, this._settings); // the poll then redraws
   }
 
   dispose(): void {
@@ -83,8 +137,11 @@ export class ClustersPanel extends Widget {
     const seen = new Set<string>();
     for (const [key, , member] of GROUPS) {
       const list = this._lists.get(key)!;
-      const jobs = data.jobs.filter(member);
+      let jobs = data.jobs.filter(member);
       list.parentElement!.classList.toggle('jp-mod-empty', jobs.length === 0);
+      if (key === 'finished') {
+        jobs = this._finishedPage(jobs);
+      }
       jobs.forEach((job, index) => {
         seen.add(job.id);
         const item = this._item(job);
@@ -107,6 +164,24 @@ export class ClustersPanel extends Widget {
     }
   }
 
+  /** The finished jobs to list, newest ending first: none while collapsed, else a page more
+   * for each "Show more"; the heading counts them all. */
+  private _finishedPage(finished: IJobModel[]): IJobModel[] {
+    const open = this._toggle.getAttribute('aria-expanded') === 'true';
+    this._finishedCount = finished.length;
+    this._toggle.textContent = `${open ? '▾' : '▸'} Finished (${finished.length})`;
+    this._lists.get('finished')!.parentElement!.classList.toggle('jp-mod-collapsed', !open);
+    const shown = open
+      ? [...finished]
+          .sort((a, b) => (b.ended ?? b.started) - (a.ended ?? a.started))
+          .slice(0, this._finishedShown)
+      : [];
+    const rest = open ? finished.length - shown.length : 0;
+    this._more.hidden = rest === 0;
+    this._more.textContent = `Show ${Math.min(rest, FINISHED_PAGE)} more (${rest} hidden)`;
+    return shown;
+  }
+
   /** The list item of a job: reused while its model is unchanged, so clicks are never lost. */
   private _item(job: IJobModel): HTMLElement {
     const key = JSON.stringify({ ...job, heartbeat: 0, gpu_hours: 0 }); // both tick in place
@@ -125,14 +200,29 @@ export class ClustersPanel extends Widget {
     item.dataset.jobId = job.id;
     item.dataset.state = job.state;
     const head = el('div', 'jp-mn-Job-head');
-    head.appendChild(el('span', 'jp-mn-Job-name', job.name));
-    head.appendChild(el('span', `jp-mn-State jp-mn-State-${job.state}`, job.state));
+    const title = el('span', 'jp-mn-Job-title');
+    const { notebook, name } = titleParts(job);
+    if (notebook) {
+      title.appendChild(el('span', 'jp-mn-Job-nb', notebook));
+    }
+    if (name || !notebook) {
+      title.appendChild(el('span', 'jp-mn-Job-name', name ?? job.id));
+    }
+    head.appendChild(title);
+    const state = el('span', `jp-mn-State jp-mn-State-${job.state}`, job.state);
+    if (job.state === 'ORPHANED') {
+      state.title = ORPHANED_HELP;
+    }
+    head.appendChild(state);
     item.appendChild(head);
+    if (notebook || name) {
+      item.appendChild(el('div', 'jp-mn-Job-id', job.id));
+    }
 
     const facts = el('div', 'jp-mn-Job-facts');
     facts.appendChild(el('span', 'jp-mn-Job-shape', `${job.shape} · ${job.backend}`));
     facts.appendChild(el('span', 'jp-mn-Job-elapsed'));
-    facts.appendChild(el('span', 'jp-mn-Job-cells', `${job.cells} cell${job.cells === 1 ? '' : 's'}`));
+    facts.appendChild(el('span', 'jp-mn-Job-cells', counted(job.cells, 'cell')));
     facts.appendChild(el('span', 'jp-mn-Job-usage'));
     item.appendChild(facts);
 
@@ -213,6 +303,10 @@ export class ClustersPanel extends Widget {
   }
 
   private _lists = new Map<string, HTMLUListElement>();
+  private _toggle!: HTMLButtonElement;
+  private _more: HTMLButtonElement;
+  private _finishedShown = FINISHED_PAGE;
+  private _finishedCount = 0;
   private _items = new Map<string, { key: string; node: HTMLElement }>();
   private _status: HTMLElement;
   private _poll: Poll;

@@ -1,10 +1,27 @@
-"""%%cluster from JupyterLab in a real browser, with the "Python 3 (jupyter_mn)" kernel."""
+"""%%cluster from JupyterLab in a real browser, with the "Python 3 (jupyter_mn)" kernel and its
+logo in the launcher."""
 
 from __future__ import annotations
 
+import re
+
 from playwright.sync_api import expect
 
-from tests.support.lab import run_command, wait_kernel_idle
+from tests.support.lab import ARTIFACTS, run_command, wait_kernel_idle
+
+
+def test_the_launcher_shows_the_kernels_logo(lab, page):
+    page.goto(lab.fresh())
+    card = page.locator('.jp-LauncherCard[title="Python 3 (jupyter_mn)"]').first
+    logo = card.locator("img.jp-Launcher-kernelIcon")
+    expect(logo).to_have_attribute(
+        "src", re.compile(r"kernelspecs/jupyter_mn/logo-64x64\.png"), timeout=60_000
+    )
+    page.wait_for_function(
+        "img => img.complete && img.naturalWidth === 64", arg=logo.element_handle()
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    card.screenshot(path=str(ARTIFACTS / "launcher-kernel-logo.png"))
 
 
 def test_text_view_streams_labelled_output_into_the_notebook(lab, page):

@@ -119,7 +119,7 @@ def test_cancel_from_a_reloaded_page_stops_the_cell(lab, page):
     expect(view.locator(".jp-mn-JobView-log")).not_to_have_text(ticks, timeout=40_000)
     view.locator(".jp-mn-JobView-cancel").click()
     expect(view.locator(".jp-mn-JobView-outcome")).to_contain_text(
-        "the cell failed: ", timeout=60_000
+        " INTERRUPTED: ", timeout=60_000
     )
     take_the_gang_down(page)
 

@@ -57,6 +57,7 @@ ENDPOINTS = [
     ("POST", f"{API}/srv-live/cancel"),
     ("POST", f"{API}/srv-live/release"),
     ("DELETE", f"{API}/srv-done"),
+    ("DELETE", API),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The Clusters panel and log viewer in a real JupyterLab, driven by chromium."""
+"""The Multi-node jobs panel and log viewer in a real JupyterLab, driven by chromium."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.support.lab import (
     job_item,
     open_panel,
     run_command,
+    show_finished,
     wait_kernel_idle,
 )
 from tests.support.polling import wait_until
@@ -93,13 +94,15 @@ def test_panel_follows_a_job_and_the_log_viewer_shows_rank_labelled_text(lab, pa
     page.goto(page.url.replace("?reset&", "?"))
     expect(page.locator(".jp-mn-LogViewer-text")).to_contain_text("done 1", timeout=60_000)
     expect(page.locator(".lm-TabBar-tab", has_text="Logs: panel")).to_have_count(1)
-    item = job_item(open_panel(page), "panel")
+    panel = open_panel(page)
+    item = job_item(panel, "panel")
 
     item.locator(".jp-mn-Job-notebook").click()  # the link brings the notebook back to front
     page.wait_for_function(
         "() => window.jupyterapp.shell.currentWidget.context?.path === 'work/panel.ipynb'"
     )
     item.get_by_role("button", name="Release").click()
+    show_finished(panel)
     expect(item).to_have_attribute("data-state", "CLOSED", timeout=30_000)
 
 
@@ -123,7 +126,7 @@ def test_cancel_stops_a_long_cell_and_release_frees_the_idle_gang(lab, page):
     expect(output.filter(has_text="CellInterrupted")).to_have_count(1, timeout=30_000)
     # the error says why; the widget shows where each rank was, under the same words
     expect(
-        output.filter(has_text="CellInterrupted: cancelled from the Clusters panel")
+        output.filter(has_text="CellInterrupted: cancelled from the Multi-node jobs panel")
     ).to_have_count(1)
     expect(item).to_have_attribute("data-state", "READY", timeout=30_000)
 
@@ -131,6 +134,7 @@ def test_cancel_stops_a_long_cell_and_release_frees_the_idle_gang(lab, page):
     ranks = [psutil.Process(p) for node in job.nodes for p in node.pids]
     assert len(ranks) == 2 and all(r.is_running() for r in ranks)
     item.get_by_role("button", name="Release").click()
+    show_finished(panel)
     expect(item).to_have_attribute("data-state", "CLOSED", timeout=30_000)
     expect(panel.locator(".jp-mn-Group-finished")).to_contain_text("cancel")
     _, alive = psutil.wait_procs(ranks, timeout=10)
@@ -165,6 +169,7 @@ def test_a_papermill_run_from_a_terminal_appears_in_the_panel(lab, page, tmp_pat
         expect(item).to_have_count(1, timeout=90_000)  # while it runs (or just after, if fast)
         expect(item.locator(".jp-mn-Job-origin")).to_contain_text("papermill")
         assert papermill.wait(120) == 0
+        show_finished(panel)
         expect(item).to_have_attribute("data-state", "CLOSED", timeout=10_000)
     finally:
         papermill.kill()

@@ -1,4 +1,5 @@
-"""The Clusters panel and the log viewer with 512 ranks, in a real JupyterLab driven by chromium.
+"""The Multi-node jobs panel and the log viewer with 512 ranks, in a real JupyterLab driven by
+chromium.
 
 The gang is 16 nodes × 32 stand-in ranks (``jupyter_mn/rank/standin.py``: real dask workers and node
 agents, ranks without torch; fewer nodes than 64 × 8 for the same ranks, since a node's dask

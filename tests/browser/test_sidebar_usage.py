@@ -1,5 +1,5 @@
-"""GPU-hours in a real JupyterLab: the Clusters panel counts a running gang's rank-hours up, and
-``--max-gpu-hours`` on a ``%%cluster`` cell ends the gang at its cap with the reason in the cell
+"""GPU-hours in a real JupyterLab: the Multi-node jobs panel counts a running gang's rank-hours up,
+and ``--max-gpu-hours`` on a ``%%cluster`` cell ends the gang at its cap with the reason in the cell
 and the count in the widget's header."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 from playwright.sync_api import expect
 
 from jupyter_mn.jobs.registry import Registry
-from tests.support.lab import job_item, open_panel, run_command, wait_kernel_idle
+from tests.support.lab import job_item, open_panel, run_command, show_finished, wait_kernel_idle
 
 COUNT = re.compile(r"^(\d+(?:\.\d+)?) rank-hours$")
 
@@ -36,6 +36,7 @@ def test_the_panel_counts_rank_hours_and_max_gpu_hours_ends_the_cell_at_its_cap(
     header = page.locator(".jp-mn-header").first
     expect(header).to_contain_text("INTERRUPTED")
     expect(header).to_contain_text(re.compile(r"rank-hours \(gang 0\.0[2-3]\d*\)"))
+    show_finished(panel)
     expect(item).to_have_attribute("data-state", "CLOSED", timeout=30_000)
     final = float(COUNT.match(usage.inner_text())[1])
     job = next(j for j in Registry().jobs() if j.name == "usage")

@@ -159,6 +159,16 @@ def test_forget_removes_a_finished_job_and_its_logs_but_refuses_a_live_one(regis
     assert not registry.log_dir("jmn-done").exists()
 
 
+def test_forget_finished_drops_every_finished_job_and_no_live_one(registry: Registry):
+    registry.save(make_job("jmn-up"))
+    for job_id, state in (("jmn-closed", "CLOSED"), ("jmn-orphan", "ORPHANED")):
+        registry.save(make_job(job_id, state=state))
+        JobLogWriter(registry.log_dir(job_id)).close()
+    assert sorted(registry.forget_finished()) == ["jmn-closed", "jmn-orphan"]
+    assert [j.id for j in registry.jobs()] == ["jmn-up"]
+    assert not registry.log_dir("jmn-closed").exists()
+
+
 def test_two_processes_share_the_registry(registry: Registry):
     registry.save(make_job("jmn-here"))
     code = (

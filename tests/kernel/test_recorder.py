@@ -186,7 +186,7 @@ def test_release_request_frees_the_idle_gang(registry, cluster):
     wait_until(lambda: registry.job(job.id).state == "CLOSED", 30, "CLOSED")
     assert registry.job(job.id).ended is not None
     assert cluster.gang is None
-    assert cluster.status()["detail"] == "released from the Clusters panel"
+    assert cluster.status()["detail"] == "released from the Multi-node jobs panel"
     assert len(pids) == 2
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
     assert not alive

@@ -171,7 +171,7 @@ def failed_log_reads(page: object, seconds: float = 10) -> int:
 
 
 def open_panel(page: object) -> object:
-    """Open the Clusters panel from the left sidebar; returns its locator."""
+    """Open the Multi-node jobs panel from the left sidebar; returns its locator."""
     from playwright.sync_api import expect
 
     tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-mn-clusters"]')
@@ -192,3 +192,13 @@ def job_item(panel: object, name: str) -> object:
     return panel.locator("li.jp-mn-Job").filter(
         has=panel.page.locator(".jp-mn-Job-name", has_text=name)
     )
+
+
+def show_finished(panel: object) -> None:
+    """Open the panel's "Finished" group (collapsed by default) once it has a job."""
+    from playwright.sync_api import expect
+
+    toggle = panel.locator(".jp-mn-Group-toggle")
+    expect(toggle).to_be_visible(timeout=60_000)
+    if toggle.get_attribute("aria-expanded") != "true":
+        toggle.click()
