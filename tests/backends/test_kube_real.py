@@ -61,12 +61,17 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 
 @pytest.fixture(autouse=True)
 def no_refusals(plane: Plane) -> Iterator[None]:
-    """Fail a test in which the API server refused one of our kubelet's requests."""
+    """Fail a test in which the API server refused one of our kubelet's requests, or after
+    which a component or a node no longer runs; do not start one on such a plane."""
+    trouble = plane.control.trouble()
+    assert not trouble, "an earlier test left the control plane broken:\n" + "\n".join(trouble)
     nodes = list(plane.control.nodes.nodes.values()) if plane.control.nodes else []
     before = sum(len(n.errors) for n in nodes)
     yield
     errors = [e for n in nodes for e in n.errors]
     assert not errors[before:], "the API server refused the kubelet:\n" + "\n".join(errors)
+    trouble = plane.control.trouble()
+    assert not trouble, "the control plane broke:\n" + "\n".join(trouble)
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:

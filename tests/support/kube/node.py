@@ -319,6 +319,15 @@ class Nodes:
         self._thread.join(10)
         self._loop.close()
 
+    def dead(self) -> list[str]:
+        """The nodes whose kubelet ended by itself (an error its loops do not retry), and why:
+        such a node is lost to every later user of the cluster."""
+        return [
+            f"node {name}: {task.exception()!r}" if not task.cancelled() else f"node {name}"
+            for name, task in self._tasks.items()
+            if task.done()
+        ]
+
     def start(self, *names: str) -> None:
         """Start (or restart: the kubelet finds its Node) these nodes; return once registered."""
         asyncio.run_coroutine_threadsafe(self._start(names), self._loop).result(60)
