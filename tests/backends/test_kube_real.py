@@ -380,6 +380,27 @@ def test_a_stopped_kubelet_loses_its_node_until_it_comes_back(plane: Plane) -> N
     eventually(lambda: state() == ("True", set()), what="node-b Ready and untainted again")
 
 
+def test_a_node_whose_kubelet_ends_by_itself_is_named_until_it_is_back(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet loop that meets an error it does not retry ends the node (its Lease goes
+    stale, nothing runs there): ``trouble`` names it, which the next test would fail on at
+    once rather than wait out its timeout on a cluster short of a node."""
+    assert plane.control.nodes is not None
+
+    async def broken() -> None:
+        raise RuntimeError("the kubelet's loop broke")
+
+    monkeypatch.setattr(plane.control.nodes.nodes["node-b"], "_sync", broken)
+    found = eventually(plane.control.trouble, what="the ended kubelet named")
+    assert found == ['node node-b: RuntimeError("the kubelet\'s loop broke")']
+    monkeypatch.undo()
+    plane.control.nodes.start("node-b")
+    assert plane.control.trouble() == []
+    core = client.CoreV1Api(plane.api)
+    eventually(lambda: not core.read_node("node-b").spec.taints, what="node-b untainted again")
+
+
 @pytest.mark.slow  # the API server's own restart takes ~15 s on 2 cores
 def test_after_an_api_server_restart_everything_reconnects_and_a_gang_comes_up(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
