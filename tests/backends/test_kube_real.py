@@ -380,6 +380,31 @@ def test_a_stopped_kubelet_loses_its_node_until_it_comes_back(plane: Plane) -> N
     eventually(lambda: state() == ("True", set()), what="node-b Ready and untainted again")
 
 
+def test_a_node_marked_unknown_while_its_kubelet_runs_is_ready_again(plane: Plane) -> None:
+    """What the node lifecycle controller writes when it saw a Lease go stale (an API server
+    restart longer than its grace period, on a loaded machine): Ready ``Unknown``, then the
+    unreachable taint. Only the kubelet marks the node Ready again, or every later gang waits
+    for a node that never comes back."""
+    core = client.CoreV1Api(plane.api)
+    moment = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    unknown = {
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": moment,
+        "lastTransitionTime": moment,
+    }
+    core.patch_node_status("node-b", {"status": {"conditions": [unknown]}})
+
+    def ready() -> bool:
+        node = core.read_node("node-b")
+        ok = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+        return ok and not node.spec.taints
+
+    eventually(ready, what="node-b Ready and untainted again")
+
+
 def test_a_node_whose_kubelet_ends_by_itself_is_named_until_it_is_back(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
