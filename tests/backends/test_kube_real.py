@@ -62,12 +62,17 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 
 @pytest.fixture(autouse=True)
 def no_refusals(plane: Plane) -> Iterator[None]:
-    """Fail a test in which the API server refused one of our kubelet's requests."""
+    """Fail a test in which the API server refused one of our kubelet's requests, or after
+    which a component or a node no longer runs; do not start one on such a plane."""
+    trouble = plane.control.trouble()
+    assert not trouble, "an earlier test left the control plane broken:\n" + "\n".join(trouble)
     nodes = list(plane.control.nodes.nodes.values()) if plane.control.nodes else []
     before = sum(len(n.errors) for n in nodes)
     yield
     errors = [e for n in nodes for e in n.errors]
     assert not errors[before:], "the API server refused the kubelet:\n" + "\n".join(errors)
+    trouble = plane.control.trouble()
+    assert not trouble, "the control plane broke:\n" + "\n".join(trouble)
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
@@ -374,6 +379,52 @@ def test_a_stopped_kubelet_loses_its_node_until_it_comes_back(plane: Plane) -> N
     finally:
         plane.control.nodes.start("node-b")
     eventually(lambda: state() == ("True", set()), what="node-b Ready and untainted again")
+
+
+def test_a_node_marked_unknown_while_its_kubelet_runs_is_ready_again(plane: Plane) -> None:
+    """What the node lifecycle controller writes when it saw a Lease go stale (an API server
+    restart longer than its grace period, on a loaded machine): Ready ``Unknown``, then the
+    unreachable taint. Only the kubelet marks the node Ready again, or every later gang waits
+    for a node that never comes back."""
+    core = client.CoreV1Api(plane.api)
+    moment = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    unknown = {
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": moment,
+        "lastTransitionTime": moment,
+    }
+    core.patch_node_status("node-b", {"status": {"conditions": [unknown]}})
+
+    def ready() -> bool:
+        node = core.read_node("node-b")
+        ok = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+        return ok and not node.spec.taints
+
+    eventually(ready, what="node-b Ready and untainted again")
+
+
+def test_a_node_whose_kubelet_ends_by_itself_is_named_until_it_is_back(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet loop that meets an error it does not retry ends the node (its Lease goes
+    stale, nothing runs there): ``trouble`` names it, which the next test would fail on at
+    once rather than wait out its timeout on a cluster short of a node."""
+    assert plane.control.nodes is not None
+
+    async def broken() -> None:
+        raise RuntimeError("the kubelet's loop broke")
+
+    monkeypatch.setattr(plane.control.nodes.nodes["node-b"], "_sync", broken)
+    found = eventually(plane.control.trouble, what="the ended kubelet named")
+    assert found == ['node node-b: RuntimeError("the kubelet\'s loop broke")']
+    monkeypatch.undo()
+    plane.control.nodes.start("node-b")
+    assert plane.control.trouble() == []
+    core = client.CoreV1Api(plane.api)
+    eventually(lambda: not core.read_node("node-b").spec.taints, what="node-b untainted again")
 
 
 @pytest.mark.slow  # the API server's own restart takes ~15 s on 2 cores

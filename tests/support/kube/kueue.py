@@ -32,6 +32,9 @@ API = "/apis/kueue.x-k8s.io/v1beta2"
 LOCAL_QUEUE = "user-queue"
 CLUSTER_QUEUE = "cluster-queue"
 FLAVOR = "default-flavor"
+#: PriorityClasses a test's workloads name (``--priority-class``); Kueue takes a Workload's
+#: priority from its pods' class, and preempts within the ClusterQueue by it.
+PRIORITIES = {"low": 100, "high": 1000}
 #: Kueue's install keeps its pod, deployment and statefulset webhooks off its own namespaces.
 _SYSTEM_NAMESPACES = {
     "matchExpressions": [
@@ -93,11 +96,13 @@ def configuration(root: Path, webhook: int, health: int) -> dict[str, Any]:
 
 
 def queues(gpus: int) -> list[tuple[str, dict[str, Any]]]:
-    """One ResourceFlavor, one ClusterQueue for every namespace with ``gpus`` GPUs of quota,
-    and the LocalQueue ``user-queue`` in ``default``: (collection path, object)."""
+    """One ResourceFlavor, one ClusterQueue for every namespace with ``gpus`` GPUs of quota (a
+    workload of higher priority preempts a lower one in it), and the LocalQueue ``user-queue``
+    in ``default``: (collection path, object)."""
     quota = {"cpu": "1000", "memory": "4Ti", "nvidia.com/gpu": str(gpus)}
     cluster_queue = {
         "namespaceSelector": {},
+        "preemption": {"withinClusterQueue": "LowerPriority"},
         "resourceGroups": [
             {
                 "coveredResources": list(quota),
@@ -181,7 +186,13 @@ class Kueue:
         ]
 
     def create_queues(self, gpus: int) -> None:
-        """The queue objects, through Kueue's webhooks (which proves they answer)."""
+        """The PriorityClasses, and the queue objects through Kueue's webhooks (which proves
+        they answer)."""
+        for name, value in PRIORITIES.items():
+            self.rest.create(
+                "/apis/scheduling.k8s.io/v1/priorityclasses",
+                {"apiVersion": "scheduling.k8s.io/v1", "metadata": {"name": name}, "value": value},
+            )
         for path, obj in queues(gpus):
             self.rest.create(path, {"apiVersion": "kueue.x-k8s.io/v1beta2", **obj})
         self.rest.wait(

@@ -3,7 +3,8 @@
 What a real API server needs from a kubelet (virtual-kubelet's and kwok's node controllers do
 the same): a Node with capacity, allocatable and a Ready condition; a Lease in
 ``kube-node-lease`` renewed well within the controller-manager's grace period (the Lease is
-the heartbeat: a node whose Lease expires goes NotReady, then its pods are evicted); pod status
+the heartbeat: a node whose Lease expires goes NotReady, then its pods are evicted), and its
+status posted again when the server's is not Ready (only a kubelet lifts that); pod status
 through ``pods/status``; and, for a pod being deleted (``deletionTimestamp`` set), its process
 stopped, then the final DELETE with ``gracePeriodSeconds: 0``, or it stays Terminating forever.
 
@@ -259,6 +260,17 @@ class RealNode:
         while True:
             await asyncio.sleep(RENEW_S)
             await self._guarded(self._renew())
+            await self._guarded(self._report())
+
+    async def _report(self) -> None:
+        """Post the Node's status again once the server's says other than Ready, as a kubelet
+        does when its computed status differs: the node lifecycle controller marks a node
+        whose Lease it saw go stale (an API server restart longer than its grace period) Ready
+        ``Unknown`` and taints it, and never marks it Ready again; only the kubelet does."""
+        node = await self.api.get("nodes", "", self.name)
+        conditions = (node.get("status") or {}).get("conditions") or []
+        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            await self.api.patch("nodes", node, {"status": self._status()}, status=True)
 
     # ---- pods
     async def _pods(self) -> None:
@@ -318,6 +330,15 @@ class Nodes:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+    def dead(self) -> list[str]:
+        """The nodes whose kubelet ended by itself (an error its loops do not retry), and why:
+        such a node is lost to every later user of the cluster."""
+        return [
+            f"node {name}: {task.exception()!r}" if not task.cancelled() else f"node {name}"
+            for name, task in self._tasks.items()
+            if task.done()
+        ]
 
     def start(self, *names: str) -> None:
         """Start (or restart: the kubelet finds its Node) these nodes; return once registered."""

@@ -306,6 +306,17 @@ class ControlPlane:
         proc = next(p for p in self.procs if p.name == component)
         proc.restart(START_TIMEOUT_S)
 
+    def trouble(self) -> list[str]:
+        """What no longer runs: a component that exited, a node whose kubelet ended. A test
+        sharing this control plane checks it first, so a plane an earlier test left broken is
+        named at once instead of showing as every later test's timeout."""
+        exited = [
+            f"{p.name} exited ({p.popen.returncode}):\n{p.tail(10)}"
+            for p in self.procs
+            if p.popen.poll() is not None
+        ]
+        return exited + (self.nodes.dead() if self.nodes is not None else [])
+
     # ---- stopping
     def stop(self) -> None:
         """Stop the nodes (their pods' processes), then every component, the last started
