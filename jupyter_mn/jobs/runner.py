@@ -7,9 +7,9 @@ outputs (a ``%%cluster`` cell's include its ranks' lines) go to the job's log (`
 papermill saves the executed notebook when each cell starts and ends, and every ``AUTOSAVE_S``
 within a long one, so a crash loses no finished cell.
 
-A cancel or release request (``jupyter mn cancel``, the Multi-node jobs panel) interrupts the running
-cell and runs no further one; the kernel is then shut down through its shutdown request, which
-closes its gangs first (``kernel/kernelshutdown.py``); a kernel still running ``KILL_AFTER_S``
+A cancel or release request (``jupyter mn cancel``, the Multi-node jobs panel) interrupts the
+running cell and runs no further one; the kernel is then shut down through its shutdown request,
+which closes its gangs first (``kernel/kernelshutdown.py``); a kernel still running ``KILL_AFTER_S``
 later is killed. A kernel that dies ends the run FAILED with the cause, and what its gangs left
 is cleaned up as ``jupyter mn gc`` would.
 """

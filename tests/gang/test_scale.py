@@ -94,11 +94,11 @@ def test_every_line_arrives_and_the_widget_keeps_to_ten_updates_a_second(gang):
         state = m["content"]["data"].get("state", {})
         if "value" in state:
             values[m["content"]["comm_id"]] = state["value"]
-    tabs = {  # a node's tab (the folded view at the end holds them all)
+    tabs = {  # a node's log (the folded view at the end holds them all)
         int(n): v
         for v in values.values()
-        if v.count("data-node=") == 1
-        for n in re.findall(r'data-node="(\d+)"', v)
+        if v.count('class="jp-mn-nodelog') == 1
+        for n in re.findall(r'class="jp-mn-nodelog[^"]*" data-node="(\d+)"', v)
     }
     assert sorted(tabs) == list(range(NODES))
     for node, html in tabs.items():  # the view received every line of the node's ranks
