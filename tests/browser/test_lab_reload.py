@@ -118,9 +118,7 @@ def test_cancel_from_a_reloaded_page_stops_the_cell(lab, page):
     ticks = view.locator(".jp-mn-JobView-log").inner_text()
     expect(view.locator(".jp-mn-JobView-log")).not_to_have_text(ticks, timeout=40_000)
     view.locator(".jp-mn-JobView-cancel").click()
-    expect(view.locator(".jp-mn-JobView-outcome")).to_contain_text(
-        " INTERRUPTED: ", timeout=60_000
-    )
+    expect(view.locator(".jp-mn-JobView-outcome")).to_contain_text(" INTERRUPTED: ", timeout=60_000)
     take_the_gang_down(page)
 
 
