@@ -14,9 +14,11 @@ from collections.abc import Iterator
 
 import dask
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_mn import Cluster
 from jupyter_mn.jobs.registry import Registry
+from jupyter_mn.kernel import cluster
 from tests.support.daskcli import DaskCLI, tls_config
 from tests.support.hosts import HostNet, missing
 from tests.support.procs import ours, started_now, wait_gone
@@ -51,6 +53,16 @@ def gang_2x2() -> Iterator[Cluster]:
     cluster.close()
     left = wait_gone(ours(started))
     assert not left, "gang processes survived close():\n" + "\n".join(left)
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    """An IPython shell with the magics loaded, as a notebook has; its cluster shut down after."""
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("jupyter_mn")
+    yield ip
+    cluster.shutdown()
+    InteractiveShell.clear_instance()
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_mn.cli import main
 from jupyter_mn.errors import SpecError
 from jupyter_mn.jobs.registry import Registry
 from jupyter_mn.jobs.submit import defaults_environ
-from jupyter_mn.kernel import cluster
 from jupyter_mn.kernel.flags import cell_parser, spec_flags
 
 
@@ -85,15 +83,6 @@ def test_bad_input_is_one_line_and_nothing_is_submitted(
     assert not (private_runtime / "runtime" / "jupyter-mn" / "logs").exists() or not any(
         (private_runtime / "runtime" / "jupyter-mn" / "logs").iterdir()
     )
-
-
-@pytest.fixture(scope="module")
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.extension_manager.load_extension("jupyter_mn")
-    yield ip
-    cluster.shutdown()
-    InteractiveShell.clear_instance()
 
 
 def test_submit_flags_are_the_cells_defaults_and_a_cells_own_flags_win(shell, monkeypatch):

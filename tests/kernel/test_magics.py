@@ -7,13 +7,11 @@ from __future__ import annotations
 import contextlib
 import io
 import shlex
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_mn.errors import SpecError
 from jupyter_mn.kernel import cluster
@@ -50,15 +48,6 @@ FUZZ = settings(
     deadline=2000,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-@pytest.fixture(scope="module")
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.extension_manager.load_extension("jupyter_mn")
-    yield ip
-    cluster.shutdown()
-    InteractiveShell.clear_instance()
 
 
 def _short(exc: BaseException) -> None:
