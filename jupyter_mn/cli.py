@@ -111,7 +111,7 @@ def _list(args: argparse.Namespace) -> int:
             job.backend,
             _duration((job.ended or now) - job.started),
             f"{job.cells}/{job.cells_total}" if job.submitted else str(job.cells),
-            usage.text(job.gpu_hours, job.unit) if job.up is not None else "-",
+            usage.text(job.gpu_hours, job.unit) if job.up is not None or job.unit else "-",
             job.notebook or job.launcher,
         )
         for job in jobs

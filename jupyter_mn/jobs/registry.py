@@ -118,7 +118,8 @@ class JobModel:
     up: float | None = None
     #: ``HoursUnit``'s value: GPU-hours, or rank-hours for CPU ranks
     unit: str = ""
-    #: nodes × GPUs × seconds held, in hours (``jobs/usage.py``; a live job's, filled when read)
+    #: nodes × GPUs × seconds held, in hours (``jobs/usage.py``; a live job's, filled when read;
+    #: a submitted run's: its gangs' total in ``unit``, once it has ended)
     gpu_hours: float = 0.0
     #: a submitted run (``jupyter mn submit``): the executed notebook it writes, cell by cell
     output: str | None = None
@@ -378,7 +379,8 @@ class Registry:
             return None
         job.heartbeat = heartbeat
         job.pending = pending.get(job.id, [])
-        job.gpu_hours = job_hours(job, time.time())
+        if not job.submitted:  # a run's is its gangs' total, written by its runner at its end
+            job.gpu_hours = job_hours(job, time.time())
         return job
 
     def _pending(self) -> dict[str, list[str]]:

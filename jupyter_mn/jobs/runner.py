@@ -5,7 +5,8 @@ the notebook under papermill with the jupyter_mn kernel and is the one writer of
 RUNNING with the cell it is at, then SUCCEEDED, FAILED with the cause, or CANCELLED. The cells'
 outputs (a ``%%cluster`` cell's include its ranks' lines) go to the job's log (``joblogs.py``);
 papermill saves the executed notebook when each cell starts and ends, and every ``AUTOSAVE_S``
-within a long one, so a crash loses no finished cell.
+within a long one, so a crash loses no finished cell. At the run's end, what its gangs used goes
+into the notebook's metadata and the run's row (``runusage.py``).
 
 A cancel or release request (``jupyter mn cancel``, the Multi-node jobs panel) interrupts the
 running cell and runs no further one; the kernel is then shut down through its shutdown request,
@@ -22,9 +23,11 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..wire.events import LogLines
+from . import runusage
 from .gc import clean
 from .joblogs import OUTPUT_RANK, JobLogWriter
 from .registry import HOST, JOB_HEARTBEAT_S, ORPHANED, Registry, Request
@@ -118,9 +121,9 @@ class Run:
         except Exception as exc:  # papermill, nbclient or the kernel spec: the run cannot go on
             outcome = self._failed(f"{type(exc).__name__}: {exc}")
         finally:
-            self._stop_kernel()
+            kernel_pid = self._stop_kernel()
             self.done.set()
-        self.update(**outcome, ended=time.time())
+        self.update(**outcome, **self._usage(kernel_pid, outcome["state"]), ended=time.time())
         self.logs.mark(1, f"{outcome['state']} {time.strftime('%H:%M:%S')}")
         self.logs.close()
 
@@ -176,8 +179,30 @@ class Run:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit status {code}"
 
-    def _stop_kernel(self) -> None:
-        """Shut the kernel down (its gangs close first); clean up after a dead one's gangs."""
+    def _usage(self, kernel_pid: int | None, state: str) -> dict[str, Any]:
+        """Write what the kernel's gangs used into the executed notebook; returns the run row's
+        total (its largest unit's), or nothing when no gang was made."""
+        if kernel_pid is None:
+            return {}
+        gangs = runusage.gangs_of(self.registry.jobs(), kernel_pid, self.model.started)
+        try:
+            runusage.write(
+                Path(self.submission.output), runusage.metadata(self.model, state, gangs)
+            )
+        except FileNotFoundError:  # papermill never wrote it: nothing to mark
+            pass
+        except (OSError, ValueError) as exc:  # the run's end is still recorded
+            line = f"the executed notebook's usage metadata was not written: {exc}"
+            self.logs.write(LogLines(0, 0, ((OUTPUT_RANK, "err", (line,)),)))
+        totals = runusage.totals(gangs)
+        if not totals:
+            return {}
+        unit, hours = max(totals.items(), key=lambda total: total[1])
+        return {"unit": unit, "gpu_hours": hours}
+
+    def _stop_kernel(self) -> int | None:
+        """Shut the kernel down (its gangs close first); clean up after a dead one's gangs.
+        Returns the kernel's pid (None: it never started)."""
         process = getattr(self.km.provisioner, "process", None)
         pid = process.pid if process is not None else None
         alive = process is not None and process.poll() is None
@@ -188,6 +213,7 @@ class Run:
                 run_sync(self.km.shutdown_kernel)(now=not alive)
         if pid is not None and not alive:
             self._clean_gangs(pid)
+        return pid
 
     def _clean_gangs(self, kernel_pid: int) -> None:
         self.registry.reap()

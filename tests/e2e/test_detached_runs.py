@@ -15,7 +15,9 @@ from pathlib import Path
 import nbformat
 import psutil
 
+from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import JobModel
+from jupyter_mn.wire.events import HoursUnit
 from tests.support.polling import wait_until
 
 JUPYTER_MN = [sys.executable, "-m", "jupyter_mn.cli"]
@@ -173,3 +175,28 @@ def test_a_cell_that_raises_fails_the_run_with_its_cause(tmp_path, no_leftovers)
     nb = notebook(tmp_path / "bad.ipynb", "limit = 1", "raise ValueError(f'limit {limit} too low')")
     run = ended(submit(str(nb), "-p", "limit", "0"))
     assert (run.state, run.error) == ("FAILED", "cell 3 of 3: ValueError: limit 0 too low")
+
+
+def test_the_fetched_notebook_and_the_runs_row_hold_what_its_gangs_used(tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "count.ipynb", "steps = 2\npause = 0.2", TRAIN)
+    job_id = submit(str(nb), "--nodes", "2", "--gpus", "1")
+    run = ended(job_id)
+    assert run.state == "SUCCEEDED", run.error
+    (gang,) = gangs_of(run)
+    mn("fetch", job_id, str(tmp_path / "out.ipynb"))
+    meta = nbformat.read(tmp_path / "out.ipynb", 4).metadata["jupyter_mn"]
+    assert (meta["job"], meta["state"]) == (job_id, "SUCCEEDED")
+    assert meta["gangs"] == [
+        {
+            "id": gang.id,
+            "shape": "2×1",
+            "backend": "local",
+            "unit": gang.unit,
+            "gpu_hours": gang.gpu_hours,
+        }
+    ]
+    assert gang.unit in {u.value for u in HoursUnit} and gang.gpu_hours > 0
+    assert meta["gpu_hours"] == {gang.unit: gang.gpu_hours}
+    assert (run.unit, run.gpu_hours) == (gang.unit, gang.gpu_hours)
+    (row,) = [line for line in mn("list").stdout.splitlines() if line.startswith(job_id)]
+    assert usage.text(gang.gpu_hours, gang.unit) in row
