@@ -106,6 +106,8 @@ class JobModel:
     notebook: str | None = None
     launcher: str = ""
     cells: int = 0
+    #: what the gang runs now (``In[7]``, ``%cluster run train.py``); "" while it runs nothing
+    running: str = ""
     last_cell: dict[str, Any] | None = None
     error: str | None = None
     nodes: list[NodeModel] = field(default_factory=list)

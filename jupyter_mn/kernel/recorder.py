@@ -47,6 +47,8 @@ POLL_S = 0.25
 BATCH_S = 0.02
 #: Gang states written at once (a teardown must be on record even if the process exits next).
 _TERMINAL = (GangStatus.BROKEN, GangStatus.CLOSED)
+#: The states of a gang that runs something (HUNG: the registry's, for a hung cell)
+_BUSY = (GangStatus.RUNNING.value, HUNG)
 _SOURCES = {"panel": "the Multi-node jobs panel", "cli": "jupyter mn"}
 _DONE = {"cancel": "cancelled", "release": "released"}
 
@@ -103,6 +105,9 @@ class JobRecord:
             return self._placed()
         if isinstance(event, GangState):
             self._placed()
+            over = event.state == GangStatus.READY and model.state in _BUSY
+            if over or event.state in _TERMINAL:  # (a cold gang is READY before its first run)
+                model.running = ""
             model.state, model.detail = event.state, event.detail
             usage = self.gang.core.usage
             model.up, model.unit = usage.up_at, usage.unit.value
@@ -122,6 +127,8 @@ class JobRecord:
             model.nodes[event.node].transport = event.summary
         elif isinstance(event, RunStarted):  # counted when it starts: the panel shows it running
             model.cells += 1 if event.cell else 0
+            # the last run's failure is its cell's (``last_cell``), not a state of the new one
+            model.running, model.error = event.what, None
             self._what, self._verdict_logged = event.what, False
             self._mark(f"{event.what} started")
         elif isinstance(event, Hung) and event.over:

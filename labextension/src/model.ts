@@ -49,6 +49,8 @@ export interface IJobModel {
   notebook: string | null;
   launcher: string;
   cells: number;
+  /** what the gang runs now ("In[7]", "%cluster run train.py"); "" while it runs nothing */
+  running: string;
   /** the last cell's outcome: rank 0's value as text, or the root cause */
   last_cell: ILastCell | null;
   error: string | null;

@@ -18,6 +18,35 @@ export const ORPHANED_HELP =
   'releasing the gang). Its ranks normally end with it; `jupyter mn gc` kills any it left ' +
   'behind and forgets finished jobs older than 7 days. Forget removes it from this list.';
 
+/** The state badge's tooltip: the gang's state is not the verdict on the last cell. */
+export const GANG_STATE_HELP =
+  "The gang's state (READY: its ranks are up and wait for a cell, also after a failed one). " +
+  'How the last cell ended is on the line below.';
+
+/** The states in which a job runs something (`running` names it). */
+const BUSY_STATES = ['RUNNING', 'HUNG'];
+
+/**
+ * What the job's cells do, apart from the gang's state: the cell it runs now, else how its last
+ * cell ended (`CellOutcome`) in that outcome's colour, so a failed cell on a READY gang shows.
+ */
+function cellLine(job: IJobModel): HTMLElement | null {
+  const line = el('div', 'jp-mn-Job-cell');
+  if (job.running && BUSY_STATES.includes(job.state)) {
+    line.appendChild(el('span', 'jp-mn-Outcome jp-mn-Outcome-RUNNING', 'running'));
+    line.appendChild(el('span', 'jp-mn-Job-cellname', job.running));
+    return line;
+  }
+  const last = job.last_cell;
+  if (!last?.outcome) {
+    return null;
+  }
+  line.appendChild(el('span', 'jp-mn-Job-cellname', `last cell In[${last.id}]`));
+  line.appendChild(el('span', `jp-mn-Outcome jp-mn-Outcome-${last.outcome}`, last.outcome));
+  line.appendChild(el('span', 'jp-mn-Job-cellelapsed', elapsed(last.elapsed)));
+  return line;
+}
+
 export interface IPanelActions {
   openLogs(job: IJobModel): void;
   openJob(job: IJobModel): void;
@@ -210,9 +239,7 @@ export class JobsPanel extends Widget {
     }
     head.appendChild(title);
     const state = el('span', `jp-mn-State jp-mn-State-${job.state}`, job.state);
-    if (job.state === 'ORPHANED') {
-      state.title = ORPHANED_HELP;
-    }
+    state.title = job.state === 'ORPHANED' ? ORPHANED_HELP : GANG_STATE_HELP;
     head.appendChild(state);
     item.appendChild(head);
     if (notebook || name) {
@@ -238,6 +265,10 @@ export class JobsPanel extends Widget {
     }
     item.appendChild(badges);
 
+    const cell = cellLine(job);
+    if (cell) {
+      item.appendChild(cell);
+    }
     if (job.link) {
       const link = el('a', 'jp-mn-Job-notebook', job.link);
       link.href = '#';

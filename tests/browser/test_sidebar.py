@@ -286,3 +286,50 @@ def test_a_background_cell_opens_from_the_panel_into_a_live_view_while_the_kerne
     page.locator(".lm-TabBar-tab", has_text="Job: bgview").click()  # shown again: it refreshes
     expect(view.locator(".jp-mn-JobView-state")).to_have_text("CLOSED", timeout=30_000)
     expect(outcome).to_have_text(re.compile(r"^Out\[\d+\]: 'bg-done'$"))
+
+
+#: Lab's light theme: error-color1, warn-color1, success-color1
+RED, ORANGE, GREEN = "rgb(211, 47, 47)", "rgb(245, 124, 0)", "rgb(56, 142, 60)"
+
+
+def test_a_failed_cell_shows_red_on_its_card_and_the_next_cell_runs_without_its_error(lab, page):
+    page.goto(
+        lab.notebook(
+            "outcome.ipynb",
+            [
+                "%%cluster --nodes 1 --gpus 2 --name outcome\nraise ValueError('boom')",
+                looping_cell("--name outcome", "go-outcome", "next-done"),
+                "%cluster down",
+            ],
+        )
+    )
+    wait_kernel_idle(page)
+    panel = open_panel(page)
+    run_command(page, "notebook:run-cell-and-select-next")
+    item = job_item(panel, "outcome")
+    outcome = item.locator(".jp-mn-Job-cell .jp-mn-Outcome")
+    expect(outcome).to_have_text("FAILED", timeout=90_000)
+    expect(outcome).to_have_css("background-color", RED)
+    expect(item.locator(".jp-mn-Job-error")).to_contain_text("ValueError: boom")
+    state = item.locator(".jp-mn-State")  # the gang is READY; its badge does not say "all good"
+    expect(state).to_have_text("READY")
+    assert state.evaluate("e => getComputedStyle(e).backgroundColor") not in (RED, ORANGE, GREEN)
+    ARTIFACTS.mkdir(exist_ok=True)
+    panel.screenshot(path=str(ARTIFACTS / "sidebar-card-failed.png"))
+
+    wait_kernel_idle(page)
+    run_command(page, "notebook:run-cell-and-select-next")
+    try:
+        expect(item).to_have_attribute("data-state", "RUNNING", timeout=60_000)
+        expect(outcome).to_have_text("running")
+        expect(item.locator(".jp-mn-Job-cell")).to_contain_text(re.compile(r"In\[\d+\]"))
+        expect(item.locator(".jp-mn-Job-error")).to_have_count(0)  # no stale "boom"
+        panel.screenshot(path=str(ARTIFACTS / "sidebar-card-next-running.png"))
+    finally:
+        (lab.root / "go-outcome").touch()
+    expect(outcome).to_have_text("DONE", timeout=60_000)
+    expect(item.locator(".jp-mn-Job-error")).to_have_count(0)
+    wait_kernel_idle(page)
+    run_command(page, "notebook:run-cell")
+    show_finished(panel)
+    expect(item).to_have_attribute("data-state", "CLOSED", timeout=60_000)

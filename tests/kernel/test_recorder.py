@@ -66,6 +66,21 @@ def test_a_cell_is_counted_when_it_starts(registry, cluster):
     cell.result()
 
 
+def test_a_new_cell_clears_the_last_ones_error_and_shows_it_runs(registry, cluster):
+    assert not cluster.run("raise ValueError('boom')", cell_id=11).ok
+    failed = _when(
+        registry, cluster, lambda j: (j.last_cell or {}).get("id") == 11, "the failure recorded"
+    )
+    assert "boom" in failed.error and failed.last_cell["outcome"] == "FAILED"
+    cell = cluster.submit("import time\ntime.sleep(2)", cell_id=12)
+    running = _when(registry, cluster, lambda j: j.state == "RUNNING", "the next cell running")
+    assert (running.error, running.running) == (None, "In[12]")
+    assert running.last_cell["outcome"] == "FAILED"  # the last cell's outcome stays, apart
+    cell.result()
+    done = _when(registry, cluster, lambda j: j.last_cell["id"] == 12, "the next cell done")
+    assert (done.state, done.error, done.running) == ("READY", None, "")
+
+
 def test_a_preemption_notice_shows_in_the_panel_with_its_deadline(registry, cluster):
     deadline = time.time() + 100
     cluster.gang.core.hub.dispatch(Preemption(1, PreemptCause.POD, deadline))  # as from node 1
