@@ -17,10 +17,11 @@ import pytest
 from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER
 from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
-from jupyter_mn.wire.events import LogLines, Note, PreemptCause, Preemption
+from jupyter_mn.wire.events import PreemptCause
 from tests.backends import test_kube_real as base
 from tests.backends.test_kube_real import Plane, _dask_port, _left, eventually
 from tests.support.kube import kueue
+from tests.support.preempting import PreemptAt
 
 #: the same fixtures: one control plane for this module's tests, refusals failing a test
 plane, no_refusals = base.plane, base.no_refusals
@@ -78,21 +79,17 @@ def _urgent_job(name: str, gpus: int) -> dict[str, Any]:
     }
 
 
-class Watch:
-    """An ``on_event`` keeping the notices, notes and lines a cell's run produced, which
-    submits the urgent Job once rank 0 printed ``line``."""
+class Watch(PreemptAt):
+    """Submits the urgent Job once rank 0 printed ``line``; at the first notice, notes why Kueue
+    evicted each Workload and each terminating pod's grace."""
 
     def __init__(self, line: str, plane: Plane) -> None:
-        self.line, self.plane, self.sent_at = line, plane, 0.0
-        self.notices: list[Preemption] = []
-        self.left: list[float] = []
-        self.notes: list[str] = []
-        self.lines: list[str] = []
-        #: at the first notice: why Kueue evicted each Workload; each terminating pod's grace
+        super().__init__(line)
+        self.plane = plane
         self.evicted: list[str] = []
         self.graces: set[int] = set()
 
-    def _snapshot(self) -> None:
+    def first_notice(self) -> None:
         rest = self.plane.control.rest
         for workload in rest.get(f"{kueue.API}/namespaces/default/workloads")["items"]:
             for cond in workload.get("status", {}).get("conditions", []):
@@ -101,22 +98,10 @@ class Watch:
         for pod in rest.get(f"/api/v1/namespaces/default/pods?labelSelector={MANAGED}")["items"]:
             self.graces.add(pod["metadata"].get("deletionGracePeriodSeconds", -1))
 
-    def __call__(self, event: object) -> None:
-        if isinstance(event, Preemption):
-            self.notices.append(event)
-            self.left.append(event.left())
-            if len(self.notices) == 1:
-                self._snapshot()
-        elif isinstance(event, Note):
-            self.notes.append(event.text)
-        elif isinstance(event, LogLines):
-            for _, _, texts in event.items:
-                self.lines.extend(texts)
-                if not self.sent_at and self.line in texts:
-                    self.sent_at = time.monotonic()
-                    self.plane.control.rest.create(
-                        "/apis/batch/v1/namespaces/default/jobs", _urgent_job("urgent", 2)
-                    )
+    def preempt(self) -> None:
+        self.plane.control.rest.create(
+            "/apis/batch/v1/namespaces/default/jobs", _urgent_job("urgent", 2)
+        )
 
 
 @pytest.mark.slow  # two gangs of four ranks, one preempted: ~60 s on 2 cores

@@ -20,8 +20,9 @@ from jupyter_mn.checkpoint import latest
 from jupyter_mn.errors import Preempted
 from jupyter_mn.gang.script import run_script
 from jupyter_mn.rank.env import JOB
-from jupyter_mn.wire.events import LogLines, Note, PreemptCause, Preemption
+from jupyter_mn.wire.events import PreemptCause
 from tests.support.polling import wait_until
+from tests.support.preempting import PreemptAt
 from tests.support.procs import node_of, ours
 
 #: A loop that saves and stops when the gang agrees it is preempted; deterministic, so a run
@@ -78,29 +79,15 @@ def gang_of(cluster: Cluster) -> list[psutil.Process]:
     return found
 
 
-class SigtermAt:
-    """An ``on_event`` that sends SIGTERM to node 1's process once rank 0 printed ``line``."""
+class SigtermAt(PreemptAt):
+    """Sends SIGTERM to node 1's process once rank 0 printed ``line``."""
 
     def __init__(self, line: str, cluster: Cluster) -> None:
-        self.line, self.cluster, self.sent_at = line, cluster, 0.0
-        self.notices: list[Preemption] = []
-        #: the grace period left when each notice reached the kernel
-        self.left: list[float] = []
-        self.lines: list[str] = []
-        self.notes: list[str] = []
+        super().__init__(line)
+        self.cluster = cluster
 
-    def __call__(self, event: object) -> None:
-        if isinstance(event, Preemption):
-            self.notices.append(event)
-            self.left.append(event.left())
-        elif isinstance(event, Note):
-            self.notes.append(event.text)
-        elif isinstance(event, LogLines):
-            for _, _, texts in event.items:
-                self.lines.extend(texts)
-                if not self.sent_at and self.line in texts:
-                    os.kill(worker_of(2, gang_of(self.cluster)).pid, signal.SIGTERM)  # node 1
-                    self.sent_at = time.monotonic()
+    def preempt(self) -> None:
+        os.kill(worker_of(2, gang_of(self.cluster)).pid, signal.SIGTERM)  # node 1
 
 
 def test_every_rank_sees_the_notice_at_the_same_step_and_the_cell_ends_preempted(
