@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 
@@ -24,6 +25,10 @@ from tests.support.hosts import HostNet, missing
 from tests.support.procs import ours, started_now, wait_gone
 from tests.support.slurm import SlurmCluster
 from tests.support.slurm import missing as slurm_missing
+
+#: A suite started in the background by a shell without job control (``cmd &``) inherits SIGINT
+#: ignored, and so would every process it starts; the Ctrl-C tests need it as a terminal gives it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: Kernels, Jupyter servers, papermill runs and the job registry of this test session share one
 #: private runtime dir: the user's own registry is never touched, nor another session's.
