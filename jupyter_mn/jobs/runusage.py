@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import usage
 from .registry import HOST, JobModel
 
 #: The executed notebook's metadata key.
@@ -32,12 +33,8 @@ def gangs_of(jobs: list[JobModel], kernel_pid: int, since: float) -> list[JobMod
 
 
 def totals(gangs: list[JobModel]) -> dict[str, float]:
-    """The gangs' count by unit (``GPU-hours``, ``rank-hours``)."""
-    out: dict[str, float] = {}
-    for gang in gangs:
-        if gang.unit:
-            out[gang.unit] = out.get(gang.unit, 0.0) + gang.gpu_hours
-    return out
+    """The gangs' count by unit (``GPU-hours``, ``rank-hours``): ``jupyter mn usage``'s sums."""
+    return {t.unit.value: t.hours for t in usage.totals(gangs, lambda _: "", since=0.0)}
 
 
 def metadata(run: JobModel, state: str, gangs: list[JobModel]) -> dict[str, Any]:
