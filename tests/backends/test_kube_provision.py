@@ -87,20 +87,6 @@ def test_create_watch_and_delete_everything(cluster):
     assert not cluster.live("leases")  # the admission Lease was given back
 
 
-@pytest.mark.parametrize("cluster", [{"nodes": {"node-a": 2}}], indirect=True)
-def test_pending_reason_is_shown_and_timeout_deletes_everything(cluster):
-    rec = Recorder()
-    started = time.monotonic()
-    with pytest.raises(SchedulingError) as info:
-        rec.up(kube_spec(schedule_timeout=3), "jmn-test0002")
-    assert 3 <= time.monotonic() - started < 15
-    text = str(info.value)
-    assert "not all 2 pods were ready within 3 s (--schedule-timeout)" in text
-    assert "node 1" in text and "didn't match pod anti-affinity rules" in text
-    assert "Unschedulable" in rec.reasons(1)
-    assert cluster.ours() == []
-
-
 @pytest.mark.parametrize("cluster", [{"bad_images": ["registry.example/missing:1"]}], indirect=True)
 def test_fatal_image_pull_tears_down_at_once(cluster):
     rec = Recorder()
@@ -157,75 +143,6 @@ def test_lease_makes_the_second_notebook_wait_and_neither_deadlocks(cluster):
     assert sorted(second.pods) == [0, 1], second.error
     second.rec.provisioner.release()
     assert cluster.ours() == []
-
-
-KUEUE = {
-    "kueue.x-k8s.io/v1beta1/localqueues": "LocalQueue",
-    "kueue.x-k8s.io/v1beta1/workloads": "Workload",
-}
-
-
-@pytest.mark.parametrize("cluster", [{"crds": KUEUE}], indirect=True)
-def test_kueue_admits_the_job_and_its_quota_message_is_shown(cluster):
-    """Kueue (played by the test) keeps the Job suspended until it admits the workload."""
-    from kubernetes import client, config
-
-    api = client.ApiClient(config.new_client_from_config(str(cluster.kubeconfig)).configuration)
-    custom, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
-    queue = {
-        "apiVersion": "kueue.x-k8s.io/v1beta1",
-        "kind": "LocalQueue",
-        "metadata": {"name": "team-a"},
-    }
-    custom.create_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta1", NAMESPACE, "localqueues", queue
-    )
-    notebook = Notebook("jmn-kueue001", kube_spec(schedule_timeout=60))
-    notebook.start()
-    wait_for(lambda: any(o["kind"] == "Job" for o in cluster.ours()), "the Job")
-    job = next(o for o in cluster.ours() if o["kind"] == "Job")
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-    workload = {
-        "apiVersion": "kueue.x-k8s.io/v1beta1",
-        "kind": "Workload",
-        "metadata": {
-            "name": "job-jmn-kueue001-1a2b3",
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "name": "jmn-kueue001",
-                    "uid": job["metadata"]["uid"],
-                }
-            ],
-        },
-        "status": {
-            "conditions": [
-                {
-                    "type": "QuotaReserved",
-                    "status": "False",
-                    "reason": "Pending",
-                    "message": "couldn't assign flavors to pod set main: "
-                    "insufficient quota for nvidia.com/gpu",
-                }
-            ]
-        },
-    }
-    custom.create_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta1", NAMESPACE, "workloads", workload
-    )
-    wait_for(
-        lambda: any("insufficient quota" in r for r in notebook.rec.reasons(None)),
-        "the quota message",
-    )
-    assert not cluster.live("pods")  # nothing runs before admission
-    assert next(o for o in cluster.ours() if o["kind"] == "Job")["spec"]["suspend"] is True
-    batch.patch_namespaced_job("jmn-kueue001", NAMESPACE, {"spec": {"suspend": False}})  # admitted
-    notebook.join(30)
-    assert sorted(notebook.pods) == [0, 1], notebook.error
-    notebook.rec.provisioner.release()
-    assert cluster.ours() == [] and not cluster.live("workloads")
-    api.close()
 
 
 def test_gc_deletes_the_gangs_of_dead_kernels_only(cluster):

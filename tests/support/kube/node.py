@@ -21,7 +21,7 @@ import ssl
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -30,6 +30,9 @@ from tests.support.kube.control import MERGE, Api
 from tests.support.kube.kubelet import ClusterDns, ProcessKubelet
 from tests.support.kube.pki import Authority
 from tests.support.kube.streaming import KubeletServer
+
+if TYPE_CHECKING:
+    from tests.support.kube.simnodes import SimulatedNodes
 
 #: The backend's default ``--rdma-resource``, which a node with RDMA advertises.
 RDMA_RESOURCE = KubeOptions.rdma_resource
@@ -309,7 +312,7 @@ class Nodes:
     """Nodes running on an event loop of their own, in a thread: usable from sync code (the
     pytest fixture, ``real.py up``) while the test talks to the API server directly."""
 
-    def __init__(self, nodes: list[RealNode]) -> None:
+    def __init__(self, nodes: list[RealNode | SimulatedNodes]) -> None:
         self.nodes = {n.name: n for n in nodes}
         self._loop = asyncio.new_event_loop()
         self._tasks: dict[str, asyncio.Task[None]] = {}

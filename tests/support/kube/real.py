@@ -32,6 +32,7 @@ from tests.support.kube.node import Nodes, RealNode
 from tests.support.kube.pki import Authority, KeyPair, signing_key
 from tests.support.kube.processes import Process, StartError, child_env, free_ports
 from tests.support.kube.rest import Rest
+from tests.support.kube.simnodes import SimulatedNodes
 
 BUILD = Path(__file__).with_name("gobuild") / "build.sh"
 KUBERNETES, ETCD, KUEUE = "v1.37.2", "v3.7.3", "v0.17.0"
@@ -97,12 +98,21 @@ class ControlPlane:
         nodes: dict[str, int] | None = None,
         with_kueue: bool = True,
         bin_dir: Path | None = None,
+        simulated: dict[str, int] | None = None,
+        node_grace_s: int = NODE_GRACE_S,
+        audit_users: tuple[str, ...] = (),
     ) -> None:
         """``nodes``: name → GPUs of each node our kubelet registers (default: two of 4);
         ``with_kueue``: install and start Kueue, its ClusterQueue's GPU quota all the nodes'
-        GPUs; ``bin_dir``: the binaries' folder (default: build or reuse them)."""
+        GPUs; ``bin_dir``: the binaries' folder (default: build or reuse them);
+        ``simulated``: name → GPUs of nodes that only report their pods Running
+        (``simnodes.py``); ``node_grace_s``: how long a node's Lease may go unrenewed (many
+        simulated nodes renew at the kubelet's 10 s, so they need the default 50 s);
+        ``audit_users``: whose requests the API server logs to ``DIR/logs/audit.log``."""
         self.root = root.resolve()
         self.node_gpus = {"node-a": 4, "node-b": 4} if nodes is None else nodes
+        self.simulated = simulated or {}
+        self.node_grace_s, self.audit_users = node_grace_s, audit_users
         self.with_kueue, self.bin_dir = with_kueue, bin_dir
         self.kubeconfig = self.root / "kubeconfig"
         self.procs: list[Process] = []
@@ -216,6 +226,7 @@ class ControlPlane:
                 f"--feature-gates={GATES}",
                 f"--runtime-config={RUNTIME_CONFIG}",
                 "--profiling=false",
+                *self._audit(),
             ],
             env,
         )
@@ -242,7 +253,7 @@ class ControlPlane:
                 f"--root-ca-file={self.ca}",
                 f"--service-account-private-key-file={sa}",
                 "--node-monitor-period=1s",
-                f"--node-monitor-grace-period={NODE_GRACE_S}s",
+                f"--node-monitor-grace-period={self.node_grace_s}s",
                 f"--feature-gates={GATES}",
                 "--profiling=false",
             ],
@@ -280,7 +291,7 @@ class ControlPlane:
         argv = setup.argv(bins / f"kueue-{KUEUE}" / "kueue", config, webhook, health)
         proc = self._run("kueue", argv, env)
         proc.wait_ready(f"http://127.0.0.1:{health}/readyz", None, START_TIMEOUT_S)
-        setup.create_queues(sum(self.node_gpus.values()))
+        setup.create_queues(sum(self.node_gpus.values()) + sum(self.simulated.values()))
 
     def _nodes(self) -> None:
         """Our kubelet's nodes, awaited until the node lifecycle controller has lifted the
@@ -288,17 +299,44 @@ class ControlPlane:
         folder = self.root / "nodes"
         folder.mkdir(exist_ok=True)
         dns = ClusterDns(folder / "hosts.json")
-        self.nodes = Nodes(
-            [RealNode(n, self.server, self.pki, folder, g, dns) for n, g in self.node_gpus.items()]
-        )
+        nodes: list[RealNode | SimulatedNodes] = [
+            RealNode(n, self.server, self.pki, folder, g, dns) for n, g in self.node_gpus.items()
+        ]
+        if self.simulated:
+            nodes.append(SimulatedNodes(self.server, self._client_context(), self.simulated))
+        self.nodes = Nodes(nodes)
         self.nodes.__enter__()
-        for name in self.node_gpus:
-            self.rest.wait(
-                f"/api/v1/nodes/{name}",
-                lambda node: not node["spec"].get("taints"),
-                START_TIMEOUT_S,
-                f"node {name} untainted",
-            )
+        names = {*self.node_gpus, *self.simulated}
+        self.rest.wait(
+            "/api/v1/nodes",
+            lambda listed: (
+                names
+                <= {n["metadata"]["name"] for n in listed["items"] if not n["spec"].get("taints")}
+            ),
+            START_TIMEOUT_S + len(names) / 4,
+            f"{len(names)} nodes untainted",
+        )
+
+    def _audit(self) -> list[str]:
+        """Flags for an audit log of ``audit_users``' requests only (one line per request)."""
+        if not self.audit_users:
+            return []
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseStarted"],
+            "rules": [
+                {"level": "Metadata", "users": list(self.audit_users)},
+                {"level": "None"},
+            ],
+        }
+        path = self.root / "etc" / "audit-policy.json"
+        path.write_text(json.dumps(policy))
+        return [
+            f"--audit-policy-file={path}",
+            f"--audit-log-path={self.root / 'logs' / 'audit.log'}",
+            "--audit-log-format=json",
+        ]
 
     def restart(self, component: str) -> None:
         """Restart one component (e.g. ``kube-apiserver``), as an upgrade or a crash does;
