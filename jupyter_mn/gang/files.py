@@ -14,8 +14,9 @@ from typing import Any
 
 from ..errors import FilesNotSent
 from ..kernel.spec import ClusterSpec
-from ..kernel.workdir import SMALL_FILE, Digests, Selection, for_spec, size_text
+from ..kernel.workdir import SMALL_FILE, Digests, Selection, for_spec
 from ..wire.manifest import FileEntry, FileUpdate, changes
+from ..wire.sizes import size_text
 from .core import GangCore
 
 #: Seconds a node may take to say whether it sees the directory, and to store an update.

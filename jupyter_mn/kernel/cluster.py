@@ -186,6 +186,7 @@ class Cluster:
                 push,
                 return_all=return_all,
                 pull=tuple(pull),
+                max_value=self.spec.max_value,
                 seed=self.spec.seed if seed is None else seed,
                 prompts=can_prompt() and threading.current_thread() is threading.main_thread(),
             )

@@ -80,6 +80,11 @@ def add_spec_flags(parser: Parser) -> Parser:
     )
     add("--view", choices=["auto", "widget", "text"], help="how to show the cell")
     add("--ranks", help="show only these ranks' lines (0,3); all still go to the logs")
+    add(
+        "--max-value",
+        metavar="SIZE",
+        help="refuse, on the rank, a value or --pull name larger than this (default 4GiB)",
+    )
     return slurmspec.add_flags(kubespec.add_flags(_add_workdir_flags(_add_preflight_flags(parser))))
 
 

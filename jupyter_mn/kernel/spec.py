@@ -39,6 +39,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_WORLD_SIZE = 65536
 #: The most bytes of the notebook's directory sent to a node (``--workdir-limit``).
 WORKDIR_LIMIT = 100 << 20
+#: The largest value a rank sends back (``--max-value``): generous, a guard against a value that
+#: would fill the kernel's memory by mistake, not a tuning knob.
+MAX_VALUE = 4 << 30
 #: The most ranks a local gang has unless ``local_limit`` says otherwise: every rank (and every
 #: node's agent) is a process on this machine, started at once.
 LOCAL_LIMIT = 512
@@ -101,6 +104,9 @@ class ClusterSpec:
     workdir_exclude: tuple[str, ...] = ()
     #: the most bytes that travel (``"200MB"`` is accepted)
     workdir_limit: int = WORKDIR_LIMIT
+    #: the most bytes a rank's value (or a ``--pull`` name) may pickle to: a larger one is
+    #: refused on the rank before anything is sent (``"512MiB"`` is accepted)
+    max_value: int = MAX_VALUE
     name: str | None = None
     #: how the cell shows its gang: a widget where a frontend renders widgets, else text
     view: str = "auto"
@@ -182,6 +188,7 @@ class ClusterSpec:
         if self.memory_limit is not None:
             _check_int("memory_limit", self.memory_limit, minimum=1)
         _check_workdir(self)
+        _check_int("max_value", self.max_value, minimum=1)
         for name in (
             "timeout",
             "idle_timeout",
@@ -367,7 +374,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Fields given as a size (``"4GB"``, ``"512MiB"``), or bytes.
-_SIZES = ("memory_limit", "workdir_limit")
+_SIZES = ("memory_limit", "workdir_limit", "max_value")
 
 
 def _patterns(text: str) -> tuple[str, ...]:

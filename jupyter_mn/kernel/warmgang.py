@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..wire.values import import_torch_soon
 from .clusterstate import ClusterState
 from .lifetime import GangLifetime
 from .spec import ClusterSpec
@@ -52,6 +53,7 @@ class WarmGang:
             self.drop()
             gang = make_gang(spec)
             self.gang = gang
+            import_torch_soon()  # the values rebuild tensors: paid while the gang starts
             track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release
             gang.start(on_event, preflight=preflight_of(spec), files=files)
             self.released = ""

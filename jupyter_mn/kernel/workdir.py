@@ -26,6 +26,7 @@ from pathspec import GitIgnoreSpec
 
 from ..errors import JupyterMNError, SpecError
 from ..wire.manifest import FileEntry, content_digest, stamp
+from ..wire.sizes import size_text
 from .credentials import secret_value
 from .spec import WORKDIR_LIMIT, ClusterSpec
 
@@ -171,15 +172,6 @@ def _too_large(selection: Selection, limit: int) -> str:
         "Leave files out with --workdir-exclude PATTERN (or a .gitignore), raise "
         "--workdir-limit, or send nothing with --no-workdir."
     )
-
-
-def size_text(n: float) -> str:
-    """``1536`` → ``1.5 KiB``."""
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 @functools.lru_cache(maxsize=4096)

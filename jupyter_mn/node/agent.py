@@ -93,6 +93,10 @@ class NodeAgent:
             await self._stream.start(self._worker.ip, context)
         return self._stream.port
 
+    def _kernel_answered(self, seconds: float) -> bool:
+        """Whether the kernel's host acknowledged its cell stream within ``seconds``."""
+        return self._stream is not None and self._stream.acknowledged_within(seconds)
+
     def _begin(self, launch: Launch) -> None:
         """Once, from the first actor call that starts processes: the loop, the watch, and from
         now on a SIGTERM to this node is a preemption notice (``preemption.py``)."""
@@ -138,7 +142,7 @@ class NodeAgent:
         self._telemetry = self.cells.telemetry = self._upkeep.telemetry = telemetry
         self.output.on_line = telemetry.line
         ready = await self.ranks.start(telemetry)
-        self._upkeep.kernel = KernelBeat(launch.heartbeat_timeout)
+        self._upkeep.kernel = KernelBeat(launch.heartbeat_timeout, self._kernel_answered)
         self._upkeep.memory_limit = launch.memory_limit
         return ready
 

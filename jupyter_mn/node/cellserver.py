@@ -10,13 +10,19 @@ cell, in several more loop turns. Each request (``(payload, run_id)``) starts it
 (``NodeAgent.start_run``, what an actor call to ``NodeAgent.run`` awaits) from the read that
 brought it, concurrently with others; its reply is ``(run_id, NodeReply, None)`` or
 ``(run_id, None, error)``, written when the run's future is done.
+
+The connection also says whether the kernel's host is there while its Python is busy
+(``kernelbeat.py``): TCP keepalive probes it each second it is idle, and the kernel's OS
+acknowledges them whatever its Python does; ``TCP_INFO`` says when the last acknowledgement came.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import ssl
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +33,11 @@ from .tlsbuffers import TlsBuffers
 Run = Callable[[Any, int], "asyncio.Future[Any]"]
 #: A connection whose TLS handshake is not done by then is closed (a peer that is not a kernel).
 HANDSHAKE_S = 10.0
+#: Keepalive: probe after a second idle, then each second (Linux names; elsewhere the OS default).
+_KEEPALIVE = (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 30))
+#: ``struct tcp_info``: eight one-byte fields, then ``__u32``s; ``tcpi_last_ack_recv`` (ms) is
+#: the thirteenth.
+_LAST_ACK_RECV = struct.Struct("=56xI")
 
 
 class _Connection(asyncio.Protocol):
@@ -45,6 +56,7 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self._server.connections.add(self)
+        _keep_alive(transport.get_extra_info("socket"))
         if self._context is not None:
             self._tls = TlsBuffers(self._context, server_side=True)
             loop = asyncio.get_running_loop()
@@ -85,6 +97,17 @@ class _Connection(asyncio.Protocol):
         if data and not self.transport.is_closing():
             self.transport.write(data)
 
+    def last_ack_s(self) -> float | None:
+        """Seconds since the kernel's host last acknowledged anything (None: unknown)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or not hasattr(socket, "TCP_INFO"):
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _LAST_ACK_RECV.size)
+        except OSError:  # closed meanwhile
+            return None
+        return _LAST_ACK_RECV.unpack(info)[0] / 1000
+
     def close(self) -> None:
         """Close after what is written, our close_notify last."""
         if self._tls is not None:
@@ -107,6 +130,11 @@ class CellServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self, context), host, 0)
         self.port = int(self._server.sockets[0].getsockname()[1])
+
+    def acknowledged_within(self, seconds: float) -> bool:
+        """Whether the kernel's host acknowledged one of its connections within ``seconds``."""
+        ages = (c.last_ack_s() for c in self.connections if not c.transport.is_closing())
+        return any(age is not None and age <= seconds for age in ages)
 
     def answer(self, connection: _Connection, payload: Any, run_id: int) -> None:
         """Start the run from the read that brought its request; reply when it is done."""
@@ -142,6 +170,15 @@ class CellServer:
                 connection.transport.abort()
         for run in list(self._runs):
             run.cancel()
+
+
+def _keep_alive(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in _KEEPALIVE:
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def _said(exc: BaseException) -> str:

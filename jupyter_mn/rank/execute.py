@@ -174,16 +174,22 @@ class _CpuPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-def dumps(obj: Any) -> values.Pickled:
-    """``obj`` pickled at protocol 5, arrays' memory kept apart as buffers (not copied; a
-    read-only one is copied once, so that every hop may send it on as it came)."""
+def dumps(obj: Any, what: str = "the value", limit: int | None = None) -> values.Pickled:
+    """``obj`` pickled at protocol 5, arrays' memory and large bytes kept apart as buffers (not
+    copied; a read-only one is copied once, so that every hop may send it on as it came).
+    Over ``limit`` bytes it raises ``values.ValueTooLarge`` naming ``what``, before that copy."""
     buffers: list[pickle.PickleBuffer] = []
     buf = io.BytesIO()
-    _CpuPickler(buf, protocol=5, buffer_callback=buffers.append).dump(obj)
+    pickler = _CpuPickler(buf, protocol=5, buffer_callback=buffers.append)
+    pickler.persistent_id = values.out_of_band
+    pickler.dump(obj)
+    data = buf.getvalue()
+    if limit is not None:
+        values.check_size(what, buffers, data, limit)
     writable = tuple(
         b if not b.raw().readonly else pickle.PickleBuffer(bytearray(b.raw())) for b in buffers
     )
-    return values.Pickled(buf.getvalue(), writable)
+    return values.Pickled(data, writable)
 
 
 _held: dict[str, bytes] = {}
@@ -261,6 +267,12 @@ def run(
     collective = timing.last_collective(started_ns) if timed else None
     _from_notebook.difference_update(payload.defines)  # the cell rebound them: rank state now
     status, error, outputs = RankStatus.OK, None, _Outputs()
+    if exc is None and (info.rank == 0 or payload.return_all):
+        try:
+            outputs = _outputs(shell, result.result if result else None, payload, info)
+        except values.ValueTooLarge as refused:  # the cell fails; the gang carries on
+            exc, shell.last_traceback = refused, [f"ValueTooLarge: {refused}"]
+            refused.__traceback__ = None  # its frames hold the value and its pickle
     if exc is not None:
         interrupted = isinstance(exc, KeyboardInterrupt)
         status = RankStatus.INTERRUPTED if interrupted else RankStatus.ERROR
@@ -268,8 +280,6 @@ def run(
         _keep(shell, exc)
         exc = result = None
         group.destroy()
-    elif info.rank == 0 or payload.return_all:
-        outputs = _outputs(shell, result.result if result else None, payload, info)
     if reloaded and info.rank == 0:
         outputs.notes.insert(0, reloaded_note(reloaded))
     return outputs.reply(info.rank, status, duration, error, collective)
@@ -366,7 +376,9 @@ def _outputs(shell: RankShell, value: Any, payload: CellPayload, info: ClusterIn
     out = _Outputs()
     if value is not None:
         try:
-            out.value = dumps(value)
+            out.value = dumps(value, f"rank {info.rank}'s value", payload.max_value)
+        except values.ValueTooLarge:
+            raise
         except Exception as exc:
             out.value_repr = repr(value)[:10000]
             out.notes.append(
@@ -384,7 +396,9 @@ def _outputs(shell: RankShell, value: Any, payload: CellPayload, info: ClusterIn
                 out.notes.append(f"--pull {name}: not defined on rank 0")
                 continue
             try:
-                out.pulled[name] = dumps(shell.user_ns[name])
+                out.pulled[name] = dumps(shell.user_ns[name], f"--pull {name}", payload.max_value)
+            except values.ValueTooLarge:
+                raise
             except Exception as exc:
                 out.notes.append(f"--pull {name}: cannot be sent ({type(exc).__name__}: {exc})")
     return out

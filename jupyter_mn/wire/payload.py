@@ -24,6 +24,8 @@ class CellPayload:
     names: tuple[Captured, ...] = ()
     return_all: bool = False
     pull: tuple[str, ...] = ()
+    #: the most bytes a value or pulled name may pickle to (``ClusterSpec.max_value``)
+    max_value: int | None = None
     seed: int | None = None
     #: names the cell binds: rank-local state from now on
     defines: tuple[str, ...] = ()

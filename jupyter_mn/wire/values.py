@@ -6,13 +6,37 @@ buffer. A rank pickles its values with ``reduce`` for tensors, keeping the buffe
 pickle (``Pickled``); they cross each hop out of band (``frames.py``), and the kernel's
 ``loads`` rebuilds arrays on the memory they arrived in. ``rebuild`` needs torch there, as the
 tensor it makes does anyway.
+
+Large ``bytes`` and ``bytearray`` travel out of band too: the C pickler writes them into the
+pickle without asking ``reducer_override``, so the rank's pickler names them with
+``persistent_id`` (``out_of_band``), and ``loads`` makes them again from their buffer (one copy,
+where inside the pickle they cost a copy per hop and per framing).
+
+The kernel's first tensor would pay for ``import torch`` (seconds) in ``rebuild``;
+``import_torch_soon`` pays it in the background while a gang starts, which takes longer anyway.
+
+A value over ``CellPayload.max_value`` (``--max-value``) is refused on the rank by ``check_size``,
+before its read-only buffers are copied or anything is sent.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import pickle
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
+
+from .sizes import size_text
+
+#: ``bytes`` this long or longer travel out of band; shorter ones cost less inside the pickle.
+OUT_OF_BAND_BYTES = 64 << 10
+
+
+class ValueTooLarge(Exception):
+    """A value larger than ``--max-value``: the rank refuses to send it."""
 
 
 @dataclass(frozen=True)
@@ -27,9 +51,57 @@ class Pickled:
         return len(self.data) + sum(b.raw().nbytes for b in self.buffers)
 
     def loads(self) -> Any:
-        import cloudpickle  # what pickled it: a notebook function's value needs it
+        return _Unpickler(io.BytesIO(self.data), buffers=self.buffers).load()
 
-        return cloudpickle.loads(self.data, buffers=self.buffers)
+
+class _OutOfBand:
+    """What ``persistent_id`` gives for a large ``bytes``/``bytearray``: pickled as its type and
+    a ``PickleBuffer``, so the pickler hands its memory to ``buffer_callback``."""
+
+    __slots__ = ("data", "mutable")
+
+    def __init__(self, data: Any, mutable: bool) -> None:
+        self.data = data
+        self.mutable = mutable
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, tuple[Any, ...]]:
+        return _OutOfBand, (pickle.PickleBuffer(self.data), self.mutable)
+
+
+def out_of_band(obj: Any) -> Any:
+    """A pickler's ``persistent_id``: a large ``bytes`` or ``bytearray`` goes out of band."""
+    if type(obj) in (bytes, bytearray) and len(obj) >= OUT_OF_BAND_BYTES:
+        return _OutOfBand(obj, type(obj) is bytearray)
+    return None
+
+
+class _Unpickler(pickle.Unpickler):
+    """Makes the rank's ``bytes``/``bytearray`` again from the buffer each arrived in."""
+
+    def persistent_load(self, pid: Any) -> Any:
+        return (bytearray if pid.mutable else bytes)(pid.data)
+
+
+def check_size(what: str, buffers: list[pickle.PickleBuffer], data: bytes, limit: int) -> None:
+    """Raise ``ValueTooLarge`` naming ``what`` if ``data`` and ``buffers`` exceed ``limit``."""
+    size = len(data) + sum(b.raw().nbytes for b in buffers)
+    if size > limit:
+        raise ValueTooLarge(
+            f"{what} is {size_text(size)} pickled, over --max-value {size_text(limit)}: "
+            "nothing was sent. Return less (or save it to a file the notebook reads), or raise "
+            "--max-value"
+        )
+
+
+def import_torch_soon() -> None:
+    """Import torch on a daemon thread, where it is installed and not imported yet."""
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
+        return
+    threading.Thread(target=_import_torch, name="jupyter-mn-import-torch", daemon=True).start()
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401 (imported for rebuild, later)
 
 
 def reduce(tensor: Any) -> tuple[Any, tuple[Any, ...]]:

@@ -405,3 +405,18 @@ def test_max_runtime_tears_the_gang_down_with_a_message(no_leftovers):
         )
     finally:
         cluster.close()
+
+
+def test_a_kernel_whose_main_thread_holds_the_gil_keeps_its_gang(no_leftovers):
+    """One long call that never lets go of the GIL (IPython drawing a huge value's repr)
+    silences the kernel's heartbeat past ``heartbeat_timeout``; its host still acknowledges the
+    cell stream, so the agents know it busy, not gone: the gang and its namespaces stay."""
+    import ctypes
+
+    with Cluster(nodes=1, gpus=1, heartbeat_timeout=3) as cluster:
+        assert cluster.run("x = 41").ok
+        gang = cluster.gang
+        ctypes.PyDLL(None).sleep(6)  # libc's sleep with the GIL held throughout
+        after = cluster.run("x + 1")
+        assert after.value == 42, after.notes
+        assert cluster.gang is gang

@@ -30,6 +30,7 @@ from jupyter_mn.kernel.slurmspec import SlurmOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.wire.events import NodesWaiting
 from tests.hosts.test_hosts_dask import CHECK
+from tests.support.bigvalue import check_big_value
 from tests.support.jobs import make_job
 from tests.support.kernels import Kernel
 from tests.support.polling import wait_until
@@ -74,6 +75,7 @@ def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_re
             "import os\n[k for k, v in os.environ.items() if 'planted-' in v or 'KEY-----' in v]"
         )
         assert leaked.value == []
+        check_big_value(cluster, mib=16)
         (job,) = slurm.jobs()
         tasks = [_environ(p) for p in psutil.process_iter() if _is_task(p, job.split()[0])]
         assert len(tasks) == 2  # their environment as the job gave it (slurmctld keeps it)

@@ -12,6 +12,7 @@ from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, SpecError
 from jupyter_mn.kernel.cell import CACHE_MIN_BYTES
 from jupyter_mn.views import TextView
+from tests.support.bigvalue import check_big_value
 from tests.support.procs import ours, rank_processes, wait_gone
 
 ENV_CHECK = """
@@ -124,6 +125,46 @@ def test_tensor_values_arrive_whole_in_every_dtype_and_layout(gang_2x2):
     assert got["grad"].requires_grad and not got["bool"].requires_grad
     assert isinstance(got["param"], torch.nn.Parameter)
     assert got["bool"].tolist() == [True, False]
+
+
+def test_a_big_value_and_its_bytes_arrive_intact(gang_2x2):
+    check_big_value(gang_2x2, mib=64)
+
+
+def test_large_bytes_travel_out_of_band_and_come_back_as_they_were():
+    """``bytes``/``bytearray`` over ``OUT_OF_BAND_BYTES`` leave the pickle (as arrays do), deep
+    in a value too; short ones stay in it."""
+    from jupyter_mn.rank.execute import dumps
+    from jupyter_mn.wire.values import OUT_OF_BAND_BYTES
+
+    big, mutable = b"\x01" * OUT_OF_BAND_BYTES, bytearray(b"\x02" * OUT_OF_BAND_BYTES)
+    pickled = dumps({"a": [big, (mutable, b"short")]})
+    assert len(pickled.buffers) == 2 and len(pickled.data) < 1000
+    back = pickled.loads()
+    assert back == {"a": [big, (mutable, b"short")]}
+    assert type(back["a"][0]) is bytes and type(back["a"][1][0]) is bytearray
+
+
+def test_a_value_over_max_value_is_refused_on_the_rank_and_the_gang_carries_on(gang_2x2):
+    """Refused before anything is sent: the cell fails naming the size and the flag; the
+    namespaces stay, and so does the next cell's value. ``--pull`` and ``--all`` alike."""
+    spec = gang_2x2.spec
+    gang_2x2.adopt(spec.replace(max_value=1 << 20))
+    try:
+        result = gang_2x2.run("kept = 5\nbytes(2 << 20)")
+        assert not result.ok and result.value is None
+        cause = result.root_cause
+        assert (cause.rank, cause.error.ename) == (0, "ValueTooLarge")
+        assert "2.0 MiB pickled, over --max-value 1.0 MiB" in cause.error.evalue
+        with pytest.raises(CellError, match="--max-value"):
+            result.unwrap()
+        pulled = gang_2x2.run("blob = bytes(2 << 20)", pull=["blob"])
+        assert "--pull blob is 2.0 MiB" in pulled.root_cause.error.evalue
+        each = gang_2x2.run("bytes(2 << 20) if dist.get_rank() == 3 else 1", return_all=True)
+        assert each.root_cause.rank == 3 and each.root_cause.error.ename == "ValueTooLarge"
+        assert gang_2x2.run("kept + 1").value == 6
+    finally:
+        gang_2x2.adopt(spec)
 
 
 def test_pull_copies_names_from_rank_zero(gang_2x2):

@@ -45,6 +45,8 @@ from jupyter_mn.kernel.spec import ClusterSpec, from_environ, parse_env_pairs
         ({"workdir_limit": "lots"}, "workdir_limit 'lots' is not a size"),
         ({"workdir_limit": -1}, "workdir_limit must be ≥ 0"),
         ({"workdir": " "}, "--workdir needs a directory"),
+        ({"max_value": "2 apples"}, "max_value '2 apples' is not a size"),
+        ({"max_value": 0}, "max_value must be ≥ 1"),
         ({"send_workdir": "no"}, "send_workdir must be true or false"),
     ],
 )
@@ -154,6 +156,15 @@ def test_what_of_the_notebooks_directory_travels_comes_from_flags_and_the_enviro
     spec = ClusterSpec.build({})
     assert (spec.workdir_exclude, spec.workdir_limit) == (("a", "b/"), 10**9)
     assert not spec.send_workdir
+
+
+def test_max_value_is_a_size_from_the_flag_or_the_environment_and_keeps_the_gang(monkeypatch):
+    assert ClusterSpec().max_value == 4 << 30
+    spec = spec_from_flags(cell_parser().parse_args(["--max-value", "512MiB"]), ClusterSpec())
+    assert spec.max_value == 512 << 20
+    assert spec.gang_key() == ClusterSpec().gang_key()  # a cell's limit: the warm gang serves
+    monkeypatch.setenv("JUPYTER_MN_MAX_VALUE", "2GiB")
+    assert ClusterSpec.build({}).max_value == 2 << 30
 
 
 def test_env_values_are_masked_where_the_spec_is_shown():
