@@ -219,7 +219,8 @@ def _logs(args: argparse.Namespace) -> int:
             kuberun.follow(job, max(args.tail, 0), lambda text: print(_out(args, text), flush=True))
         else:
             log = kuberun.read_log(job)
-            for text in (log.lines if log else [])[-max(args.tail, 0) :]:
+            lines = log.lines if log is not None and args.tail > 0 else []
+            for text in lines[-args.tail :]:
                 print(_out(args, text))
         return 0
     if args.node is not None and not 0 <= args.node < len(job.nodes):

@@ -31,6 +31,9 @@ RUN_LABEL = "jupyter-mn.io/run"
 MOUNT = "/etc/jupyter-mn/run"
 #: Seconds the driver has, once its Job is deleted, to stop its cell and release its gangs.
 GRACE_S = 60
+#: (connect, read) seconds of ``logs -f``: a cell may print nothing for hours; like ``kubectl
+#: logs -f`` it waits for the next line (the client refuses an unbounded read).
+FOLLOW_TIMEOUT_S = (10.0, 24 * 3600.0)
 #: An ended driver's Job (and so its log, which ``fetch`` reads) is kept this long: as long as
 #: ``jupyter mn gc`` keeps the run's row by default.
 KEEP_S = 7 * 24 * 3600
@@ -213,6 +216,7 @@ def follow(job: JobModel, tail: int, write: Callable[[str], None]) -> None:
                 job.namespace,
                 follow=True,
                 tail_lines=tail or None,
+                _request_timeout=FOLLOW_TIMEOUT_S,
             )
             for line in lines:
                 for text in PodLog.parse(line).lines:
