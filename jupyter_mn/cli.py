@@ -94,7 +94,8 @@ def _list(args: argparse.Namespace) -> int:
     from .jobs import usage
     from .jobs.registry import Registry
 
-    jobs = Registry().jobs()
+    registry = Registry()
+    jobs = [_refreshed(registry, job) for job in registry.jobs()]
     if args.json:
         print(json.dumps([job.to_json() for job in jobs], indent=2))
         return 0
@@ -121,6 +122,21 @@ def _list(args: argparse.Namespace) -> int:
         line = "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
         print(_printable(line))
     return 0
+
+
+def _refreshed(registry: Any, job: Any) -> Any:
+    """A run in a Kubernetes driver pod, as its cluster says now (``jobs/kuberun.py``); its
+    row as last seen when the cluster cannot be asked."""
+    if not job.in_cluster:
+        return job
+    from .errors import JupyterMNError
+    from .jobs import kuberun
+
+    try:
+        return kuberun.refresh(registry, job)
+    except JupyterMNError as exc:
+        job.detail = f"not refreshed: {exc}"
+        return job
 
 
 def _add_usage(sub: Any) -> None:
@@ -196,6 +212,17 @@ def _logs(args: argparse.Namespace) -> int:
 
     registry = Registry()
     job = registry.resolve(args.job)
+    if job.in_cluster:  # the driver pod's log, through the API server
+        from .jobs import kuberun
+
+        if args.follow:
+            kuberun.follow(job, max(args.tail, 0), lambda text: print(_out(args, text), flush=True))
+        else:
+            log = kuberun.read_log(job)
+            lines = log.lines if log is not None and args.tail > 0 else []
+            for text in lines[-args.tail :]:
+                print(_out(args, text))
+        return 0
     if args.node is not None and not 0 <= args.node < len(job.nodes):
         raise SpecError(f"--node {args.node}: job {job.id} has nodes 0–{len(job.nodes) - 1}")
     if args.rank is not None and not 0 <= args.rank < job.world_size:
@@ -216,6 +243,10 @@ def _logs(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:
         return 0
+
+
+def _out(args: argparse.Namespace, text: str) -> str:
+    return text if args.raw else _printable(text)
 
 
 #: What a terminal would act on rather than show: C0 and C1 controls (ESC starts colour, cursor,
@@ -255,6 +286,11 @@ def _request(args: argparse.Namespace) -> int:
 
     registry = Registry()
     job = registry.resolve(args.job)
+    if job.in_cluster:  # no runner here to ask: its driver Job is deleted
+        from .jobs import kuberun
+
+        print(f"{job.id}: {kuberun.cancel(registry, job, args.wait).state}")
+        return 0
     request = registry.request(job.id, args.command, "cli")
     deadline = time.monotonic() + args.wait
     outcome = registry.outcome(request)
@@ -317,7 +353,12 @@ def _submit(args: argparse.Namespace) -> int:
         spec_flags(args),
         " ".join(mask_argv(["jupyter mn", *sys.argv[1:]]))[:300],
     )
-    job = start(prepared, Registry())
+    if prepared.model.backend == "kubernetes":  # the kernel in a driver pod
+        from .jobs import kuberun
+
+        job = kuberun.submit(prepared, Registry())
+    else:
+        job = start(prepared, Registry())
     print(job.id)
     print(
         f"follow: jupyter mn logs {job.id} -f | fetch: jupyter mn fetch {job.id} | "
@@ -340,7 +381,8 @@ def _fetch(args: argparse.Namespace) -> int:
     from .jobs.fetch import fetch
     from .jobs.registry import Registry
 
-    job = Registry().resolve(args.job)
+    registry = Registry()
+    job = _refreshed(registry, registry.resolve(args.job))
     out = Path(args.out or f"{job.id}.ipynb")  # the id is path-safe; a name may not be
     fetch(job, out)
     print(f"{out}: {job.state}, {job.cells} of {job.cells_total} cells started")

@@ -23,6 +23,11 @@ def fetch(job: JobModel, out: Path) -> None:
 
     if not job.submitted:
         raise RegistryError(f"job {job.id} is a gang, not a submitted run: nothing to fetch")
+    if job.in_cluster:  # its driver pod's log holds it (``kuberun.py``)
+        from .kuberun import notebook
+
+        _write(notebook(job), out)
+        return
     source = Path(job.output or "")
     deadline = time.monotonic() + READ_WITHIN_S
     while True:
@@ -38,6 +43,10 @@ def fetch(job: JobModel, out: Path) -> None:
             if time.monotonic() > deadline:
                 raise RegistryError(f"{source} does not read as a notebook") from None
             time.sleep(0.1)  # papermill is writing it; it is whole again within milliseconds
+    _write(text, out)
+
+
+def _write(text: str, out: Path) -> None:
     fd, temp = tempfile.mkstemp(dir=out.resolve().parent, prefix=f".{out.name}.")
     try:
         with os.fdopen(fd, "w") as f:

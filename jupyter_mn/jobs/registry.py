@@ -133,6 +133,11 @@ class JobModel:
         return self.state in FINISHED
 
     @property
+    def in_cluster(self) -> bool:
+        """A submitted run whose kernel is a Kubernetes driver pod (``kuberun.py``)."""
+        return self.submitted and self.backend == "kubernetes"
+
+    @property
     def submitted(self) -> bool:
         """A submitted run (a notebook's whole execution), not a gang."""
         return self.output is not None
@@ -356,6 +361,7 @@ class Registry:
             (job_id, job)
             for job_id, host, pid, beat, model in rows
             if (job := self._load(model, beat, {})) is not None
+            if not job.in_cluster  # its driver's state is the cluster's (``kuberun.refresh``)
             if (not kernel_alive(pid, job.started) if host == HOST else now - beat > ORPHAN_AFTER_S)
         ]
         for job_id, job in dead:  # it ended with its last heartbeat, not when that was seen

@@ -160,9 +160,14 @@ class Run:
 
     def _obey(self, request: Request) -> str:
         """A cancel and a release alike end the run."""
-        self.cancelled.set()
-        self._signal(signal.SIGINT)  # the running cell, as Ctrl-C: a %%cluster cell stops its ranks
+        self.cancel()
         return "cancelling the run"
+
+    def cancel(self) -> None:
+        """End the run: no further cell; the running one stopped as by Ctrl-C (a ``%%cluster``
+        cell stops its ranks)."""
+        self.cancelled.set()
+        self._signal(signal.SIGINT)
 
     def _signal(self, sig: signal.Signals) -> None:
         process = getattr(self.km.provisioner, "process", None)

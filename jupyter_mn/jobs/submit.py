@@ -61,6 +61,8 @@ class Prepared:
     submission: Submission
     model: JobModel
     environ: dict[str, str]
+    #: the flags as one spec (``kuberun`` reads the driver's image, namespace and account)
+    spec: Any = None
 
 
 def prepare(
@@ -78,7 +80,11 @@ def prepare(
     path, cells = _notebook(notebook)
     _parameters(path, cells, parameters)
     spec = ClusterSpec.build(flags)  # a bad value: SpecError, nothing started
-    environ = defaults_environ({k: v for k, v in flags.items() if k not in _RUN_FIELDS})
+    defaults = {k: v for k, v in flags.items() if k not in _RUN_FIELDS}
+    if spec.backend == "kubernetes" and "kubernetes" in defaults:  # the driver's, not the gangs'
+        options = defaults["kubernetes"]
+        defaults["kubernetes"] = {k: v for k, v in options.items() if k != "service_account"}
+    environ = defaults_environ(defaults)
     _kernel_exists()
     _backend_reachable(spec.backend)
     job_id = gang_id(name or path.stem)
@@ -90,7 +96,7 @@ def prepare(
         id=job_id,
         name=name or path.stem,
         gang=job_id,
-        backend="local",
+        backend="kubernetes" if spec.backend == "kubernetes" else "local",
         shape=spec.shape,
         gpus=spec.gpus,
         world_size=spec.world_size,
@@ -103,7 +109,7 @@ def prepare(
         cells_total=_code_cells(cells, bool(parameters)),
     )
     submission = Submission(job_id, str(path), str(target), dict(parameters))
-    return Prepared(submission, model, environ)
+    return Prepared(submission, model, environ, spec)
 
 
 def start(prepared: Prepared, registry: Registry) -> JobModel:
@@ -148,21 +154,29 @@ def start(prepared: Prepared, registry: Registry) -> JobModel:
 def defaults_environ(flags: Mapping[str, Any]) -> dict[str, str]:
     """The ``JUPYTER_MN_*`` variables that make ``flags`` (a ``spec_flags`` layer) every cell's
     defaults; a value the variables cannot carry (a comma inside an ``--env`` value) is refused,
-    since the cells would run with another."""
+    since the cells would run with another. They are read together, as the cells read them
+    (``--backend kubernetes`` needs its ``--image``)."""
     from ..kernel.spec import ClusterSpec, from_environ
 
     wanted = ClusterSpec.build(flags)
-    environ: dict[str, str] = {}
-    for name, value in flags.items():
-        variables = _variables(name, value)
+    each = {name: _variables(name, value) for name, value in flags.items()}
+    environ = {key: text for variables in each.values() for key, text in variables.items()}
+    try:
+        together = ClusterSpec.build(from_environ(environ))
+    except SpecError:
+        together = None
+    for name, variables in each.items():
+        if together is not None and getattr(together, name) == getattr(wanted, name):
+            continue
         try:
-            carried = getattr(ClusterSpec.build(from_environ(variables)), name)
+            alone = getattr(ClusterSpec.build(from_environ(variables)), name)
         except SpecError:
-            carried = None
-        if carried != getattr(wanted, name):
+            alone = None
+        if together is not None or alone != getattr(wanted, name):
             flag = name.replace("_", "-")
             raise SpecError(f"--{flag}: this value cannot be passed on to the notebook's cells")
-        environ.update(variables)
+    if together is None:
+        raise SpecError("these flags cannot be passed on to the notebook's cells together")
     return environ
 
 

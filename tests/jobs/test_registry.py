@@ -99,6 +99,15 @@ def test_a_job_whose_kernel_died_is_orphaned_at_once(registry: Registry):
     assert "stopped without closing it" in registry.job("jmn-dead").detail
 
 
+def test_a_run_in_a_kubernetes_driver_pod_is_not_reaped_by_pid_or_heartbeat(registry: Registry):
+    """Its kernel is in the cluster: its state is its driver's (``kuberun.refresh``)."""
+    old = time.time() - ORPHAN_AFTER_S - 1
+    run = make_job("nb-run", pid=0, backend="kubernetes", output="", state="RUNNING", heartbeat=old)
+    registry.save(run)
+    assert registry.reap() == []
+    assert registry.job("nb-run").state == "RUNNING"
+
+
 def test_a_job_without_heartbeat_is_orphaned_after_the_timeout(registry: Registry):
     registry.save(
         make_job("jmn-quiet", host="elsewhere", heartbeat=time.time() - ORPHAN_AFTER_S - 1)

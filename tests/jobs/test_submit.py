@@ -101,3 +101,14 @@ def test_submit_flags_are_the_cells_defaults_and_a_cells_own_flags_win(shell, mo
 def test_a_default_the_environment_cannot_carry_is_refused():
     with pytest.raises(SpecError, match="--env: this value cannot be passed on"):
         defaults_environ({"env": (("A", "1,2"),)})
+
+
+def test_defaults_that_need_each_other_are_read_together():
+    """``--backend kubernetes`` alone does not build (it needs ``--image``): the variables are
+    checked as the cells read them, all at once."""
+    flags = {"backend": "kubernetes", "kubernetes": {"image": "agent:1", "gang": "none"}}
+    assert defaults_environ(flags) == {
+        "JUPYTER_MN_BACKEND": "kubernetes",
+        "JUPYTER_MN_K8S_IMAGE": "agent:1",
+        "JUPYTER_MN_K8S_GANG": "none",
+    }

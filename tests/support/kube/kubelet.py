@@ -6,8 +6,10 @@ gives it: a network namespace of its own with an address on a bridge and the pod
 environment as written in the manifest with the
 downward API and ``secretKeyRef`` resolved (``status.podIP``, ``metadata.annotations['…']``, a
 Secret's key), its Secret volumes
-as files in a per-pod directory (no mount namespaces here, so environment values that name a
-mount path are pointed at that directory), cluster DNS for ``<hostname>.<subdomain>`` names (a
+as files in a per-pod directory (environment values that name a mount path are pointed at that
+directory), projected volumes (the ServiceAccount's token, ``ca.crt`` and ``namespace``, given
+a ``project`` source) bind-mounted at their mount path in a mount namespace of the pod's own
+(``sandbox.py``), cluster DNS for ``<hostname>.<subdomain>`` names (a
 hosts table the pod processes read through ``dns/sitecustomize.py``), the readiness probe
 (TCP), and the pod lifecycle: Running → Ready → Succeeded/Failed with the exit code; a deleted
 pod's process is stopped with SIGTERM, then SIGKILL after its ``terminationGracePeriodSeconds``;
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.hosts import Host, HostNet
+from tests.support.kube import sandbox
 from tests.support.kube.control import Api, condition, container_status, now
 
 DNS_DIR = Path(__file__).with_name("dns")
@@ -39,6 +42,8 @@ _FIELD = re.compile(r"^metadata\.(annotations|labels)\['(?P<key>[^']+)'\]$")
 
 #: Reads a Secret: (namespace, name) → the object.
 SecretSource = Callable[[str, str], Awaitable[dict[str, Any]]]
+#: A projected volume's files for a pod: (pod, the volume's ``projected``) → file name → bytes.
+ProjectSource = Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, bytes]]]
 
 
 def _secret_names(pod: dict[str, Any]) -> set[str]:
@@ -91,11 +96,16 @@ class ProcessKubelet:
         net: HostNet | None = None,
         hidden: Sequence[str] = (),
         dns: ClusterDns | None = None,
+        project: ProjectSource | None = None,
+        service: tuple[str, str] = ("10.96.0.1", "443"),
     ) -> None:
         """``secret(namespace, name)`` reads a Secret as the pod's node may (the emulator's
         store, or the real API server with the node's own credentials); ``dns``: the names
-        this kubelet's pods share with other nodes' pods (default: its own)."""
+        this kubelet's pods share with other nodes' pods (default: its own); ``project``: the
+        files of a projected volume (none without it); ``service``: the API server's host and
+        port, the ``kubernetes`` Service's endpoint that in-cluster clients reach."""
         self.secret, self.root, self.net = secret, root, net
+        self.project, self.service = project, service
         #: directories a pod does not see (on test hosts): its filesystem is not the kernel's
         self.hidden = tuple(hidden)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -137,10 +147,23 @@ class ProcessKubelet:
             ip, command = host.ip, host.command(command, hidden=self.hidden)
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": ip}}
         secrets = {n: await self.secret(meta["namespace"], n) for n in _secret_names(pod)}
+        projected = {
+            v["name"]: await self.project(pod, v["projected"])
+            for v in spec.get("volumes") or []
+            if "projected" in v and self.project is not None
+        }
         workdir = self.root / name
         workdir.mkdir()
-        mounts = self._volumes(pod, workdir, secrets)
+        mounts = self._volumes(pod, workdir, secrets, projected)
         env = self._env(pod, container, mounts, secrets)
+        bound = {
+            m["mountPath"]: Path(mounts[m["mountPath"]])
+            for m in container.get("volumeMounts") or []
+            if m["name"] in projected
+        }
+        if bound and sandbox.usable():
+            command = sandbox.wrap(command, bound, workdir)
+            env["JMN_POD_HOSTNAME"] = env["HOSTNAME"]
         if spec.get("hostname") and spec.get("subdomain"):
             short = f"{spec['hostname']}.{spec['subdomain']}"
             for host in (
@@ -174,9 +197,13 @@ class ProcessKubelet:
         await api.patch("pods", pod, {"status": status}, status=True)
 
     def _volumes(
-        self, pod: dict[str, Any], workdir: Path, secrets: dict[str, dict[str, Any]]
+        self,
+        pod: dict[str, Any],
+        workdir: Path,
+        secrets: dict[str, dict[str, Any]],
+        projected: dict[str, dict[str, bytes]],
     ) -> dict[str, str]:
-        """Materialize Secret and emptyDir volumes; return mount path → directory."""
+        """Materialize Secret, projected and emptyDir volumes; return mount path → directory."""
         by_name = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         mounts: dict[str, str] = {}
         for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
@@ -187,6 +214,8 @@ class ProcessKubelet:
                 secret = secrets[volume["secret"]["secretName"]]
                 for key, value in (secret.get("data") or {}).items():
                     (target / key).write_bytes(base64.b64decode(value))
+            for key, data in projected.get(mount["name"], {}).items():
+                (target / key).write_bytes(data)
             mounts[mount["mountPath"]] = str(target)
         return mounts
 
@@ -204,13 +233,20 @@ class ProcessKubelet:
         env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
         if self.hidden:  # the container's own filesystem keeps its cache (not the machine's home)
             env["JUPYTER_MN_FILE_CACHE"] = str(self.root / pod["metadata"]["name"] / "files")
-        env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = "10.96.0.1", "443"
+        env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = self.service
         for item in container.get("env") or []:
             value = (
                 item["value"] if "value" in item else _value_from(pod, item["valueFrom"], secrets)
             )
             env[item["name"]] = mounts.get(value, value)
         return env
+
+    def log_of(self, name: str) -> tuple[Path | None, bool]:
+        """The pod's container log and whether its process runs (``pods/log``)."""
+        proc = self.procs.get(name)
+        if proc is None:
+            return None, False
+        return self.root / name / "container.log", proc.poll() is None
 
     async def _probe(self, pod: dict[str, Any]) -> bool:
         container = pod["spec"]["containers"][0]

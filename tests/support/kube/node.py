@@ -152,8 +152,11 @@ class RealNode:
         connector = aiohttp.TCPConnector(ssl=self.ssl)
         async with aiohttp.ClientSession(self.server, connector=connector) as session:
             self.api = NodeApi(session)
-            self.kubelet = ProcessKubelet(self._secret, self.root, dns=self.dns)
-            self.endpoint = KubeletServer(self._pod, self.serving)
+            host, _, port = self.server.removeprefix("https://").rpartition(":")
+            self.kubelet = ProcessKubelet(
+                self._secret, self.root, dns=self.dns, project=self._project, service=(host, port)
+            )
+            self.endpoint = KubeletServer(self._pod, self.kubelet.log_of, self.serving)
             await self.endpoint.start()
             try:
                 await self._register()
@@ -173,6 +176,41 @@ class RealNode:
             if exc.status in (403, 404):
                 raise NotYet(str(exc)) from exc
             raise
+
+    async def _project(self, pod: dict[str, Any], projected: dict[str, Any]) -> dict[str, bytes]:
+        """A projected volume's files, as a kubelet makes those of the ServiceAccount admission's
+        ``kube-api-access-*`` volume: a token from the TokenRequest API bound to the pod (the
+        Node authorizer lets a node ask only for its own pods'), ConfigMap keys (``ca.crt`` of
+        ``kube-root-ca.crt``) and downward-API fields (the namespace)."""
+        meta = pod["metadata"]
+        files: dict[str, bytes] = {}
+        for source in projected.get("sources") or []:
+            if "serviceAccountToken" in source:
+                token = source["serviceAccountToken"]
+                account = pod["spec"].get("serviceAccountName") or "default"
+                ref = {"kind": "Pod", "apiVersion": "v1", "name": meta["name"], "uid": meta["uid"]}
+                spec = {"expirationSeconds": token.get("expirationSeconds", 3600)}
+                spec |= {"boundObjectRef": ref}
+                if token.get("audience"):
+                    spec["audiences"] = [token["audience"]]
+                url = f"{NodeApi.path('serviceaccounts', meta['namespace'], account)}/token"
+                async with self.api.session.post(url, json={"spec": spec}) as resp:
+                    issued = await _checked(resp, f"POST {url}")
+                files[token["path"]] = issued["status"]["token"].encode()
+            elif "configMap" in source:
+                ref = source["configMap"]
+                try:
+                    found = await self.api.get("configmaps", meta["namespace"], ref["name"])
+                except Refused as exc:  # not published yet: the pod waits, as a kubelet's does
+                    raise NotYet(str(exc)) from exc
+                data = found.get("data") or {}
+                for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                    files[item["path"]] = data[item["key"]].encode()
+            elif "downwardAPI" in source:
+                for item in source["downwardAPI"]["items"]:
+                    section, _, key = item["fieldRef"]["fieldPath"].partition(".")
+                    files[item["path"]] = str(pod[section][key]).encode()
+        return files
 
     # ---- the Node and its Lease
     def _status(self) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""The kubelet's own API port, for what the API server forwards to it: pod port-forward.
+"""The kubelet's own API port, for what the API server forwards to it: pod port-forward and
+pod logs (``pods/log``: ``/containerLogs/<namespace>/<pod>/<container>``, ``follow=true``
+streaming until the container's process ends).
 
 ``kubectl port-forward`` and the official client's ``portforward`` talk to the API server, which
 proxies the upgraded connection to the pod's node: ``https://<InternalIP>:<kubeletEndpoint
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,15 +26,20 @@ import aiohttp.web
 
 #: Reads a pod (namespace, name) → the object, with the node's credentials.
 PodSource = Callable[[str, str], Awaitable[dict[str, Any]]]
+#: A pod's container log (pod name) → its file (None: no such pod here) and whether it runs.
+LogSource = Callable[[str], tuple[Path | None, bool]]
+#: How often a followed log is read again for what its process wrote since.
+FOLLOW_S = 0.2
 
 
 class KubeletServer:
     """HTTPS on 127.0.0.1 at a free port; only clients with a certificate of the cluster CA."""
 
-    def __init__(self, pod: PodSource, context: ssl.SSLContext) -> None:
-        self.pod, self.context = pod, context
+    def __init__(self, pod: PodSource, logs: LogSource, context: ssl.SSLContext) -> None:
+        self.pod, self.logs, self.context = pod, logs, context
         self.port = 0
         app = aiohttp.web.Application()
+        app.router.add_get("/containerLogs/{namespace}/{name}/{container}", self._log)
         app.router.add_get("/portForward/{namespace}/{name}", self._port_forward)
         app.router.add_get("/portForward/{namespace}/{name}/{uid}", self._port_forward)
         self._runner = aiohttp.web.AppRunner(app, access_log=None)
@@ -44,6 +52,26 @@ class KubeletServer:
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+
+    async def _log(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        path, running = self.logs(request.match_info["name"])
+        if path is None or not path.exists():
+            return aiohttp.web.Response(status=404, text="no such container here")
+        follow = request.query.get("follow") == "true"
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        with path.open("rb") as f:
+            while True:
+                chunk = f.read(1 << 16)
+                if chunk:
+                    await response.write(chunk)
+                    continue
+                if not follow or not running:  # read to its end after the process ended
+                    break
+                await asyncio.sleep(FOLLOW_S)
+                running = self.logs(request.match_info["name"])[1]
+        await response.write_eof()
+        return response
 
     async def _port_forward(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         pod = await self.pod(request.match_info["namespace"], request.match_info["name"])
