@@ -10,23 +10,38 @@ cell, in several more loop turns. Each request (``(payload, run_id)``) starts it
 (``NodeAgent.start_run``, what an actor call to ``NodeAgent.run`` awaits) from the read that
 brought it, concurrently with others; its reply is ``(run_id, NodeReply, None)`` or
 ``(run_id, None, error)``, written when the run's future is done.
+
+A kernel on the same host connects to an AF_UNIX socket in a directory only this user may enter
+(``wire/cellendpoint.py``), without TLS. A reply goes out in slices as the transport takes them
+(``pause_writing``/``resume_writing``), each encrypted just before it is written: a 256 MiB value
+is neither encrypted whole nor copied whole into the transport's buffer first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
+import os
+import shutil
+import socket
 import ssl
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..wire.frames import Frames, Undecodable, encode
-from .tlsbuffers import TlsBuffers
+from ..wire.cellendpoint import CellEndpoint
+from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable, encode
+from .tlsbuffers import SLICE, TlsBuffers
 
 #: Starts a run now (its requests on their way to the ranks) and returns its reply's future.
 Run = Callable[[Any, int], "asyncio.Future[Any]"]
 #: A connection whose TLS handshake is not done by then is closed (a peer that is not a kernel).
 HANDSHAKE_S = 10.0
+#: The transport's buffer may hold this much of a reply before it asks for no more.
+_HIGH_WATER = 4 * SLICE
+#: The longest AF_UNIX socket path (``sun_path``, less its terminating NUL).
+_MAX_PATH = 107
 
 
 class _Connection(asyncio.Protocol):
@@ -38,12 +53,20 @@ class _Connection(asyncio.Protocol):
         self._tls: TlsBuffers | None = None
         self._frames = Frames()
         self._overdue: asyncio.TimerHandle | None = None
+        #: what is still to be written, and whether the transport has asked us to wait
+        self._pending: collections.deque[memoryview] = collections.deque()
+        self._paused = False
+        self._closing = False
         self.transport: asyncio.Transport
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=_HIGH_WATER, low=SLICE)
+        sock = transport.get_extra_info("socket")
+        if sock.family == socket.AF_UNIX:  # TCP tunes its own
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         self._server.connections.add(self)
         if self._context is not None:
             self._tls = TlsBuffers(self._context, server_side=True)
@@ -51,22 +74,25 @@ class _Connection(asyncio.Protocol):
             self._overdue = loop.call_later(HANDSHAKE_S, self._handshake_overdue)
 
     def data_received(self, data: bytes) -> None:
-        plain: bytes | None = data
-        if self._tls is not None:
+        requests: list[Any] | None
+        if self._tls is None:
+            requests = self._frames.feed(data)
+        else:
             try:
-                plain = self._tls.feed(data)  # None: the kernel closed TLS
+                requests = self._tls.feed_into(data, self._frames)  # None: the kernel closed TLS
             except ssl.SSLError:  # not TLS from a kernel with the gang's certificate
-                plain = None
+                requests = None
             self._send(self._tls.outgoing())
-        if plain is None:
+        if requests is None:
             self.transport.close()
             return
-        for request in self._frames.feed(plain):
+        for request in requests:
             if not isinstance(request, Undecodable):  # only the kernel writes here
                 self._server.answer(self, *request)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # the kernel went: its runs still end, their replies go nowhere
+        self._pending.clear()
         if self._overdue is not None:
             self._overdue.cancel()
         self._server.connections.discard(self)
@@ -77,19 +103,40 @@ class _Connection(asyncio.Protocol):
         if self._tls is not None and not self._tls.handshaken:
             self.transport.abort()
 
-    def write(self, parts: Sequence[bytes]) -> None:
-        for data in parts if self._tls is None else self._tls.wrap(parts):
-            self._send(data)
+    def write(self, parts: Sequence[bytes | memoryview]) -> None:
+        self._pending.extend(memoryview(p).cast("B") for p in parts if len(p))
+        self._pump()
 
-    def _send(self, data: bytes) -> None:
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand the transport what is pending, a slice at a time, until it asks us to wait;
+        close once all is written if ``close`` was called meanwhile."""
+        while self._pending and not self._paused and not self.transport.is_closing():
+            piece = self._pending[0][:SLICE]
+            self._pending[0] = self._pending[0][SLICE:]
+            if not self._pending[0]:
+                self._pending.popleft()
+            for data in [piece] if self._tls is None else self._tls.wrap([piece]):
+                self._send(data)
+        if self._closing and not self._pending:
+            if self._tls is not None:
+                self._send(self._tls.close())
+            self.transport.close()
+
+    def _send(self, data: bytes | memoryview) -> None:
         if data and not self.transport.is_closing():
             self.transport.write(data)
 
     def close(self) -> None:
         """Close after what is written, our close_notify last."""
-        if self._tls is not None:
-            self._send(self._tls.close())
-        self.transport.close()
+        self._closing = True
+        self._pump()
 
 
 class CellServer:
@@ -97,16 +144,28 @@ class CellServer:
 
     def __init__(self, run: Run) -> None:
         self._run = run
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        #: the directory of the AF_UNIX socket (None where there is none)
+        self._private: str | None = None
         self._runs: set[asyncio.Future[Any]] = set()
         self.connections: set[_Connection] = set()
-        self.port = 0
+        self.endpoint = CellEndpoint(0)
 
     async def start(self, host: str, context: ssl.SSLContext | None) -> None:
-        """Listen (on ``self.port``)."""
+        """Listen (at ``self.endpoint``): on ``host`` with ``context``'s TLS, and on an AF_UNIX
+        socket in a new directory of mode 0700 (``tempfile.mkdtemp``'s)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self, context), host, 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        server = await loop.create_server(lambda: _Connection(self, context), host, 0)
+        self._servers.append(server)
+        port = int(server.sockets[0].getsockname()[1])
+        self._private = tempfile.mkdtemp(prefix="jupyter-mn-cells-")
+        path = os.path.join(self._private, "s")
+        if len(os.fsencode(path)) > _MAX_PATH:  # a TMPDIR this deep: TCP alone
+            self.endpoint = CellEndpoint(port)
+            return
+        local = await loop.create_unix_server(lambda: _Connection(self, None), path)
+        self._servers.append(local)
+        self.endpoint = CellEndpoint(port, path)
 
     def answer(self, connection: _Connection, payload: Any, run_id: int) -> None:
         """Start the run from the read that brought its request; reply when it is done."""
@@ -130,8 +189,10 @@ class CellServer:
         """Stop listening; give the runs in progress ``grace`` seconds to answer (the agent has
         stopped their ranks) and their replies to go out, then drop the kernel's connection (a
         request still waiting gets ``StreamLost`` there)."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
         if self._runs:
             await asyncio.wait(list(self._runs), timeout=grace)
         for connection in list(self.connections):
