@@ -45,8 +45,8 @@ _MAX_PATH = 107
 
 
 class _Connection(asyncio.Protocol):
-    """The kernel's connection: asyncio's TCP transport (its write buffering, its close after
-    what is written), TLS here."""
+    """The kernel's connection: asyncio's transport, TCP or AF_UNIX from this host (its write
+    buffering, its close after what is written), TLS here on TCP."""
 
     def __init__(self, server: CellServer, context: ssl.SSLContext | None) -> None:
         self._server, self._context = server, context
