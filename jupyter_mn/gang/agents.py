@@ -71,9 +71,9 @@ class NodeAgents:
         if client.direct_to_workers is False:
             return
         context = client.security.get_connection_args("client").get("ssl_context")
-        ports = [agent.serve_cells() for agent in self.agents]
-        agents = zip(range(self.count), hosts, ports, strict=True)
-        self._cells.open_all([(node, host, port.result()) for node, host, port in agents], context)
+        ends = [agent.serve_cells() for agent in self.agents]
+        agents = zip(range(self.count), hosts, ends, strict=True)
+        self._cells.open_all([(node, host, at.result()) for node, host, at in agents], context)
 
     def stream_cell(self, payload: Any, run_id: int) -> list[int]:
         """Send ``(payload, run_id)`` on every node's cell stream; return the nodes it did not

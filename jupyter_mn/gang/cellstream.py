@@ -3,23 +3,29 @@ request goes to each node agent straight from the thread that runs the cell, and
 reply is read by the thread waiting on the inbox (``Inbox.watch``), with no dask client loop
 and no reader thread on the way.
 
-TLS is done on memory buffers (``node/tlsbuffers.py``) under a lock, so a sending thread and
-the reading one can share one connection (an ``SSLSocket`` must not be used by two threads at
-once). A request over ``MAX_REQUEST`` bytes (a cell with large captured variables) goes as an
-actor call instead, and a send gives up after ``SEND_S``: a send on a cut link must not hold the
-cell's thread.
+An agent on this host is reached on its AF_UNIX socket (``wire/cellendpoint.py``), without
+TLS: its directory admits this user alone. Across hosts TLS is done on memory buffers
+(``node/tlsbuffers.py``) under a lock, so a sending thread and the reading one can share one
+connection (an ``SSLSocket`` must not be used by two threads at once). Either way a reply is
+read (or decrypted) straight into its message's buffer (``Frames.into``): a big value is copied
+once on its way in. A request over ``MAX_REQUEST`` bytes (a cell with large captured variables)
+goes as an actor call instead, and a send gives up after ``SEND_S``: a send on a cut link must
+not hold the cell's thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import ssl
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..node.tlsbuffers import TlsBuffers
+from ..wire.cellendpoint import CellEndpoint
 from ..wire.frames import Frames, encode
 from .inbox import Inbox, Reply
 
@@ -30,7 +36,7 @@ SEND_S = 5.0
 _CONNECTS = 32
 
 
-#: The most one read takes: a big value arrives in fewer turns of the inbox.
+#: The most one read of TLS records takes: a big value arrives in fewer turns of the inbox.
 READ = 1 << 20
 
 
@@ -45,6 +51,7 @@ class _Channel:
         self.sock = sock
         self._lock = threading.Lock()
         self._tls: TlsBuffers | None = None
+        self._records = bytearray(READ) if context is not None else bytearray()
         if context is not None:
             self._tls = TlsBuffers(context, server_side=False)
             self._handshake(self._tls)
@@ -63,20 +70,23 @@ class _Channel:
             for data in parts if self._tls is None else self._tls.wrap(parts):
                 self.sock.sendall(data)
 
-    def recv(self) -> bytes | None:
-        """What arrived (maybe nothing yet, mid-record); None once the connection is over. Called
-        when the socket is readable."""
+    def recv(self, frames: Frames) -> list[Any] | None:
+        """The messages what arrived completes (maybe none yet); None once the connection is
+        over. Called when the socket is readable."""
+        into = frames.into() if self._tls is None else memoryview(self._records)
         try:
-            data = self.sock.recv(READ)
+            n = self.sock.recv_into(into)
         except TimeoutError:  # readable, and yet nothing came within SEND_S
-            return b""
-        if not data or self._tls is None:
-            return data or None
+            return []
+        if not n:
+            return None
+        if self._tls is None:
+            return frames.filled(n)
         with self._lock:
-            plain = self._tls.feed(data)  # None: the agent's close_notify
+            messages = self._tls.feed_into(into[:n], frames)  # None: the agent's close_notify
             if due := self._tls.outgoing():
                 self.sock.sendall(due)
-        return plain
+        return messages
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -84,10 +94,19 @@ class _Channel:
         self.sock.close()
 
 
-def _connect(host: str, port: int, context: ssl.SSLContext | None) -> _Channel | None:
-    """A connection to an agent, TLS handshake done; None when it cannot be had."""
+def _connect(host: str, at: CellEndpoint, context: ssl.SSLContext | None) -> _Channel | None:
+    """A connection to an agent: on its AF_UNIX socket where this host has it, else over TCP
+    with the TLS handshake done; None when it cannot be had."""
+    if at.path is not None and os.path.exists(at.path):
+        local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        local.settimeout(SEND_S)
+        try:
+            local.connect(at.path)
+            return _Channel(local, None)
+        except OSError:  # another host's path after all, or the agent has gone
+            local.close()
     try:
-        sock = socket.create_connection((host, port), timeout=SEND_S)
+        sock = socket.create_connection((host, at.port), timeout=SEND_S)
     except OSError:
         return None
     try:
@@ -108,15 +127,15 @@ class CellStream:
         self._waiting: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def open(self, node: int, host: str, port: int, context: ssl.SSLContext | None) -> bool:
+    def open(self, node: int, host: str, at: CellEndpoint, context: ssl.SSLContext | None) -> bool:
         """Connect to ``node``'s agent; False when it cannot be reached (its cells then go as
         actor calls)."""
-        return self.open_all([(node, host, port)], context) == [True]
+        return self.open_all([(node, host, at)], context) == [True]
 
     def open_all(
-        self, agents: list[tuple[int, str, int]], context: ssl.SSLContext | None
+        self, agents: list[tuple[int, str, CellEndpoint]], context: ssl.SSLContext | None
     ) -> list[bool]:
-        """Connect to every ``(node, host, port)`` agent at once: where the agents cannot be
+        """Connect to every ``(node, host, endpoint)`` agent at once: where the agents cannot be
         reached (a kernel in the cluster's pod network, workers behind a gateway) each try waits
         up to ``SEND_S``, and one after the other that would be ``SEND_S`` a node."""
         with ThreadPoolExecutor(max(1, min(len(agents), _CONNECTS))) as pool:
@@ -157,8 +176,8 @@ class CellStream:
         for good: the stream is given up instead, so a waiting request gets ``StreamLost``
         rather than no answer, and the next cells go as actor calls."""
         try:
-            data = channel.recv()
-            for _run_id, value, error in frames.feed(data) if data is not None else ():
+            data = channel.recv(frames)
+            for _run_id, value, error in data or ():
                 with self._lock:
                     self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
                 failed = RuntimeError(error) if error is not None else None  # agent.run raised

@@ -23,6 +23,7 @@ from typing import Any
 
 from distributed import get_worker
 
+from ..wire.cellendpoint import CellEndpoint
 from ..wire.debugwire import DebugAnswer
 from ..wire.events import GangState, GangStatus, NodeReply, Preemption, to_msg
 from ..wire.launchspec import Launch
@@ -84,14 +85,15 @@ class NodeAgent:
         host = self._worker.ip
         return host, listen_port(host)
 
-    async def serve_cells(self) -> int:
-        """Open this node's cell stream (``cellserver.py``); return its port on the worker's
-        host. It has the worker's security (TLS with the gang's certificates, if the worker's)."""
+    async def serve_cells(self) -> CellEndpoint:
+        """Open this node's cell stream (``cellserver.py``); return where it listens. Across
+        hosts it has the worker's security (TLS with the gang's certificates, if the worker's);
+        on this host, a directory only this user may enter."""
         if self._stream is None:
             context = self._worker.security.get_listen_args("worker").get("ssl_context")
             self._stream = CellServer(self.start_run)
             await self._stream.start(self._worker.ip, context)
-        return self._stream.port
+        return self._stream.endpoint
 
     def _kernel_answered(self, seconds: float) -> bool:
         """Whether the kernel's host acknowledged its cell stream within ``seconds``."""

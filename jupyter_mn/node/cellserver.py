@@ -14,20 +14,32 @@ brought it, concurrently with others; its reply is ``(run_id, NodeReply, None)``
 The connection also says whether the kernel's host is there while its Python is busy
 (``kernelbeat.py``): TCP keepalive probes it each second it is idle, and the kernel's OS
 acknowledges them whatever its Python does; ``TCP_INFO`` says when the last acknowledgement came.
+On an AF_UNIX connection the kernel's process itself says it (``SO_PEERCRED``'s pid): running,
+or stopped.
+
+A kernel on the same host connects to an AF_UNIX socket in a directory only this user may enter
+(``wire/cellendpoint.py``), without TLS. A reply goes out in slices as the transport takes them
+(``pause_writing``/``resume_writing``), each encrypted just before it is written: a 256 MiB value
+is neither encrypted whole nor copied whole into the transport's buffer first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
+import os
+import shutil
 import socket
 import ssl
 import struct
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..wire.frames import Frames, Undecodable, encode
-from .tlsbuffers import TlsBuffers
+from ..wire.cellendpoint import CellEndpoint
+from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable, encode
+from .tlsbuffers import SLICE, TlsBuffers
 
 #: Starts a run now (its requests on their way to the ranks) and returns its reply's future.
 Run = Callable[[Any, int], "asyncio.Future[Any]"]
@@ -38,47 +50,70 @@ _KEEPALIVE = (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 30))
 #: ``struct tcp_info``: eight one-byte fields, then ``__u32``s; ``tcpi_last_ack_recv`` (ms) is
 #: the thirteenth.
 _LAST_ACK_RECV = struct.Struct("=56xI")
+#: ``struct ucred``: the peer's pid, uid, gid (``SO_PEERCRED``).
+_PEERCRED = struct.Struct("3i")
+#: The transport's buffer may hold this much of a reply before it asks for no more.
+_HIGH_WATER = 4 * SLICE
+#: The longest AF_UNIX socket path (``sun_path``, less its terminating NUL).
+_MAX_PATH = 107
 
 
 class _Connection(asyncio.Protocol):
-    """The kernel's connection: asyncio's TCP transport (its write buffering, its close after
-    what is written), TLS here."""
+    """The kernel's connection: asyncio's transport, TCP or AF_UNIX from this host (its write
+    buffering, its close after what is written), TLS here on TCP."""
 
     def __init__(self, server: CellServer, context: ssl.SSLContext | None) -> None:
         self._server, self._context = server, context
         self._tls: TlsBuffers | None = None
         self._frames = Frames()
         self._overdue: asyncio.TimerHandle | None = None
+        #: what is still to be written, and whether the transport has asked us to wait
+        self._pending: collections.deque[memoryview] = collections.deque()
+        self._paused = False
+        self._closing = False
         self.transport: asyncio.Transport
+        #: the kernel's process, on an AF_UNIX connection (from this host)
+        self._kernel_pid: int | None = None
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=_HIGH_WATER, low=SLICE)
+        sock = transport.get_extra_info("socket")
+        if sock.family == socket.AF_UNIX:  # TCP tunes its own
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            self._kernel_pid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )[0]
+        else:
+            _keep_alive(sock)
         self._server.connections.add(self)
-        _keep_alive(transport.get_extra_info("socket"))
         if self._context is not None:
             self._tls = TlsBuffers(self._context, server_side=True)
             loop = asyncio.get_running_loop()
             self._overdue = loop.call_later(HANDSHAKE_S, self._handshake_overdue)
 
     def data_received(self, data: bytes) -> None:
-        plain: bytes | None = data
-        if self._tls is not None:
+        requests: list[Any] | None
+        if self._tls is None:
+            requests = self._frames.feed(data)
+        else:
             try:
-                plain = self._tls.feed(data)  # None: the kernel closed TLS
+                requests = self._tls.feed_into(data, self._frames)  # None: the kernel closed TLS
             except ssl.SSLError:  # not TLS from a kernel with the gang's certificate
-                plain = None
+                requests = None
             self._send(self._tls.outgoing())
-        if plain is None:
+        if requests is None:
             self.transport.close()
             return
-        for request in self._frames.feed(plain):
+        for request in requests:
             if not isinstance(request, Undecodable):  # only the kernel writes here
                 self._server.answer(self, *request)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # the kernel went: its runs still end, their replies go nowhere
+        self._pending.clear()
         if self._overdue is not None:
             self._overdue.cancel()
         self._server.connections.discard(self)
@@ -89,16 +124,41 @@ class _Connection(asyncio.Protocol):
         if self._tls is not None and not self._tls.handshaken:
             self.transport.abort()
 
-    def write(self, parts: Sequence[bytes]) -> None:
-        for data in parts if self._tls is None else self._tls.wrap(parts):
-            self._send(data)
+    def write(self, parts: Sequence[bytes | memoryview]) -> None:
+        self._pending.extend(memoryview(p).cast("B") for p in parts if len(p))
+        self._pump()
 
-    def _send(self, data: bytes) -> None:
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand the transport what is pending, a slice at a time, until it asks us to wait;
+        close once all is written if ``close`` was called meanwhile."""
+        while self._pending and not self._paused and not self.transport.is_closing():
+            piece = self._pending[0][:SLICE]
+            self._pending[0] = self._pending[0][SLICE:]
+            if not self._pending[0]:
+                self._pending.popleft()
+            for data in [piece] if self._tls is None else self._tls.wrap([piece]):
+                self._send(data)
+        if self._closing and not self._pending:
+            if self._tls is not None:
+                self._send(self._tls.close())
+            self.transport.close()
+
+    def _send(self, data: bytes | memoryview) -> None:
         if data and not self.transport.is_closing():
             self.transport.write(data)
 
     def last_ack_s(self) -> float | None:
-        """Seconds since the kernel's host last acknowledged anything (None: unknown)."""
+        """Seconds since the kernel's host last acknowledged anything (None: unknown); on this
+        host, 0 while the kernel's process runs (a stopped or dead one has no answer)."""
+        if self._kernel_pid is not None:
+            return 0.0 if _runs(self._kernel_pid) else None
         sock = self.transport.get_extra_info("socket")
         if sock is None or not hasattr(socket, "TCP_INFO"):
             return None
@@ -110,9 +170,8 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close after what is written, our close_notify last."""
-        if self._tls is not None:
-            self._send(self._tls.close())
-        self.transport.close()
+        self._closing = True
+        self._pump()
 
 
 class CellServer:
@@ -120,16 +179,28 @@ class CellServer:
 
     def __init__(self, run: Run) -> None:
         self._run = run
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        #: the directory of the AF_UNIX socket (None where there is none)
+        self._private: str | None = None
         self._runs: set[asyncio.Future[Any]] = set()
         self.connections: set[_Connection] = set()
-        self.port = 0
+        self.endpoint = CellEndpoint(0)
 
     async def start(self, host: str, context: ssl.SSLContext | None) -> None:
-        """Listen (on ``self.port``)."""
+        """Listen (at ``self.endpoint``): on ``host`` with ``context``'s TLS, and on an AF_UNIX
+        socket in a new directory of mode 0700 (``tempfile.mkdtemp``'s)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self, context), host, 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        server = await loop.create_server(lambda: _Connection(self, context), host, 0)
+        self._servers.append(server)
+        port = int(server.sockets[0].getsockname()[1])
+        self._private = tempfile.mkdtemp(prefix="jupyter-mn-cells-")
+        path = os.path.join(self._private, "s")
+        if len(os.fsencode(path)) > _MAX_PATH:  # a TMPDIR this deep: TCP alone
+            self.endpoint = CellEndpoint(port)
+            return
+        local = await loop.create_unix_server(lambda: _Connection(self, None), path)
+        self._servers.append(local)
+        self.endpoint = CellEndpoint(port, path)
 
     def acknowledged_within(self, seconds: float) -> bool:
         """Whether the kernel's host acknowledged one of its connections within ``seconds``."""
@@ -158,8 +229,10 @@ class CellServer:
         """Stop listening; give the runs in progress ``grace`` seconds to answer (the agent has
         stopped their ranks) and their replies to go out, then drop the kernel's connection (a
         request still waiting gets ``StreamLost`` there)."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
         if self._runs:
             await asyncio.wait(list(self._runs), timeout=grace)
         for connection in list(self.connections):
@@ -179,6 +252,16 @@ def _keep_alive(sock: socket.socket | None) -> None:
     for name, value in _KEEPALIVE:
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` is there and not stopped (``/proc/PID/stat``'s state)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"T", b"t", b"Z", b"X")
 
 
 def _said(exc: BaseException) -> str:

@@ -13,8 +13,9 @@ So a silent kernel whose host still acknowledges its cell-stream connection at t
 (``answered``: keepalive probes, which the kernel's OS answers whatever its Python does) is busy,
 not gone, for up to ``BUSY_TIMEOUTS`` heartbeat timeouts (150 s by default). A killed kernel's
 connection closes; a cut link or a frozen host stops acknowledging: both still count as gone after
-``heartbeat_timeout``. A stopped kernel process (``SIGSTOP``) looks busy from outside: it is gone
-after the longer wait.
+``heartbeat_timeout``. A kernel on the agent's own host is busy while its process runs (not
+stopped); from another host a stopped kernel process (``SIGSTOP``) looks busy: it is gone after
+the longer wait.
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import IO
+from typing import IO, Any
 
 from ..rank import location
+from ..wire.frames import Frames
 from .lines import LineBuffer
 from .nodelink import NodeLink
 
@@ -150,13 +151,17 @@ class PipeReader:
             await self._change.wait()
 
 
-def read_ready(loop: asyncio.AbstractEventLoop, conn: Connection) -> bytes:
-    """What a rank's socket ``conn`` has, when ``loop`` found it readable (one read does not
-    block); at EOF b"", and ``loop`` stops watching it. A big value comes in 1 MiB reads."""
+def read_frames(
+    loop: asyncio.AbstractEventLoop, conn: Connection, frames: Frames
+) -> list[Any] | None:
+    """The messages that a read of a rank's socket ``conn`` completes, when ``loop`` found it
+    readable (one read does not block); None at EOF, and ``loop`` stops watching it. The read goes
+    into ``frames``' own buffer: a big value's body is filled by the reads themselves."""
     try:
-        data = os.read(conn.fileno(), 1 << 20)
+        n = os.readv(conn.fileno(), [frames.into()])
     except OSError:
-        data = b""
-    if not data:
+        n = 0
+    if not n:
         loop.remove_reader(conn.fileno())
-    return data
+        return None
+    return frames.filled(n)

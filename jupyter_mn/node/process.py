@@ -29,13 +29,13 @@ from ..rank import location
 from ..rank.env import CONTROL_FD, STACKS_FD
 from ..wire.debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
-from ..wire.frames import Frames, Undecodable
+from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable
 from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reformed, StartFailed, Stop
 from .exits import describe_exit
 from .nodelink import NodeLink
 from .pdbrelay import PdbRelay
-from .pipes import PipeReader, read_ready
+from .pipes import PipeReader, read_frames
 from .ranksocket import RankStacks
 
 STOP_GRACE_S = 3.0
@@ -131,6 +131,7 @@ class RankHandle:
         self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
         self._sending: set[asyncio.Task[bool]] = set()  # sends waiting for the lock, or a thread
         parent, child = socket.socketpair()
+        child.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)  # the rank's value
         stacks_parent, stacks_child = socket.socketpair()
         env = {**env, CONTROL_FD: str(child.fileno()), STACKS_FD: str(stacks_child.fileno())}
         #: named in a start failure when it is not the usual one (``JUPYTER_MN_RANK_PYTHON``)
@@ -162,8 +163,8 @@ class RankHandle:
 
     # ---- event loop: the control socket is readable
     def _read_control(self) -> None:
-        if data := read_ready(self._loop, self.conn):
-            for msg in self._frames.feed(data):
+        if (messages := read_frames(self._loop, self.conn, self._frames)) is not None:
+            for msg in messages:
                 self._dispatch(msg)
             return
         self.messages.put_nowait(None)

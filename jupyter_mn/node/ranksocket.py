@@ -18,7 +18,7 @@ from ..wire.events import Preemption
 from ..wire.frames import Frames, Undecodable
 from ..wire.rankwhere import AbortRequest, RankWhere, WhereRequest
 from .exits import STOPPED, describe_exit, silent, stopped
-from .pipes import read_ready
+from .pipes import read_frames
 
 _STACKS_WAIT_S = 1.0
 
@@ -38,7 +38,7 @@ class RankStacks:
         self._loop.add_reader(conn.fileno(), self._read)
 
     def _read(self) -> None:
-        for msg in self._frames.feed(read_ready(self._loop, self.conn)):
+        for msg in read_frames(self._loop, self.conn, self._frames) or ():
             if not isinstance(msg, Undecodable):
                 self.replies.put_nowait(msg)
 

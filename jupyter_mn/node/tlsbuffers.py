@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import ssl
 from collections.abc import Iterable
+from typing import Any, overload
+
+from ..wire.frames import Frames
 
 #: How much plaintext goes into the memory BIO before its records are taken out: one
 #: ``SSLObject.write`` of a whole 256 MiB value grows the BIO by reallocation (12× the time of
@@ -28,29 +31,49 @@ class TlsBuffers:
         self._tls = context.wrap_bio(self._in, self._out, server_side=server_side)
         self.handshaken = False
 
-    def feed(self, data: bytes) -> bytes | None:
+    def feed(self, data: bytes | memoryview) -> bytes | None:
         """``data`` from the peer; returns the application data it completes (``b""`` mid-record
         or mid-handshake), or None once the peer has closed TLS (what came before its
         close_notify in the same ``data`` is returned first). Raises ``ssl.SSLError`` for what
         is not TLS from a peer this context trusts."""
-        self._in.write(data)
+        chunks = []
+        while (chunk := self._read(data, None)) is not None and chunk:
+            chunks.append(chunk)
+            data = b""
+        return b"".join(chunks) if chunks or chunk is not None else None
+
+    def feed_into(self, data: bytes | memoryview, frames: Frames) -> list[Any] | None:
+        """As ``feed``, decrypting straight into ``frames``' buffer (a big value's body): the
+        messages ``data`` completes, or None once the peer has closed TLS."""
+        messages: list[Any] = []
+        while (n := self._read(data, frames.into())) is not None and n:
+            messages += frames.filled(n)
+            data = b""
+        return messages if messages or n is not None else None
+
+    @overload
+    def _read(self, data: bytes | memoryview, into: None) -> bytes | None: ...
+    @overload
+    def _read(self, data: bytes | memoryview, into: memoryview) -> int | None: ...
+
+    def _read(self, data: bytes | memoryview, into: memoryview | None) -> bytes | int | None:
+        """Take ``data`` in, then one read of application data (into ``into``, if given): empty
+        (b"" or 0) when no more is due yet, None once the peer has closed TLS."""
+        if data:
+            self._in.write(data)
         if not self.handshaken:
             try:
                 self._tls.do_handshake()
             except ssl.SSLWantReadError:
-                return b""
+                return b"" if into is None else 0
             self.handshaken = True
-        chunks = []
-        while True:
-            try:
-                chunk = self._tls.read(1 << 16)
-            except ssl.SSLWantReadError:
-                return b"".join(chunks)
-            except ssl.SSLZeroReturnError:
-                return b"".join(chunks) or None
-            if not chunk:
-                return b"".join(chunks) or None
-            chunks.append(chunk)
+        try:
+            got = self._tls.read(SLICE) if into is None else self._tls.read(len(into), into)
+        except ssl.SSLWantReadError:
+            return b"" if into is None else 0
+        except ssl.SSLZeroReturnError:
+            return None
+        return got or None
 
     def wrap(self, parts: Iterable[bytes]) -> list[bytes]:
         """``parts``, one after the other, as records for the peer (with anything else due to

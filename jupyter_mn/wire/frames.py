@@ -17,6 +17,7 @@ it would have hidden the cell's reply for good.
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import struct
@@ -26,6 +27,12 @@ from typing import Any
 
 _HEAD = struct.Struct("!QI")  # the pickle's length, how many buffers follow it
 _SIZE = struct.Struct("!Q")  # each buffer's length
+#: The send buffer of a local socket that may carry a big value (the kernel caps it at
+#: ``net.core.wmem_max``): Linux's default, ~200 KiB, takes a 256 MiB value in ~1,300 reads.
+SOCKET_BUFFER = 1 << 22
+#: A read's size while no big body is being filled: a small message, several, or a header.
+SCRATCH = 1 << 16
+_HUGE = 1 << 21  # a huge page
 
 
 @dataclass(frozen=True)
@@ -57,15 +64,40 @@ def write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
 
 
 class Frames:
-    """Incremental decoder: ``feed`` bytes, get the complete messages so far."""
+    """Incremental decoder: bytes in, the complete messages so far out.
+
+    A reader either ``feed``s what it read, or reads straight into ``into()`` and says how much
+    with ``filled``: then a big message's buffers are filled by the socket read itself, with no
+    copy and no zero-filling (its body is an anonymous mapping, whose pages the OS provides as
+    they are written), so a 256 MiB value costs the receiver its size once."""
 
     def __init__(self) -> None:
         self._head = bytearray()
         #: the message being read: its body (pickle and buffers), how much of it has come, and
         #: the lengths of its parts
-        self._body: bytearray | None = None
+        self._body: bytearray | mmap.mmap | None = None
         self._filled = 0
         self._sizes: tuple[int, ...] = ()
+        #: where small reads land (headers, small messages, several in one read)
+        self._scratch = bytearray(SCRATCH)
+        self._direct = False  # whether ``into`` last gave the body itself
+
+    def into(self) -> memoryview:
+        """Where the next bytes read should go: the rest of a big message's body, or a scratch
+        buffer that ``filled`` then decodes."""
+        body = self._body
+        self._direct = body is not None and len(body) - self._filled > SCRATCH
+        if self._direct:
+            return memoryview(body)[self._filled :]  # type: ignore[arg-type]
+        return memoryview(self._scratch)
+
+    def filled(self, n: int) -> list[Any]:
+        """``n`` bytes were read into ``into()``'s buffer; the messages they complete."""
+        if not self._direct:
+            return self.feed(memoryview(self._scratch)[:n])
+        self._filled += n
+        assert self._body is not None
+        return [self._decode()] if self._filled == len(self._body) else []
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
         messages: list[Any] = []
@@ -98,12 +130,12 @@ class Frames:
             _SIZE.unpack_from(self._head, _HEAD.size + _SIZE.size * i)[0] for i in range(count)
         ]
         self._sizes = (length, *sizes)
-        self._body, self._filled = bytearray(sum(self._sizes)), 0
+        self._body, self._filled = _allocate(sum(self._sizes)), 0
         self._head = bytearray()
         return view[take:]
 
     def _decode(self) -> Any:
-        body, sizes = memoryview(self._body or b""), self._sizes
+        body, sizes = memoryview(self._body if self._body is not None else b""), self._sizes
         self._body, self._sizes = None, ()
         parts, start = [], 0
         for size in sizes:
@@ -113,3 +145,15 @@ class Frames:
             return pickle.loads(parts[0], buffers=[pickle.PickleBuffer(p) for p in parts[1:]])
         except Exception as exc:  # what unpickling runs may raise anything
             return Undecodable(f"{type(exc).__name__}: {exc}")
+
+
+def _allocate(size: int) -> bytearray | mmap.mmap:
+    """A message's body: ``bytearray(size)`` writes ``size`` zeros first; a big body is an
+    anonymous mapping instead, whose pages cost nothing until the read writes them, in huge
+    pages where the OS has them (a 256 MiB value: 128 page faults rather than 65,536)."""
+    if size <= SCRATCH:
+        return bytearray(size)
+    body = mmap.mmap(-1, size)
+    if size >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        body.madvise(mmap.MADV_HUGEPAGE)
+    return body

@@ -6,13 +6,18 @@ agent's (``CellServer``, an asyncio protocol), with a ``run`` standing in for
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import queue
+import shlex
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from distributed.security import Security
 
@@ -21,7 +26,9 @@ from jupyter_mn.gang.inbox import Inbox, Reply
 from jupyter_mn.node import cellserver
 from jupyter_mn.node.cellserver import CellServer
 from jupyter_mn.node.tlsbuffers import TlsBuffers
+from jupyter_mn.wire.cellendpoint import CellEndpoint
 from jupyter_mn.wire.frames import Frames
+from tests.support.otheruser import other_user
 
 
 class Agent:
@@ -32,15 +39,19 @@ class Agent:
     def __init__(self, security: Security) -> None:
         self.loop = asyncio.new_event_loop()
         self.release = asyncio.Event()
+        self.big = np.random.default_rng(7).integers(0, 255, 64 << 20, dtype=np.uint8)
         self.waiting = threading.Event()  # a "wait" run has started
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = CellServer(self.run)
         context = security.get_listen_args("worker")["ssl_context"]
         self.call(self.server.start("127.0.0.1", context))
-        self.port = self.server.port
+        self.endpoint = self.server.endpoint
+        self.port = self.endpoint.port
 
-    def run(self, payload: Any, run_id: int) -> asyncio.Future[bytes]:
+    def run(self, payload: Any, run_id: int) -> asyncio.Future[Any]:
+        if payload == "big":  # a cell whose value is a big array
+            return asyncio.ensure_future(_now(self.big))
         if payload == "boom":
             raise ValueError("no such rank")
         return asyncio.ensure_future(self._run(payload, run_id))
@@ -63,6 +74,10 @@ class Agent:
         self.thread.join(5)
 
 
+async def _now(value: Any) -> Any:
+    return value
+
+
 @pytest.fixture
 def tls() -> Security:
     return Security.temporary()
@@ -83,7 +98,7 @@ def connected(agent: Agent, security: Security) -> tuple[CellStream, Inbox]:
     inbox = Inbox()
     stream = CellStream(inbox)
     context = security.get_connection_args("client")["ssl_context"]
-    assert stream.open(0, "127.0.0.1", agent.port, context)
+    assert stream.open(0, "127.0.0.1", CellEndpoint(agent.port), context)
     return stream, inbox
 
 
@@ -112,12 +127,11 @@ def test_a_kernel_without_the_gangs_certificate_is_refused(agent):
     other = Security.temporary()  # another CA: the agent requires a client certificate of its own
     inbox = Inbox()
     stream = CellStream(inbox)
-    assert not stream.open(
-        0, "127.0.0.1", agent.port, other.get_connection_args("client")["ssl_context"]
-    )
+    tcp = CellEndpoint(agent.port)
+    assert not stream.open(0, "127.0.0.1", tcp, other.get_connection_args("client")["ssl_context"])
     assert not stream.send(0, stream.request("x", 1))  # no stream: the caller sends it otherwise
     # plain TCP connects, but the agent takes no request from it: it closes the connection
-    assert stream.open(0, "127.0.0.1", agent.port, None)
+    assert stream.open(0, "127.0.0.1", tcp, None)
     assert stream.send(0, stream.request("x", 2))
     assert isinstance(inbox.get(timeout=10).error, StreamLost)
 
@@ -198,8 +212,10 @@ def test_agents_that_cannot_be_reached_cost_one_wait_not_one_each(agent, tls, mo
     try:
         stream = CellStream(Inbox())
         context = tls.get_connection_args("client")["ssl_context"]
-        targets = [(0, "127.0.0.1", agent.port)]
-        targets += [(n, "127.0.0.1", s.getsockname()[1]) for n, s in enumerate(silent, 1)]
+        targets = [(0, "127.0.0.1", CellEndpoint(agent.port))]
+        targets += [
+            (n, "127.0.0.1", CellEndpoint(s.getsockname()[1])) for n, s in enumerate(silent, 1)
+        ]
         started = time.monotonic()
         assert stream.open_all(targets, context) == [True] + [False] * 6
         assert time.monotonic() - started < 12  # one after the other: 18 s
@@ -207,3 +223,42 @@ def test_agents_that_cannot_be_reached_cost_one_wait_not_one_each(agent, tls, mo
     finally:
         for server in silent:
             server.close()
+
+
+def _big_value_through(agent: Agent, stream: CellStream, inbox: Inbox) -> None:
+    """A 64 MiB array (out of band, as a value's) from the agent: its bytes arrive intact."""
+    assert stream.send(0, stream.request("big", 1))
+    (reply,) = replies(inbox, 1)
+    assert reply.error is None
+    assert hashlib.sha256(reply.value).hexdigest() == hashlib.sha256(agent.big).hexdigest()
+
+
+def test_a_big_value_arrives_intact_over_tls(agent, tls):
+    stream, inbox = connected(agent, tls)
+    try:
+        _big_value_through(agent, stream, inbox)
+    finally:
+        stream.close()
+
+
+def test_a_kernel_on_the_agents_host_takes_its_socket_and_a_big_value_arrives_intact(agent, tls):
+    inbox = Inbox()
+    stream = CellStream(inbox)
+    context = tls.get_connection_args("client")["ssl_context"]
+    assert stream.open(0, "127.0.0.1", agent.endpoint, context)
+    try:
+        (connection,) = agent.server.connections
+        assert connection.transport.get_extra_info("socket").family == socket.AF_UNIX
+        _big_value_through(agent, stream, inbox)
+    finally:
+        stream.close()
+
+
+def test_the_agents_socket_is_in_a_directory_only_its_user_may_enter(agent):
+    assert agent.endpoint.path is not None
+    folder = os.stat(os.path.dirname(agent.endpoint.path))
+    assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid()
+    with other_user() as user:
+        connect = f"import socket; socket.socket(socket.AF_UNIX).connect({agent.endpoint.path!r})"
+        tried = user.sh(f"python3 -c {shlex.quote(connect)}", check=False)
+        assert tried.returncode != 0 and "PermissionError" in tried.stderr

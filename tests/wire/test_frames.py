@@ -96,3 +96,27 @@ def test_a_value_packed_for_an_actor_call_keeps_its_arrays_in_band():
     packed = NodeReply(0, 1, (RankReply(0, RankStatus.OK, value=dumps([array])),)).packed()
     (got,) = NodeReply.of(packed).ranks[0].value.loads()
     assert np.array_equal(got, array)
+
+
+def test_messages_read_straight_into_the_frames_buffer_arrive_whole_whatever_the_reads():
+    """A reader that ``recv_into``s ``into()``: small messages through its scratch buffer, a
+    big one's buffer filled by the reads themselves (checksummed)."""
+    import hashlib
+
+    import numpy as np
+
+    from jupyter_mn.rank.execute import dumps
+
+    big = np.random.default_rng(1).integers(0, 255, 3 << 20, dtype=np.uint8)
+    wire = _wire(OK, dumps({"big": big}), RankReady(0, 0, 1, "cpu", "gloo", "h"), OK)
+    for step in (1 << 10, 5_000, 1 << 16, 1 << 20):
+        frames, got, at = Frames(), [], 0
+        while at < len(wire):
+            into = frames.into()
+            n = min(len(into), step, len(wire) - at)
+            into[:n] = wire[at : at + n]
+            got += frames.filled(n)
+            at += n
+        assert [type(m) for m in got] == [RankReply, Pickled, RankReady, RankReply]
+        value = got[1].loads()["big"]
+        assert hashlib.sha256(value).digest() == hashlib.sha256(big).digest()
