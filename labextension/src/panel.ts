@@ -298,7 +298,9 @@ export class JobsPanel extends Widget {
     const gpu = util.length
       ? `GPU ${Math.round(util.reduce((a, b) => a + b, 0) / util.length)}%`
       : 'no GPU';
-    badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-gpu', gpu));
+    if (job.output === null) {
+      badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-gpu', gpu)); // a run's gangs have theirs
+    }
     const transports = [...new Set(job.nodes.map(n => n.transport).filter(t => t))];
     if (transports.length) {
       badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-transport', transports.join(', ')));

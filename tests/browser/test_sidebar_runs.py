@@ -52,6 +52,7 @@ def test_the_panel_shows_a_submitted_runs_progress_and_opens_its_executed_notebo
         # while it runs
         actions = item.locator(".jp-mn-Job-actions button")
         expect(actions).to_have_text(["View", "Logs", "Output", "Cancel"])
+        expect(item.locator(".jp-mn-Badge-gpu")).to_have_count(0)  # its gangs' cards have theirs
         page.screenshot(path=str(ARTIFACTS / "panel-run-at-cell-2.png"))
     finally:
         gate.touch()
