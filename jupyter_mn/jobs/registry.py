@@ -127,6 +127,8 @@ class JobModel:
     output: str | None = None
     #: a submitted run: the code cells it runs (``cells`` counts those started)
     cells_total: int = 0
+    #: a submitted run: ``output`` relative to the Jupyter server's root (filled by the server)
+    output_link: str | None = None
 
     @property
     def finished(self) -> bool:

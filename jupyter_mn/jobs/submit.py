@@ -30,6 +30,8 @@ from .runstate import RunState
 
 #: The kernel a submitted notebook runs with (``kernels/jupyter_mn``).
 KERNEL = "jupyter_mn"
+#: The cell magic whose flags give a notebook submitted from JupyterLab its shape.
+CELL_MAGIC = "%%cluster"
 #: Spec fields that describe the run rather than its cells' defaults.
 _RUN_FIELDS = ("name",)
 #: The spec fields given to ``submit`` that are backend options, by their variables' prefix.
@@ -248,15 +250,56 @@ def _parameters(path: Path, cells: list[dict[str, Any]], given: list[tuple[str, 
             )
 
 
-def _assigned(source: str) -> list[str]:
-    """The names a cell assigns at its top level (``a = 1``, ``b: int = 2``)."""
-    names: list[str] = []
+def _assigned(source: str) -> dict[str, str]:
+    """The names a cell assigns at its top level (``a = 1``, ``b: int = 2``), each with the
+    source of its value."""
+    names: dict[str, str] = {}
     for node in ast.parse(source).body:
         targets = node.targets if isinstance(node, ast.Assign) else []
         if isinstance(node, ast.AnnAssign):
             targets = [node.target]
-        names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id not in names:
+                names[target.id] = ast.get_source_segment(source, node.value) or ""
     return names
+
+
+@dataclass(frozen=True)
+class NotebookForm:
+    """What submitting a notebook from JupyterLab asks and takes from it: the parameters of its
+    ``parameters`` cell (each with its value there) and its first ``%%cluster`` cell's flags."""
+
+    parameters: dict[str, str]
+    #: the spec fields of the first ``%%cluster`` cell's flags (its ``--name`` names its gang,
+    #: not the run): ``submit``'s defaults for every cell
+    flags: dict[str, Any]
+    #: that cell's flags as written ("" without a ``%%cluster`` cell)
+    line: str
+
+
+def notebook_form(notebook: str) -> NotebookForm:
+    """Read ``notebook``'s form; a flag that does not parse or a parameters cell that does not
+    is a ``SpecError`` naming it, as ``submit`` would say."""
+    import shlex
+
+    from IPython.core.error import UsageError
+
+    from ..kernel.flags import cell_parser, spec_flags
+
+    path, cells = _notebook(notebook)
+    found = [c for c in cells if "parameters" in _tags(c)]
+    try:
+        parameters = _assigned(_source(found[0])) if found else {}
+    except SyntaxError as exc:
+        raise SpecError(f"{path.name}'s parameters cell does not parse: {exc.msg}") from None
+    heads = (_source(c).lstrip().partition("\n")[0] for c in cells if c.get("cell_type") == "code")
+    line = next((h[len(CELL_MAGIC) :].strip() for h in heads if h.split()[:1] == [CELL_MAGIC]), "")
+    try:
+        flags = spec_flags(cell_parser().parse_args(shlex.split(line)))
+    except (UsageError, ValueError) as exc:
+        raise SpecError(f"{path.name}'s first %%cluster cell: {exc}") from None
+    flags.pop("name", None)
+    return NotebookForm(parameters, flags, line)
 
 
 def _code_cells(cells: list[dict[str, Any]], parameterized: bool) -> int:

@@ -1,5 +1,6 @@
 """Jupyter server extension: the REST API over the job registry that the Multi-node jobs panel
-reads, and the kernel status JupyterLab shows kept right while a cell runs (``kernelstatus``).
+reads, the endpoint of JupyterLab's "Submit notebook" command (``submitapi``), and the kernel
+status JupyterLab shows kept right while a cell runs (``kernelstatus``).
 
 Enabled automatically on install (``jupyter-config/server-config/jupyter_mn.json``).
 """
@@ -13,7 +14,10 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     from ..jobs.registry import Registry
     from .handlers import setup_handlers
     from .kernelstatus import untrack_subshell_messages
+    from .submitapi import setup_submit_handler
 
-    setup_handlers(server_app.web_app, Registry(), server_app.root_dir)
+    registry = Registry()
+    setup_handlers(server_app.web_app, registry, server_app.root_dir)
+    setup_submit_handler(server_app.web_app, registry, server_app.root_dir)
     untrack_subshell_messages(server_app)
     server_app.log.info("jupyter_mn: job API at /jupyter-mn/api/jobs")

@@ -1,5 +1,5 @@
 """REST handlers under ``/jupyter-mn/api/``: list and read jobs, read logs, cancel/release/forget
-(one job, or every finished one).
+(one job, or every finished one); submitting a notebook is ``submitapi.py``.
 
 Every handler requires Jupyter authentication and authorization (resource ``jupyter_mn``: reads
 are "read", POST and DELETE are "write"); POST and DELETE also need the XSRF token or a token
@@ -35,7 +35,7 @@ MAX_TAIL = 5000
 T = TypeVar("T")
 
 
-class _JobAPI(APIHandler):
+class JobAPI(APIHandler):
     auth_resource = "jupyter_mn"
 
     def initialize(self, registry: Registry, root_dir: str) -> None:
@@ -43,12 +43,20 @@ class _JobAPI(APIHandler):
         self.root_dir = os.path.realpath(root_dir)
 
     def _model(self, job: JobModel) -> dict[str, Any]:
-        """The job as JSON, with the notebook as a link when it lies under the server root."""
-        if job.notebook and os.path.isabs(job.notebook):
-            path = os.path.realpath(job.notebook)
-            if os.path.commonpath([path, self.root_dir]) == self.root_dir:
-                job.link = os.path.relpath(path, self.root_dir).replace(os.sep, "/")
+        """The job as JSON, with its notebook and a run's executed notebook as links when they
+        lie under the server root."""
+        job.link = self._link(job.notebook)
+        job.output_link = self._link(job.output)
         return job.to_json()
+
+    def _link(self, path: str | None) -> str | None:
+        """``path`` relative to the server root, if it lies under it."""
+        if not path or not os.path.isabs(path):
+            return None
+        path = os.path.realpath(path)
+        if os.path.commonpath([path, self.root_dir]) != self.root_dir:
+            return None
+        return os.path.relpath(path, self.root_dir).replace(os.sep, "/")
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the loop's thread pool (it reads SQLite or files)."""
@@ -73,7 +81,7 @@ class _JobAPI(APIHandler):
         return value
 
 
-class JobsHandler(_JobAPI):
+class JobsHandler(JobAPI):
     @web.authenticated
     @authorized
     async def get(self) -> None:
@@ -88,7 +96,7 @@ class JobsHandler(_JobAPI):
         self.finish(json.dumps({"forgot": forgot}))
 
 
-class JobHandler(_JobAPI):
+class JobHandler(JobAPI):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
@@ -107,7 +115,7 @@ class JobHandler(_JobAPI):
         self.finish()
 
 
-class LogsHandler(_JobAPI):
+class LogsHandler(JobAPI):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
@@ -139,7 +147,7 @@ class LogsHandler(_JobAPI):
         )
 
 
-class ActionHandler(_JobAPI):
+class ActionHandler(JobAPI):
     @web.authenticated
     @authorized
     async def post(self, job_id: str, action: str) -> None:

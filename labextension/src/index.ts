@@ -3,7 +3,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { jobsIcon } from './icon';
@@ -12,6 +12,7 @@ import { LogViewer } from './logviewer';
 import { IJobModel } from './model';
 import { JobsPanel } from './panel';
 import { requestAPI } from './request';
+import { addSubmitCommand } from './submit';
 import { noticeUnsavedRunningCells } from './unsaved';
 
 /** Opens a job's log viewer by its id (the layout restorer reopens viewers through it). */
@@ -49,13 +50,18 @@ function jobTabs<T extends Widget & { readonly jobId: string }>(
   };
 }
 
-/** The "Multi-node jobs" sidebar, its log viewers and its jobs' live views. */
+/** The "Multi-node jobs" sidebar, its log viewers, its jobs' live views and the command that
+ * submits a notebook as a detached run. */
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-mn:clusters',
-  description: 'jupyter_mn jobs of this server: state, logs, cancel, release',
+  description: 'jupyter_mn jobs of this server: state, logs, cancel, release; submit a notebook',
   autoStart: true,
-  optional: [ILayoutRestorer],
-  activate: (app: JupyterFrontEnd, restorer: ILayoutRestorer | null) => {
+  optional: [ILayoutRestorer, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    palette: ICommandPalette | null
+  ) => {
     const settings = app.serviceManager.serverSettings;
     const logTabs = jobTabs<LogViewer>(app, restorer, 'logs', OPEN_LOGS);
     const openLogs = (job: IJobModel) => logTabs(job.id, () => new LogViewer(job, settings));
@@ -79,6 +85,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     app.shell.add(panel, 'left', { rank: 950 });
     restorer?.add(panel, panel.id);
+    addSubmitCommand(app, palette, panel.id);
     noticeUnsavedRunningCells(app, openJob);
   }
 };

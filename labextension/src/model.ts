@@ -69,6 +69,8 @@ export interface IJobModel {
   output: string | null;
   /** a submitted run: the code cells it runs (`cells` counts those started) */
   cells_total: number;
+  /** a submitted run: `output` relative to the server root, when it is under it */
+  output_link: string | null;
 }
 
 /** GET jupyter-mn/api/jobs */
@@ -101,6 +103,15 @@ export const JOB_MIME = 'application/vnd.jupyter-mn.job+json';
 /** The rank of a line that marks where a cell, script or command starts (`joblogs.MARK_RANK`). */
 export const MARK_RANK = -1;
 
-/** Job states the panel groups under "running", "idle" and "finished". */
-export const FINISHED_STATES = ['CLOSED', 'ORPHANED'];
+/** GET jupyter-mn/api/submit?path=: what submitting a notebook asks and takes from it. */
+export interface ISubmitForm {
+  /** the names its `parameters` cell assigns, each with its value there */
+  parameters: Record<string, string>;
+  /** its first `%%cluster` cell's flags, the run's defaults ("" without one) */
+  cluster: string;
+}
+
+/** Job states the panel groups under "running", "idle" and "finished" (a gang's, then a
+ * submitted run's: `jobs/runstate.py`). */
+export const FINISHED_STATES = ['CLOSED', 'ORPHANED', 'SUCCEEDED', 'FAILED', 'CANCELLED'];
 export const IDLE_STATES = ['READY'];

@@ -59,6 +59,27 @@ const GROUPS: Array<[string, string, (job: IJobModel) => boolean]> = [
   ['finished', 'Finished', job => FINISHED_STATES.includes(job.state)]
 ];
 
+/** Whether `job` matches the filter box's text: each of its words is in the job's name, id,
+ * notebook or state (any case). */
+export function matches(job: IJobModel, filter: string): boolean {
+  const text = [job.name, job.id, job.link ?? job.notebook ?? '', job.state].join(' ').toLowerCase();
+  return filter
+    .toLowerCase()
+    .split(/\s+/)
+    .every(word => text.includes(word));
+}
+
+/** A submitted run's progress: the cell it is at of those it runs (a gang: its cell count). */
+function cellsFact(job: IJobModel): string {
+  return job.output !== null ? `cell ${job.cells} of ${job.cells_total}` : counted(job.cells, 'cell');
+}
+
+/** Whether the job's GPU-hours are known: a gang's once its nodes are up, a submitted run's
+ * (its gangs' total) once it has ended with a gang made. */
+function counts(job: IJobModel): boolean {
+  return job.output !== null ? job.unit !== '' : job.up !== null;
+}
+
 /** A job's title: its notebook's file name and its `--name` (an unnamed job's name is its id). */
 function titleParts(job: IJobModel): { notebook: string | null; name: string | null } {
   const path = job.link ?? job.notebook;
@@ -69,8 +90,8 @@ function titleParts(job: IJobModel): { notebook: string | null; name: string | n
 }
 
 /**
- * The left-sidebar "Multi-node jobs" panel: every jupyter_mn job of this server, grouped as
- * running, idle and finished. Finished jobs are collapsed under a count, newest first, a page at
+ * The left-sidebar "Multi-node jobs" panel: every jupyter_mn job of this server (gangs and
+ * submitted runs), grouped as running, idle and finished, narrowed by a filter box. Finished jobs are collapsed under a count, newest first, a page at
  * a time, and "Clear finished" forgets them all. It polls every 2 s while visible (backing off on
  * errors, pausing while hidden) and redraws only the jobs whose model changed.
  */
@@ -85,6 +106,12 @@ export class JobsPanel extends Widget {
     this.title.icon = jobsIcon;
     this.title.caption = 'Multi-node jobs (jupyter_mn)';
     this.node.appendChild(el('h2', 'jp-mn-ClustersPanel-title', 'Multi-node jobs'));
+    this._filter = el('input', 'jp-mn-Filter jp-InputGroup');
+    this._filter.type = 'search';
+    this._filter.placeholder = 'Filter by name, notebook or state';
+    this._filter.setAttribute('aria-label', 'Filter jobs');
+    this._filter.addEventListener('input', () => this._data && this._draw(this._data));
+    this.node.appendChild(this._filter);
     for (const [key, label] of GROUPS) {
       const section = el('section', `jp-mn-Group jp-mn-Group-${key}`);
       if (key === 'finished') {
@@ -162,11 +189,23 @@ export class JobsPanel extends Widget {
       this._status.textContent = `Cannot reach the jupyter_mn server extension: ${error}`;
       throw error; // the poll backs off
     }
-    this._status.textContent = data.jobs.length ? '' : 'No jobs yet: run a %%cluster cell.';
+    this._data = data;
+    this._draw(data);
+  }
+
+  /** Show `data`'s jobs that match the filter box. */
+  private _draw(data: IJobList): void {
+    const filter = this._filter.value.trim();
+    const shown = filter ? data.jobs.filter(job => matches(job, filter)) : data.jobs;
+    this._status.textContent = !data.jobs.length
+      ? 'No jobs yet: run a %%cluster cell.'
+      : shown.length
+        ? ''
+        : `No job matches "${filter}".`;
     const seen = new Set<string>();
     for (const [key, , member] of GROUPS) {
       const list = this._lists.get(key)!;
-      let jobs = data.jobs.filter(member);
+      let jobs = shown.filter(member);
       list.parentElement!.classList.toggle('jp-mod-empty', jobs.length === 0);
       if (key === 'finished') {
         jobs = this._finishedPage(jobs);
@@ -179,8 +218,9 @@ export class JobsPanel extends Widget {
         }
         const end = job.ended ?? data.now;
         item.querySelector('.jp-mn-Job-elapsed')!.textContent = elapsed(end - job.started);
-        item.querySelector('.jp-mn-Job-usage')!.textContent =
-          job.up ? hours(job.gpu_hours, job.unit) : '';
+        item.querySelector('.jp-mn-Job-usage')!.textContent = counts(job)
+          ? hours(job.gpu_hours, job.unit)
+          : '';
       });
       while (list.children.length > jobs.length) {
         list.lastChild!.remove();
@@ -249,7 +289,7 @@ export class JobsPanel extends Widget {
     const facts = el('div', 'jp-mn-Job-facts');
     facts.appendChild(el('span', 'jp-mn-Job-shape', `${job.shape} · ${job.backend}`));
     facts.appendChild(el('span', 'jp-mn-Job-elapsed'));
-    facts.appendChild(el('span', 'jp-mn-Job-cells', counted(job.cells, 'cell')));
+    facts.appendChild(el('span', 'jp-mn-Job-cells', cellsFact(job)));
     facts.appendChild(el('span', 'jp-mn-Job-usage'));
     item.appendChild(facts);
 
@@ -258,7 +298,9 @@ export class JobsPanel extends Widget {
     const gpu = util.length
       ? `GPU ${Math.round(util.reduce((a, b) => a + b, 0) / util.length)}%`
       : 'no GPU';
-    badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-gpu', gpu));
+    if (job.output === null) {
+      badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-gpu', gpu)); // a run's gangs have theirs
+    }
     const transports = [...new Set(job.nodes.map(n => n.transport).filter(t => t))];
     if (transports.length) {
       badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-transport', transports.join(', ')));
@@ -300,16 +342,21 @@ export class JobsPanel extends Widget {
     };
     button('View', () => this._actions.openJob(job));
     button('Logs', () => this._actions.openLogs(job));
+    const output = job.output_link;
+    if (output) {
+      button('Output', () => this._actions.openNotebook(output));
+    }
     const finished = FINISHED_STATES.includes(job.state);
-    if (job.state === 'RUNNING') {
+    const run = job.output !== null; // a submitted run ends when cancelled: no release
+    if (job.state === 'RUNNING' || (run && !finished)) {
       button('Cancel', () => this._post(job, 'cancel'));
     }
-    if (!finished) {
-      button('Release', () => this._post(job, 'release'));
-    } else {
+    if (finished) {
       button('Forget', async () => {
         await requestAPI(`jobs/${encodeURIComponent(job.id)}`, { method: 'DELETE' }, this._settings);
       });
+    } else if (!run) {
+      button('Release', () => this._post(job, 'release'));
     }
     item.appendChild(buttons);
     return item;
@@ -334,6 +381,8 @@ export class JobsPanel extends Widget {
   }
 
   private _lists = new Map<string, HTMLUListElement>();
+  private _filter: HTMLInputElement;
+  private _data: IJobList | null = null;
   private _toggle!: HTMLButtonElement;
   private _more: HTMLButtonElement;
   private _finishedShown = FINISHED_PAGE;

@@ -58,6 +58,8 @@ ENDPOINTS = [
     ("POST", f"{API}/srv-live/release"),
     ("DELETE", f"{API}/srv-done"),
     ("DELETE", API),
+    ("GET", "/jupyter-mn/api/submit?path=x.ipynb"),
+    ("POST", "/jupyter-mn/api/submit"),
 ]
 
 

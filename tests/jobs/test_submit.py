@@ -15,7 +15,7 @@ import pytest
 from jupyter_mn.cli import main
 from jupyter_mn.errors import SpecError
 from jupyter_mn.jobs.registry import Registry
-from jupyter_mn.jobs.submit import defaults_environ
+from jupyter_mn.jobs.submit import defaults_environ, notebook_form
 from jupyter_mn.kernel.flags import cell_parser, spec_flags
 
 
@@ -112,3 +112,33 @@ def test_defaults_that_need_each_other_are_read_together():
         "JUPYTER_MN_K8S_IMAGE": "agent:1",
         "JUPYTER_MN_K8S_GANG": "none",
     }
+
+
+def test_a_notebooks_form_is_its_parameters_with_their_values_and_its_first_cluster_cells_flags(
+    nb,
+):
+    cells = nbformat.read(nb, as_version=4).cells
+    cells[1].source = "%%cluster   --nodes 2 --name gang --backend local\nprint(steps)"
+    cells.append(nbformat.v4.new_code_cell("%%cluster --nodes 5\nprint(1)"))
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), nb)
+    form = notebook_form(str(nb))
+    assert form.parameters == {"steps": "2", "rate": "0.1"}
+    assert form.line == "--nodes 2 --name gang --backend local"
+    assert form.flags == {"nodes": 2, "backend": "local"}  # --name names the gang, not the run
+
+
+def test_a_notebook_without_parameters_or_cluster_cells_has_an_empty_form(tmp_path):
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%%clusters\n1")]),
+        tmp_path / "plain.ipynb",
+    )
+    form = notebook_form(str(tmp_path / "plain.ipynb"))
+    assert (form.parameters, form.flags, form.line) == ({}, {}, "")
+
+
+def test_a_first_cluster_cell_whose_flags_do_not_parse_is_one_line(nb):
+    cells = nbformat.read(nb, as_version=4).cells
+    cells[1].source = "%%cluster --nodes two\nprint(steps)"
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), nb)
+    with pytest.raises(SpecError, match=r"nb.ipynb's first %%cluster cell: .*--nodes: invalid int"):
+        notebook_form(str(nb))

@@ -1,0 +1,64 @@
+"""``/jupyter-mn/api/submit`` on a real Jupyter server: a notebook's form, and a refusal that is
+``jupyter mn submit``'s one line with nothing submitted."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import nbformat
+import pytest
+
+from jupyter_mn.jobs.registry import Registry
+
+SUBMIT = "/jupyter-mn/api/submit"
+
+
+def post(lab, body: object) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        f"{lab.url}{SUBMIT}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def form_nb(lab) -> str:
+    parameters = nbformat.v4.new_code_cell("steps = 2", metadata={"tags": ["parameters"]})
+    cells = [parameters, nbformat.v4.new_code_cell("%%cluster --nodes 2 --gpus 0\nprint(1)")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), lab.root / "form.ipynb")
+    return "form.ipynb"
+
+
+def test_the_form_names_the_parameters_and_the_first_cluster_cells_flags(lab, form_nb):
+    form = lab.api(f"{SUBMIT}?path={form_nb}")
+    assert form == {"parameters": {"steps": "2"}, "cluster": "--nodes 2 --gpus 0"}
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ({"path": "form.ipynb"}, 400, "gpus must be ≥ 1, got 0"),
+        (
+            {"path": "form.ipynb", "parameters": {"stpes": "3"}},
+            400,
+            "-p stpes: unknown parameter; form.ipynb's parameters cell assigns steps",
+        ),
+        ({"path": "missing.ipynb"}, 400, "no notebook"),
+        ({"path": "../outside.ipynb"}, 403, "is outside the server's root"),
+        ({"path": "form.ipynb", "parameters": {"steps": 3}}, 400, "parameters: an object"),
+    ],
+)
+def test_a_refusal_is_the_clis_one_line_and_nothing_is_submitted(lab, form_nb, body, code, message):
+    before = {job.id for job in Registry().jobs()}
+    status, reply = post(lab, body)
+    assert status == code
+    assert message in reply["message"] and "\n" not in reply["message"]
+    assert {job.id for job in Registry().jobs()} == before
