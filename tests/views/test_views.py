@@ -72,6 +72,19 @@ def test_slow_cell_without_collectives_and_no_hint_for_noise():
     assert hints((timing(0, 5.0),)) == []
 
 
+def test_a_failed_rank_is_never_the_straggler():
+    """The rank that raised ran its cell longer than the ones it broke; that is no slowness."""
+    failed = (
+        RankTiming(0, 0, "ok", 0.0),
+        RankTiming(1, 0, "ok", 0.0),
+        RankTiming(2, 1, "error", 0.08),
+        RankTiming(3, 1, "interrupted", 0.0),
+    )
+    assert hints(failed) == []
+    late = (*(timing(r, 2.0, 0.5, 1.5) for r in range(3)), RankTiming(3, 1, "lost", 2.0, "x", 4.0))
+    assert hints(late) == []
+
+
 def events() -> list:
     nvlink = NcclLog().feed_all((FIXTURES / "socket_fallback.log").read_text().splitlines())
     return [
