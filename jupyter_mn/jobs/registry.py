@@ -127,6 +127,9 @@ class JobModel:
     output: str | None = None
     #: a submitted run: the code cells it runs (``cells`` counts those started)
     cells_total: int = 0
+    #: a gang a submitted run's kernel made: the run's id (its ranks' lines are in the gang's
+    #: logs, not the run's)
+    run: str = ""
 
     @property
     def finished(self) -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..jobs.joblogs import JobLogWriter
 from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
 from ..jobs.usage import job_hours
+from ..rank.env import JOB
 from ..wire.events import (
     CellDone,
     CellOutcome,
@@ -88,6 +89,7 @@ class JobRecord:
             kernel_id=current_kernel_id(),
             notebook=_notebook(),
             launcher=_launcher(),
+            run=os.environ.get(JOB, ""),  # a submitted run's kernel inherits its runner's mark
             nodes=[NodeModel(node=n, ranks=["pending"] * spec.gpus) for n in range(spec.nodes)],
         )
         self.logs = JobLogWriter(registry.log_dir(job_id))

@@ -69,6 +69,8 @@ export interface IJobModel {
   output: string | null;
   /** a submitted run: the code cells it runs (`cells` counts those started) */
   cells_total: number;
+  /** a gang a submitted run's kernel made: the run's id ("" otherwise) */
+  run: string;
 }
 
 /** GET jupyter-mn/api/jobs */
