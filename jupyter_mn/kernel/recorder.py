@@ -145,7 +145,6 @@ class JobRecord:
         elif isinstance(event, CellDone):
             model.last_cell = {
                 "id": event.cell_id,
-                "ok": event.ok,
                 "elapsed": event.elapsed,
                 "value": event.value,
                 "error": event.error,

@@ -44,7 +44,7 @@ def test_job_has_state_nodes_and_rank_labelled_logs(registry, cluster):
     cluster.run("print('hello from', dist.get_rank())\n'hi'", cell_id=7)
     job = _when(registry, cluster, lambda j: j.cells == 1 and j.state == "READY", "cell recorded")
     assert (job.backend, job.shape, job.world_size, job.pid) == ("local", "2×1", 2, job.pid)
-    assert job.last_cell["ok"] is True and job.error is None
+    assert job.last_cell["outcome"] == "DONE" and job.error is None
     assert (job.last_cell["id"], job.last_cell["value"]) == (7, "'hi'")  # for a reloaded page
     for node in job.nodes:
         assert node.ranks == ["ready"] and node.transport == "gloo (CPU)"
@@ -96,7 +96,9 @@ def test_a_preemption_notice_shows_in_the_panel_with_its_deadline(registry, clus
 def test_a_failed_cell_records_its_root_cause(registry, cluster):
     result = cluster.run("if dist.get_rank() == 1:\n    raise RuntimeError('boom')")
     assert not result.ok
-    job = _when(registry, cluster, lambda j: j.last_cell and not j.last_cell["ok"], "failure")
+    job = _when(
+        registry, cluster, lambda j: j.last_cell and j.last_cell["outcome"] != "DONE", "failure"
+    )
     assert job.error == "rank 1 (node 1): RuntimeError: boom"
 
 
@@ -277,7 +279,7 @@ def test_a_job_whose_log_dir_cannot_be_made_is_still_recorded(cluster, tmp_path,
 
 def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry, cluster):
     from jupyter_mn.kernel.recorder import JobRecord
-    from jupyter_mn.wire.events import CellDone, GangState, Hung
+    from jupyter_mn.wire.events import CellDone, CellOutcome, GangState, Hung
 
     gang = cluster.up()
     record = JobRecord(registry, cluster, gang)  # fed by hand: no live events race it
@@ -289,7 +291,9 @@ def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry
     assert record.handle(Hung(verdict, 300.0, over=True))  # the ranks moved on
     assert JobModel.from_json(record.model.to_json()).state == gang.core.status.value
     assert record.handle(Hung(verdict, 300.0))
-    assert record.handle(CellDone(4, False, 301.0, error="rank 3 (node 1) was interrupted"))
+    assert record.handle(
+        CellDone(4, 301.0, error="rank 3 (node 1) was interrupted", outcome=CellOutcome.HUNG)
+    )
     assert record.handle(GangState("READY"))
     job = JobModel.from_json(record.model.to_json())
     assert (job.state, job.error) == ("READY", "rank 3 (node 1) was interrupted")
