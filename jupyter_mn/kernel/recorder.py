@@ -232,6 +232,9 @@ class Recorder:
         #: set by a terminal state: no batching wait
         self._urgent = threading.Event()
         self._pending = False
+        #: what the requests carried out said, until written (request id → outcome): a write that
+        #: fails (a locked database) is tried again, and the request never carried out twice
+        self._answers: dict[int, str] = {}
         self._thread = threading.Thread(target=self._loop, name="jupyter-mn-recorder", daemon=True)
         self._thread.start()
 
@@ -299,7 +302,11 @@ class Recorder:
                 with self._lock:
                     records = dict(self._records)
                 for request in self.registry.open_requests(list(records)):
-                    self.registry.answer(request.id, records[request.job].obey(request))
+                    if request.id not in self._answers:
+                        self._answers[request.id] = records[request.job].obey(request)
+                for request_id, outcome in list(self._answers.items()):
+                    self.registry.answer(request_id, outcome)  # also once its job is gone
+                    del self._answers[request_id]
                 if time.monotonic() - last_beat > JOB_HEARTBEAT_S:
                     self.registry.beat(list(records))
                     last_beat = time.monotonic()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -207,6 +209,38 @@ def test_release_request_frees_the_idle_gang(registry, cluster):
     assert len(pids) == 2
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
     assert not alive
+
+
+class AnswersLate(Registry):
+    """A registry whose first answer fails (a database locked past its timeout) once the gang
+    it answers for has gone: the release it answers is done, its job CLOSED."""
+
+    def __init__(self, root: Path, gone) -> None:
+        super().__init__(root)
+        self.gone, self.failed = gone, False
+
+    def answer(self, request_id: int, outcome: str) -> None:
+        if not self.failed:
+            self.failed = True
+            wait_until(self.gone, 30, "the gang released")
+            raise sqlite3.OperationalError("database is locked")
+        super().answer(request_id, outcome)
+
+
+def test_a_request_whose_answer_was_not_written_is_answered_once_its_job_is_gone(
+    tmp_path, no_leftovers
+):
+    own = Cluster(nodes=1, gpus=1)
+    registry = AnswersLate(tmp_path / "reg", lambda: own.gang is None)
+    try:
+        record = Recorder(registry).track(own, own.up())
+        request = registry.request(record.model.id, "release", "panel")
+        answered = wait_until(lambda: registry.outcome(request), 60, "the answer")
+        assert answered == "releasing the gang"  # what was done, not done again
+        assert registry.job(record.model.id).state == "CLOSED"
+    finally:
+        own.close()
+        registry.close()
 
 
 def test_gpu_samples_and_transport_reports_reach_the_job(registry, cluster):
