@@ -206,8 +206,8 @@ def _add_logs(sub: Any) -> None:
 def _logs(args: argparse.Namespace) -> int:
     import time
 
-    from .errors import SpecError
-    from .jobs.joblogs import Marks, read_logs
+    from .jobs.joblogs import Marks
+    from .jobs.logsources import read, sources
     from .jobs.registry import Registry
 
     registry = Registry()
@@ -223,13 +223,9 @@ def _logs(args: argparse.Namespace) -> int:
             for text in lines[-args.tail :]:
                 print(_out(args, text))
         return 0
-    if args.node is not None and not 0 <= args.node < len(job.nodes):
-        raise SpecError(f"--node {args.node}: job {job.id} has nodes 0–{len(job.nodes) - 1}")
-    if args.rank is not None and not 0 <= args.rank < job.world_size:
-        raise SpecError(f"--rank {args.rank}: job {job.id} has ranks 0–{job.world_size - 1}")
-    node = job.node_of(args.rank) if args.node is None and args.rank is not None else args.node
-    filters = {"node": node, "rank": args.rank}
-    lines, cursor = read_logs(registry.log_dir(job.id), tail=max(args.tail, 0), **filters)
+    found = sources(registry, job, args.node, args.rank)  # a node or rank it lacks: refused
+    cursors: dict = {}
+    lines = read(found, max(args.tail, 0), cursors)
     marks = Marks()
     try:
         while True:
@@ -238,9 +234,8 @@ def _logs(args: argparse.Namespace) -> int:
             if not args.follow or (registry.job(job.id).finished and not lines):
                 return 0
             time.sleep(FOLLOW_POLL_S)  # follow mode: poll the files like `tail -f`
-            lines, cursor = read_logs(
-                registry.log_dir(job.id), tail=10_000, after=cursor, **filters
-            )
+            found = sources(registry, job, args.node, args.rank)  # a run's new gangs join
+            lines = read(found, 10_000, cursors)
     except KeyboardInterrupt:
         return 0
 

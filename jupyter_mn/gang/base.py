@@ -141,6 +141,8 @@ class Gang:
                 raise JupyterMNError(f"gang {core.id} is {core.status.value}: {core.detail}")
             self._runs += 1
             core.run_id = self._runs
+            if core.stop_every_run:
+                core.hub.inbox.put_reply(InterruptRequest(core.stop_every_run, core.run_id))
         try:
             yield core.run_id
         finally:
@@ -193,6 +195,15 @@ class Gang:
                 return False
             core.hub.inbox.put_reply(InterruptRequest(reason, core.run_id))
             return True
+
+    def stop_every_run(self, reason: str) -> None:
+        """Stop the running job and every job that starts later, as ``request_cancel`` does
+        (the cost cap, from its thread: the gang goes when the job holding the cluster ends, and
+        that job may not have reached its run loop yet, with no run to interrupt)."""
+        core = self.core
+        with core.lock:
+            core.stop_every_run = reason
+            self.request_cancel(reason)
 
 
 def rendezvous_cause(failures: list[BaseException]) -> JupyterMNError:

@@ -58,7 +58,7 @@ class GangCore:
         self.hub = EventHub()
         #: the calls to its node agents, and its ``distributed.Client``
         self.nodes = NodeAgents(self.hub, self.id, self.topic)
-        #: guards ``status``, ``run_id`` and ``preemption``
+        #: guards ``status``, ``run_id``, ``stop_every_run`` and ``preemption``
         self.lock = threading.RLock()
         self.status = GangStatus.PENDING
         self.detail = ""
@@ -70,6 +70,9 @@ class GangCore:
         self.ranks: list[RankReady] = []
         #: the id of the job running now (0: none), which interrupt requests name
         self.run_id = 0
+        #: why every job is stopped as it starts ("": none is); the cost cap sets it once the
+        #: gang is to go when its job slot frees (``Gang.stop_every_run``)
+        self.stop_every_run = ""
         #: the first node told to go (SIGTERM), while its grace period runs
         self.preemption: Preemption | None = None
         #: who sees the events while the gang starts (on the starting thread; None otherwise)

@@ -206,7 +206,6 @@ class CellJob(Job[CellResult]):
             error = result.preemption.text()
         done = CellDone(
             self.payload.cell_id,
-            result.ok,
             result.elapsed,
             result.timings(),
             error,

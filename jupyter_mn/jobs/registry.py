@@ -129,6 +129,9 @@ class JobModel:
     cells_total: int = 0
     #: a submitted run: ``output`` relative to the Jupyter server's root (filled by the server)
     output_link: str | None = None
+    #: a gang a submitted run's kernel made: the run's id (its ranks' lines are in the gang's
+    #: logs, not the run's)
+    run: str = ""
 
     @property
     def finished(self) -> bool:

@@ -123,7 +123,8 @@ class Run:
         finally:
             kernel_pid = self._stop_kernel()
             self.done.set()
-        self.update(**outcome, **self._usage(kernel_pid, outcome["state"]), ended=time.time())
+        usage = self._usage(outcome["state"]) if kernel_pid is not None else {}
+        self.update(**outcome, **usage, ended=time.time())
         self.logs.mark(1, f"{outcome['state']} {time.strftime('%H:%M:%S')}")
         self.logs.close()
 
@@ -184,12 +185,10 @@ class Run:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit status {code}"
 
-    def _usage(self, kernel_pid: int | None, state: str) -> dict[str, Any]:
+    def _usage(self, state: str) -> dict[str, Any]:
         """Write what the kernel's gangs used into the executed notebook; returns the run row's
         total (its largest unit's), or nothing when no gang was made."""
-        if kernel_pid is None:
-            return {}
-        gangs = runusage.gangs_of(self.registry.jobs(), kernel_pid, self.model.started)
+        gangs = runusage.gangs_of(self.registry.jobs(), self.model.id)
         try:
             runusage.write(
                 Path(self.submission.output), runusage.metadata(self.model, state, gangs)

@@ -1,10 +1,10 @@
 """What a submitted run's gangs used, written into its executed notebook and its row at its end.
 
-A run's gangs are the rows its kernel's recorder wrote: the kernel's pid on this host (the
-kernel runs beside its runner), started after the run did, so a pid reused later is not taken
-for it. The executed notebook gets ``metadata.jupyter_mn``: the run, its state, its totals by
-unit and one entry per gang. The run's own row holds the total of its largest unit; its
-``up`` stays unset, so ``jupyter mn usage`` counts the gangs, not the run as well.
+A run's gangs are the rows its kernel's recorder wrote with the run's id (``JobModel.run``: the
+kernel inherits its runner's ``JUPYTER_MN_JOB``). The executed notebook gets
+``metadata.jupyter_mn``: the run, its state, its totals by unit and one entry per gang. The
+run's own row holds the total of its largest unit; its ``up`` stays unset, so
+``jupyter mn usage`` counts the gangs, not the run as well.
 """
 
 from __future__ import annotations
@@ -15,21 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from . import usage
-from .registry import HOST, JobModel
+from .registry import JobModel
 
 #: The executed notebook's metadata key.
 KEY = "jupyter_mn"
 
 
-def gangs_of(jobs: list[JobModel], kernel_pid: int, since: float) -> list[JobModel]:
-    """The gangs the run's kernel (``kernel_pid``, started at ``since`` or later) made, oldest
-    first."""
-    mine = [
-        job
-        for job in jobs
-        if not job.submitted and job.pid == kernel_pid and job.host == HOST and job.started >= since
-    ]
-    return sorted(mine, key=lambda job: job.started)
+def gangs_of(jobs: list[JobModel], run: str) -> list[JobModel]:
+    """The gangs the kernel of the run ``run`` (its id) made, oldest first."""
+    return sorted((job for job in jobs if job.run == run), key=lambda job: job.started)
 
 
 def totals(gangs: list[JobModel]) -> dict[str, float]:

@@ -4,8 +4,9 @@
 after it came up (``--max-runtime``), or once its nodes have used ``max_gpu_hours``
 (``--max-gpu-hours``, counted by the gang's ``Meter`` from its nodes being up), whichever comes
 first. Neither tears a gang down under a running job: the cap stops the job through the same
-interrupt request as Ctrl-C, and the gang goes when the job has ended (``Cluster``'s job slot
-asks ``expired``).
+interrupt request as Ctrl-C (a job that holds the cluster but whose run has not started yet, say
+a cell still sending its files, is stopped as its run starts), and the gang goes when the job has
+ended (``Cluster``'s job slot asks ``expired``).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ class GangLifetime:
         lock: threading.RLock,
         busy: Callable[[], bool],
         drop: Callable[[str], None],
-        cancel: Callable[[str], bool],
+        stop: Callable[[str], None],
     ) -> None:
         """``lock``: the cluster's, held while the gang changes; ``busy``: whether a job runs;
-        ``drop(why)``: tear the gang down (if any), saying why; ``cancel(why)``: stop the job."""
-        self._lock, self._busy, self._drop, self._cancel = lock, busy, drop, cancel
+        ``drop(why)``: tear the gang down (if any), saying why; ``stop(why)``: stop the job, and
+        any the gang runs after it."""
+        self._lock, self._busy, self._drop, self._stop = lock, busy, drop, stop
         self._idle = Deadline(self._release_idle)
         self._idle_timeout = 0.0
         self._expiry = Deadline(self._expire)
@@ -98,7 +100,7 @@ class GangLifetime:
                 self._drop(f"torn down: {reason}")
                 return
             self.expired = reason
-        self._cancel(reason)
+        self._stop(reason)
 
     def _release_idle(self) -> None:
         with self._lock:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..jobs.joblogs import JobLogWriter
 from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
 from ..jobs.usage import job_hours
+from ..rank.env import JOB
 from ..wire.events import (
     CellDone,
     CellOutcome,
@@ -88,6 +89,7 @@ class JobRecord:
             kernel_id=current_kernel_id(),
             notebook=_notebook(),
             launcher=_launcher(),
+            run=os.environ.get(JOB, ""),  # a submitted run's kernel inherits its runner's mark
             nodes=[NodeModel(node=n, ranks=["pending"] * spec.gpus) for n in range(spec.nodes)],
         )
         self.logs = JobLogWriter(registry.log_dir(job_id))
@@ -143,7 +145,6 @@ class JobRecord:
         elif isinstance(event, CellDone):
             model.last_cell = {
                 "id": event.cell_id,
-                "ok": event.ok,
                 "elapsed": event.elapsed,
                 "value": event.value,
                 "error": event.error,
@@ -231,6 +232,9 @@ class Recorder:
         #: set by a terminal state: no batching wait
         self._urgent = threading.Event()
         self._pending = False
+        #: what the requests carried out said, until written (request id → outcome): a write that
+        #: fails (a locked database) is tried again, and the request never carried out twice
+        self._answers: dict[int, str] = {}
         self._thread = threading.Thread(target=self._loop, name="jupyter-mn-recorder", daemon=True)
         self._thread.start()
 
@@ -298,7 +302,11 @@ class Recorder:
                 with self._lock:
                     records = dict(self._records)
                 for request in self.registry.open_requests(list(records)):
-                    self.registry.answer(request.id, records[request.job].obey(request))
+                    if request.id not in self._answers:
+                        self._answers[request.id] = records[request.job].obey(request)
+                for request_id, outcome in list(self._answers.items()):
+                    self.registry.answer(request_id, outcome)  # also once its job is gone
+                    del self._answers[request_id]
                 if time.monotonic() - last_beat > JOB_HEARTBEAT_S:
                     self.registry.beat(list(records))
                     last_beat = time.monotonic()

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import CellError, CellInterrupted, NodeLost, Preempted, RankLost
 from ..wire.events import CellOutcome, Preemption, RankError, RankStatus, RankTiming
+from ..wire.plural import counted
 
 #: a rank's outcome of a cell
 OK, ERROR, LOST, INTERRUPTED = (
@@ -162,9 +163,8 @@ class CellResult:
         notes = list(self.notes)
         if others:
             kinds = sorted({r.error.ename if r.error else r.status for r in others})
-            ranks = "rank" if len(others) == 1 else "ranks"
             notes.append(
-                f"{len(others)} other {ranks} stopped as a consequence "
+                f"{counted(len(others), 'other rank')} stopped as a consequence "
                 f"({', '.join(r.label for r in others[:6])}"
                 f"{', …' if len(others) > 6 else ''}: {', '.join(kinds)})"
             )

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..wire.events import Stacks
+from ..wire.plural import counted
 from ..wire.rankwhere import Collective, RankWhere
 
 
@@ -134,8 +135,9 @@ class _Case:
             )
             return self._verdict(HangKind.STUCK, text, inside)
         text = (
-            f"all {_count(self.at)} have waited in {self._call()} for {waited}; none is missing "
-            "and none called another op: the transport (network, NCCL, a device) is stuck"
+            f"all {counted(len(self.at), 'rank')} have waited in {self._call()} for {waited}; "
+            "none is missing and none called another op: the transport (network, NCCL, a device) "
+            "is stuck"
         )
         return self._verdict(HangKind.STUCK, text, [])
 
@@ -175,11 +177,7 @@ def _labels(ranks: Sequence[RankWhere]) -> str:
 
 def _others(ranks: Sequence[RankWhere]) -> str:
     """The ranks that wait, after the ones named: ``rank 0 (node 0)`` or ``the other 3 ranks``."""
-    return ranks[0].label if len(ranks) == 1 else f"the other {_count(ranks)}"
-
-
-def _count(ranks: Sequence[object]) -> str:
-    return f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    return ranks[0].label if len(ranks) == 1 else f"the other {counted(len(ranks), 'rank')}"
 
 
 def _are(ranks: Sequence[object]) -> str:

@@ -37,7 +37,7 @@ class WarmGang:
         #: what re-forming the gang told us, for the next result
         self.notes: list[str] = []
         self.lifetime = GangLifetime(
-            state.lock, lambda: state.slot.busy, self.tear_down, self.cancel
+            state.lock, lambda: state.slot.busy, self.tear_down, self.stop_every_run
         )
 
     def up(self, on_event: OnEvent | None) -> Gang:
@@ -85,6 +85,13 @@ class WarmGang:
         """Stop the running job, from any thread (the gang stays up); False if none runs."""
         gang = self.gang
         return gang is not None and gang.request_cancel(reason)
+
+    def stop_every_run(self, reason: str) -> None:
+        """Stop the running job, or the one that holds the cluster when its run starts, and any
+        after it (the cost cap; the gang goes when the job ends)."""
+        gang = self.gang
+        if gang is not None:
+            gang.stop_every_run(reason)
 
     def release(self, reason: str) -> None:
         """Free the gang now, from any thread: stop a running job, then every process."""

@@ -79,8 +79,6 @@ class OrphanGuard(SchedulerPlugin):
 #: in plain HTTP, which nothing of the gang uses): on loopback, a random port (never the readiness
 #: port), not on the pod's or the Slurm node's network.
 _HTTP = "127.0.0.1:0"
-#: The gang's certificate files: CA, certificate, key (PEM).
-TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
 
 
 def security_of(ca: str, cert: str, key: str) -> Security:

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from distributed.security import Security
 
-from .entry import TLS_FILES, security_of, serve_node
+from ..wire.tlsfiles import TLS_FILES
+from .entry import security_of, serve_node
 
 
 def security_from(tls_dir: str) -> Security:

@@ -22,11 +22,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .entry import TLS_FILES, security_of, serve_node
+from ..wire.tlsfiles import TLS_DIR_VAR, TLS_FILES, tls_address
+from .entry import security_of, serve_node
 from .netif import route
-
-#: the environment variable naming the directory of the gang's certificate files
-TLS_DIR_VAR = "JUPYTER_MN_TLS_DIR"
 
 
 def read_tls(tls_dir: str) -> tuple[str, ...]:
@@ -57,11 +55,6 @@ async def serve(env: Mapping[str, str]) -> None:
         orphan_timeout=float(env["JUPYTER_MN_ORPHAN_TIMEOUT"]),
         connect_timeout=float(env["JUPYTER_MN_CONNECT_TIMEOUT"]),
     )
-
-
-def tls_address(host: str, port: int) -> str:
-    """``tls://10.0.0.5:8786``, or ``tls://[fd00::5]:8786`` for an IPv6 address."""
-    return f"tls://[{host}]:{port}" if ":" in host else f"tls://{host}:{port}"
 
 
 def main() -> None:

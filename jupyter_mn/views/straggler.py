@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from ..wire.events import RankTiming
+from ..wire.events import RankStatus, RankTiming
 
 FACTOR = 2.0
 #: Below this difference from the median nothing is flagged (scheduling noise on small cells).
@@ -30,6 +30,7 @@ def _outliers(
 
 def hints(timings: tuple[RankTiming, ...]) -> list[str]:
     """One line per straggler, or none."""
+    timings = tuple(t for t in timings if t.status == RankStatus.OK)
     out = []
     late, median = _outliers(timings, lambda t: t.entered_s)
     waits = [t.waited_s for t in timings if t.waited_s is not None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..jobs import usage
 from ..wire.events import CellDone, GpuSample, TransportReport, number_ranges
+from ..wire.plural import counted
 from .cellstate import CellState
 from .stacktext import format_stacks
 from .straggler import hints
@@ -138,10 +139,6 @@ def final(state: CellState) -> list[str]:
     return lines
 
 
-def line_count(n: int) -> str:
-    return f"{n} line" if n == 1 else f"{n} lines"
-
-
 def summary(state: CellState, tail: int = 3) -> str:
     """Everything in a few dozen lines (the widget's ``text/plain``): each rank's last lines."""
     with state.lock:
@@ -149,7 +146,7 @@ def summary(state: CellState, tail: int = 3) -> str:
         for node, log in sorted(state.logs.items()):
             if not log.shown:
                 continue
-            lines.append(f"node {node}: {line_count(log.shown)}, last:")
+            lines.append(f"node {node}: {counted(log.shown, 'line')}, last:")
             for rank in sorted(log.ranks):
                 lines += [f"  [rank {rank}] {entry[3]}" for entry in list(log.ranks[rank])[-tail:]]
         stacks = [format_stacks(state.stacks)] if state.stacks is not None else []

@@ -35,13 +35,14 @@ from IPython.display import display
 from ..kernel.kernelid import current_kernel_id
 from ..kernel.spec import ClusterSpec
 from ..wire.events import CellOutcome, Displays, GangState, GangStatus
+from ..wire.plural import counted
 from .cellstate import CellState
 from .displays import RankDisplays
 from .filter import FILTER_STYLE, LogFilter, node_ranks, rank_runs
 from .glance import GLANCE_STYLE, gpu_html, transport_html
 from .stacktext import format_stacks
 from .straggler import hints
-from .summary import header, line_count, rank_table, summary
+from .summary import header, rank_table, summary
 
 FRAME_S = 0.1
 #: IOPub data budget for this widget (Jupyter's limit is 1 MB/s averaged over 3 s).
@@ -361,7 +362,7 @@ class ClusterWidget:
             for rank, _stream, text in log.live
         )
         kept = len(lines) + len(log.live)
-        count = f"last {kept} of {log.shown} lines" if log.shown > kept else line_count(kept)
+        count = f"last {kept} of {log.shown} lines" if log.shown > kept else counted(kept, "line")
         body = rank_runs(lines, failing) + live
         has = " jp-mn-hasfailing" if any(r in failing for r in log.ranks) else ""
         return (

@@ -255,10 +255,9 @@ class RankTiming:
 @_event
 @dataclass(frozen=True)
 class CellDone:
-    """A cell finished on the gang; ``ok`` false when any rank failed."""
+    """A cell finished on the gang, ``outcome`` saying how."""
 
     cell_id: int
-    ok: bool
     elapsed: float
     ranks: tuple[RankTiming, ...] = ()
     #: the root cause in one line when the cell failed ("rank 1 (node 0) raised …")
@@ -279,6 +278,11 @@ class CellDone:
     cause_rank: int = -1
     cause_node: int = -1
     traceback: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Every rank finished the cell (no rank failed, none was stopped or lost)."""
+        return self.outcome is CellOutcome.DONE
 
 
 @_event
@@ -540,7 +544,7 @@ _ENUMS: dict[type, dict[str, type[enum.Enum]]] = {
     RankReply: {"status": RankStatus},
     RankTiming: {"status": RankStatus},
     Preemption: {"cause": PreemptCause},
-    CellDone: {"unit": HoursUnit},
+    CellDone: {"unit": HoursUnit, "outcome": CellOutcome},
 }
 
 

@@ -75,10 +75,11 @@ export function liveParts(
  */
 export function outcome(cell: NonNullable<IJobModel['last_cell']>, inKernel: boolean): HTMLElement {
   const where = inKernel ? `   (the object is Out[${cell.id}] in the kernel)` : '';
-  const text = cell.ok
+  const ok = cell.outcome === 'DONE';
+  const text = ok
     ? `Out[${cell.id}]: ${cell.value ?? ''}${where}`
-    : `In[${cell.id}] ${cell.outcome ?? 'FAILED'}: ${cell.error ?? ''}`;
-  return el('div', `jp-mn-JobView-outcome${cell.ok ? '' : ' jp-mn-JobView-error'}`, text);
+    : `In[${cell.id}] ${cell.outcome}: ${cell.error ?? ''}`;
+  return el('div', `jp-mn-JobView-outcome${ok ? '' : ' jp-mn-JobView-error'}`, text);
 }
 
 /** Cancel the job's running cell, as the Multi-node jobs panel does. */

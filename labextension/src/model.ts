@@ -16,14 +16,13 @@ export interface INodeModel {
 /** A job's last cell (`JobModel.last_cell`, written by `kernel/recorder.py`). */
 export interface ILastCell {
   id: number;
-  ok: boolean;
   elapsed: number;
   value?: string;
   error?: string;
   /** nodes × GPUs × the cell's seconds, in hours */
   hours?: number;
   /** `CellOutcome`: DONE, FAILED, LOST, INTERRUPTED, HUNG or PREEMPTED */
-  outcome?: string;
+  outcome: string;
 }
 
 export interface IJobModel {
@@ -71,6 +70,8 @@ export interface IJobModel {
   cells_total: number;
   /** a submitted run: `output` relative to the server root, when it is under it */
   output_link: string | null;
+  /** a gang a submitted run's kernel made: the run's id ("" otherwise) */
+  run: string;
 }
 
 /** GET jupyter-mn/api/jobs */

@@ -69,7 +69,7 @@ def outputs(cell: nbformat.NotebookNode) -> str:
 
 
 def gangs_of(run: JobModel) -> list[JobModel]:
-    return [j for j in jobs() if not j.submitted and j.notebook == run.notebook]
+    return [j for j in jobs() if j.run == run.id]
 
 
 TRAIN = (
@@ -183,6 +183,8 @@ def test_the_fetched_notebook_and_the_runs_row_hold_what_its_gangs_used(tmp_path
     run = ended(job_id)
     assert run.state == "SUCCEEDED", run.error
     (gang,) = gangs_of(run)
+    rank_1 = mn("logs", job_id, "--rank", "1").stdout  # its gang's lines of rank 1
+    assert "[node 1 rank 1] step 1 of 2" in rank_1 and "rank 0]" not in rank_1
     mn("fetch", job_id, str(tmp_path / "out.ipynb"))
     meta = nbformat.read(tmp_path / "out.ipynb", 4).metadata["jupyter_mn"]
     assert (meta["job"], meta["state"]) == (job_id, "SUCCEEDED")

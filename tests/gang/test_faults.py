@@ -24,6 +24,7 @@ from jupyter_mn.errors import CellError, CellInterrupted, ClusterBusy, NodeLost,
 from jupyter_mn.gang.run import KILL_AFTER_S
 from jupyter_mn.views import TextView
 from jupyter_mn.wire.events import LogLines, Note
+from tests.support.polling import wait_until
 from tests.support.procs import (
     TOKEN,
     node_of,
@@ -409,8 +410,9 @@ def test_max_runtime_tears_the_gang_down_with_a_message(no_leftovers):
 
 def test_a_kernel_whose_main_thread_holds_the_gil_keeps_its_gang(no_leftovers):
     """One long call that never lets go of the GIL (IPython drawing a huge value's repr)
-    silences the kernel's heartbeat past ``heartbeat_timeout``; its host still acknowledges the
-    cell stream, so the agents know it busy, not gone: the gang and its namespaces stay."""
+    silences the kernel's heartbeat past ``heartbeat_timeout``; its process still runs (the
+    agents share its host and see it), so they know it busy, not gone: the gang and its
+    namespaces stay."""
     import ctypes
 
     with Cluster(nodes=1, gpus=1, heartbeat_timeout=3) as cluster:
@@ -420,3 +422,33 @@ def test_a_kernel_whose_main_thread_holds_the_gil_keeps_its_gang(no_leftovers):
         after = cluster.run("x + 1")
         assert after.value == 42, after.notes
         assert cluster.gang is gang
+
+
+class CapFallsDueWhileSent:
+    """A notebook name the cell reads: sending it lowers the cap to now and waits until it has
+    fired, so the cap falls due after the cell took the cluster and before its run began."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        self.cluster.adopt(self.cluster.spec.replace(max_runtime=0.001))
+        wait_until(lambda: self.cluster._warm.lifetime.expired, what="the cap to fire")
+        return int, (1,)
+
+
+def test_max_runtime_due_before_the_cell_runs_stops_that_cell(no_leftovers):
+    cluster = Cluster(nodes=1, gpus=1, max_runtime=3600)
+    try:
+        cluster.up()
+        result = cluster.run(  # run to its end, it would return 1
+            "import time\ntime.sleep(60)\nlate",
+            namespace={"late": CapFallsDueWhileSent(cluster)},
+            push=["late"],  # sent though it holds the cluster
+        )
+        error = error_of(result)
+        assert isinstance(error, CellInterrupted)
+        assert str(error).startswith("--max-runtime 0.001 s reached")
+        assert cluster.status()["detail"] == "torn down: --max-runtime 0.001 s reached"
+    finally:
+        cluster.close()

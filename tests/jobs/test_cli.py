@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jupyter_mn.cli import main
+from jupyter_mn.jobs.joblogs import OUTPUT_RANK, JobLogWriter
 from jupyter_mn.jobs.registry import Registry
+from jupyter_mn.wire.events import LogLines
 from tests.support.jobs import make_job
 from tests.support.polling import wait_until
 
@@ -139,3 +141,40 @@ def test_any_command_line_is_done_or_a_short_error(private_runtime, command, arg
     assert status in (0, 1, 2), status
     assert "Traceback" not in err.getvalue()
     assert status == 0 or "jupyter mn" in err.getvalue()  # usage, or "jupyter mn CMD: …"
+
+
+def test_logs_of_a_run_for_a_node_or_rank_are_its_gangs_lines(capsys):
+    """A run has no nodes: its ranks' lines are in the logs of the gangs its kernel made."""
+    tag = uuid.uuid4().hex[:8]
+    registry = Registry()
+    run = make_job(f"run-{tag}", output="out.ipynb", nodes=[])
+    first = make_job(f"first-{tag}", run=run.id, started=run.started + 1)
+    wide = make_job(f"wide-{tag}", run=run.id, started=run.started + 2, world_size=4, shape="4×1")
+    for job in (run, first, wide):
+        registry.save(job)
+    own = JobLogWriter(registry.log_dir(run.id))
+    own.mark(1, "cell 2 of 2 started", now=1.0)
+    own.write(LogLines(0, 1, ((OUTPUT_RANK, "out", ("[node 1 rank 1] as the cell showed",)),)), 2)
+    for at, gang in ((3.0, first), (4.0, wide)):
+        logs = JobLogWriter(registry.log_dir(gang.id))
+        logs.write(LogLines(0, 1, ((0, "out", (f"{gang.name} rank 0",)),)), at)
+        logs.write(LogLines(1, 1, ((1, "out", (f"{gang.name} rank 1",)),)), at)
+        logs.close()
+    own.close()
+    try:
+        for flag in ("--rank", "--node"):
+            assert main(["logs", run.id, flag, "1"]) == 0
+            assert capsys.readouterr().out.splitlines() == [
+                "──── cell 2 of 2 started ────",
+                f"[node 1 rank 1] first-{tag} rank 1",
+                f"[node 1 rank 1] wide-{tag} rank 1",
+            ]
+        assert main(["logs", run.id, "--rank", "3"]) == 0  # only the wide gang has it: no lines
+        assert capsys.readouterr().out == "──── cell 2 of 2 started ────\n"
+        assert main(["logs", run.id, "--rank", "4"]) == 2
+        assert capsys.readouterr().err == (
+            f"jupyter mn logs: --rank 4: no gang of run {run.id} has it "
+            f"(first-{tag} has ranks 0–1, wide-{tag} has ranks 0–3)\n"
+        )
+    finally:
+        registry.close()

@@ -180,9 +180,7 @@ def test_the_sooner_cap_fires_the_gpu_hours_one_when_the_meter_reaches_it(busy):
     meter.up()
     clock.now += 17.5  # half a second short of 0.02 rank-hours on 4 ranks
     stopped: queue.SimpleQueue[str] = queue.SimpleQueue()
-    lifetime = GangLifetime(
-        threading.RLock(), lambda: busy, stopped.put, lambda why: stopped.put(why) or True
-    )
+    lifetime = GangLifetime(threading.RLock(), lambda: busy, stopped.put, stopped.put)
     reason = "--max-gpu-hours reached (0.02 rank-hours: 4 × 18 s)"
     try:
         lifetime.started(ClusterSpec(nodes=2, gpus=2, max_gpu_hours=0.02, max_runtime=3600), meter)

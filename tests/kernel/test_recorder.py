@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -44,7 +46,7 @@ def test_job_has_state_nodes_and_rank_labelled_logs(registry, cluster):
     cluster.run("print('hello from', dist.get_rank())\n'hi'", cell_id=7)
     job = _when(registry, cluster, lambda j: j.cells == 1 and j.state == "READY", "cell recorded")
     assert (job.backend, job.shape, job.world_size, job.pid) == ("local", "2×1", 2, job.pid)
-    assert job.last_cell["ok"] is True and job.error is None
+    assert job.last_cell["outcome"] == "DONE" and job.error is None
     assert (job.last_cell["id"], job.last_cell["value"]) == (7, "'hi'")  # for a reloaded page
     for node in job.nodes:
         assert node.ranks == ["ready"] and node.transport == "gloo (CPU)"
@@ -96,7 +98,9 @@ def test_a_preemption_notice_shows_in_the_panel_with_its_deadline(registry, clus
 def test_a_failed_cell_records_its_root_cause(registry, cluster):
     result = cluster.run("if dist.get_rank() == 1:\n    raise RuntimeError('boom')")
     assert not result.ok
-    job = _when(registry, cluster, lambda j: j.last_cell and not j.last_cell["ok"], "failure")
+    job = _when(
+        registry, cluster, lambda j: j.last_cell and j.last_cell["outcome"] != "DONE", "failure"
+    )
     assert job.error == "rank 1 (node 1): RuntimeError: boom"
 
 
@@ -200,11 +204,46 @@ def test_release_request_frees_the_idle_gang(registry, cluster):
     assert wait_until(lambda: registry.outcome(request), 10, "answer") == "releasing the gang"
     wait_until(lambda: registry.job(job.id).state == "CLOSED", 30, "CLOSED")
     assert registry.job(job.id).ended is not None
+    # the row is CLOSED from inside the gang's close, on the releasing thread, which then
+    # forgets the gang and says why: the cluster's view comes a moment later
+    why = "released from the Multi-node jobs panel"
+    wait_until(lambda: cluster.status()["detail"] == why, 30, "the cluster to say why")
     assert cluster.gang is None
-    assert cluster.status()["detail"] == "released from the Multi-node jobs panel"
     assert len(pids) == 2
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
     assert not alive
+
+
+class AnswersLate(Registry):
+    """A registry whose first answer fails (a database locked past its timeout) once the gang
+    it answers for has gone: the release it answers is done, its job CLOSED."""
+
+    def __init__(self, root: Path, gone) -> None:
+        super().__init__(root)
+        self.gone, self.failed = gone, False
+
+    def answer(self, request_id: int, outcome: str) -> None:
+        if not self.failed:
+            self.failed = True
+            wait_until(self.gone, 30, "the gang released")
+            raise sqlite3.OperationalError("database is locked")
+        super().answer(request_id, outcome)
+
+
+def test_a_request_whose_answer_was_not_written_is_answered_once_its_job_is_gone(
+    tmp_path, no_leftovers
+):
+    own = Cluster(nodes=1, gpus=1)
+    registry = AnswersLate(tmp_path / "reg", lambda: own.gang is None)
+    try:
+        record = Recorder(registry).track(own, own.up())
+        request = registry.request(record.model.id, "release", "panel")
+        answered = wait_until(lambda: registry.outcome(request), 60, "the answer")
+        assert answered == "releasing the gang"  # what was done, not done again
+        assert registry.job(record.model.id).state == "CLOSED"
+    finally:
+        own.close()
+        registry.close()
 
 
 def test_gpu_samples_and_transport_reports_reach_the_job(registry, cluster):
@@ -277,7 +316,7 @@ def test_a_job_whose_log_dir_cannot_be_made_is_still_recorded(cluster, tmp_path,
 
 def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry, cluster):
     from jupyter_mn.kernel.recorder import JobRecord
-    from jupyter_mn.wire.events import CellDone, GangState, Hung
+    from jupyter_mn.wire.events import CellDone, CellOutcome, GangState, Hung
 
     gang = cluster.up()
     record = JobRecord(registry, cluster, gang)  # fed by hand: no live events race it
@@ -289,7 +328,9 @@ def test_a_hung_cell_shows_as_hung_with_its_verdict_until_the_cell_ends(registry
     assert record.handle(Hung(verdict, 300.0, over=True))  # the ranks moved on
     assert JobModel.from_json(record.model.to_json()).state == gang.core.status.value
     assert record.handle(Hung(verdict, 300.0))
-    assert record.handle(CellDone(4, False, 301.0, error="rank 3 (node 1) was interrupted"))
+    assert record.handle(
+        CellDone(4, 301.0, error="rank 3 (node 1) was interrupted", outcome=CellOutcome.HUNG)
+    )
     assert record.handle(GangState("READY"))
     job = JobModel.from_json(record.model.to_json())
     assert (job.state, job.error) == ("READY", "rank 3 (node 1) was interrupted")

@@ -44,7 +44,9 @@ def drawn(widget: ClusterWidget, *events: object) -> ClusterWidget:
 
 def quick(ok: bool = True) -> CellDone:
     ranks = tuple(RankTiming(r, r // 2, "ok", 0.01) for r in range(4))
-    return CellDone(2, ok, 0.02, ranks, "" if ok else "rank 3: boom")
+    if ok:
+        return CellDone(2, 0.02, ranks)
+    return CellDone(2, 0.02, ranks, "rank 3: boom", outcome=CellOutcome.FAILED)
 
 
 def cpu_gang() -> list[object]:
@@ -106,7 +108,7 @@ def test_a_failed_cell_keeps_its_notes_and_a_long_one_its_panels():
     gpu = ClusterWidget(SPEC)
     sample = GpuSample(0, (GpuStat(0, "NVIDIA H100", 87, 40960, 81920),))
     ranks = quick().ranks
-    drawn(gpu, sample, GpuSample(1, (), NVML), CellDone(2, True, 30.0, ranks))
+    drawn(gpu, sample, GpuSample(1, (), NVML), CellDone(2, 30.0, ranks))
     html = gpu.final_bundle()["text/html"]
     assert "jp-mn-gpu" in html and "87%" in html
     assert 'title="no GPU (NVML Shared Library Not Found)"' in html  # NVML's words: a tooltip
@@ -146,7 +148,7 @@ def hang_then_stop() -> list[object]:
         Hung(VERDICT, 5.0),
         Stacks("no progress for 5 s", WHERE, VERDICT),
         Stacks("interrupted", tuple(replace(r, taken_ns=9) for r in WHERE), VERDICT, stop=True),
-        CellDone(2, False, 8.0, outcome=CellOutcome.HUNG),
+        CellDone(2, 8.0, outcome=CellOutcome.HUNG),
     ]
 
 

@@ -72,6 +72,19 @@ def test_slow_cell_without_collectives_and_no_hint_for_noise():
     assert hints((timing(0, 5.0),)) == []
 
 
+def test_a_failed_rank_is_never_the_straggler():
+    """The rank that raised ran its cell longer than the ones it broke; that is no slowness."""
+    failed = (
+        RankTiming(0, 0, "ok", 0.0),
+        RankTiming(1, 0, "ok", 0.0),
+        RankTiming(2, 1, "error", 0.08),
+        RankTiming(3, 1, "interrupted", 0.0),
+    )
+    assert hints(failed) == []
+    late = (*(timing(r, 2.0, 0.5, 1.5) for r in range(3)), RankTiming(3, 1, "lost", 2.0, "x", 4.0))
+    assert hints(late) == []
+
+
 def events() -> list:
     nvlink = NcclLog().feed_all((FIXTURES / "socket_fallback.log").read_text().splitlines())
     return [
@@ -87,7 +100,6 @@ def events() -> list:
         GangState("READY"),
         CellDone(
             3,
-            True,
             2.5,
             (
                 timing(0, 2.0, 0.2, 1.8),
@@ -194,7 +206,7 @@ def test_both_views_count_down_a_preemption_until_the_cell_is_done():
     widget._draw(widget.state.take_dirty())
     assert ">PREEMPTING node 2 (94 s left)</b>" in widget._header.value
     assert "train · PREEMPTING node 2 (94 s left) · 2×2" in summary(widget.state)
-    widget.state.apply(CellDone(1, False, 3.0, outcome=CellOutcome.PREEMPTED))
+    widget.state.apply(CellDone(1, 3.0, outcome=CellOutcome.PREEMPTED))
     text = summary(widget.state)  # the cell's outcome, then the gang's state
     assert "train · PREEMPTED · 2×2" in text and "s · gang RUNNING" in text
 
@@ -212,7 +224,7 @@ def test_both_views_count_down_a_preemption_until_the_cell_is_done():
 def test_a_finished_cell_says_its_outcome_in_its_colour_and_the_gang_apart(outcome, color):
     widget = ClusterWidget(SPEC, title="train")
     widget.state.apply(GangState("READY"))
-    widget.state.apply(CellDone(4, outcome is CellOutcome.DONE, 2.0, outcome=outcome))
+    widget.state.apply(CellDone(4, 2.0, outcome=outcome))
     widget._draw(widget.state.take_dirty())
     assert f'<b style="color:{color}" class="jp-mn-state">{outcome}</b>' in widget._header.value
     assert f"train · {outcome} · 2×2" in summary(widget.state).splitlines()[0]
@@ -240,12 +252,11 @@ def test_text_view_prints_the_table_only_when_it_says_something():
             view(event)
         return out.getvalue()
 
-    assert shown(CellDone(1, True, 0.02, ok)) == ""
-    assert " rank  node  status" in shown(
-        GangState("READY", "cpu (gloo)"), CellDone(1, True, 3, ok)
-    )
-    assert " rank  node  status" in shown(CellDone(1, False, 0.02, ok, "rank 1: boom"))
-    assert " rank  node  status" in shown(CellDone(1, True, TABLE_AFTER_S, ok))
+    assert shown(CellDone(1, 0.02, ok)) == ""
+    assert " rank  node  status" in shown(GangState("READY", "cpu (gloo)"), CellDone(1, 3, ok))
+    failed = CellDone(1, 0.02, ok, "rank 1: boom", outcome=CellOutcome.FAILED)
+    assert " rank  node  status" in shown(failed)
+    assert " rank  node  status" in shown(CellDone(1, TABLE_AFTER_S, ok))
 
 
 def test_text_view_prints_a_line_written_in_pieces_once_and_a_standing_bar_now_and_then(
@@ -535,7 +546,7 @@ def test_the_widget_shows_a_hung_banner_while_the_cell_runs():
     widget._draw(widget.state.take_dirty())
     assert "HUNG" not in widget._header.value
     widget.state.apply(Hung(VERDICT, 300.0))
-    widget.state.apply(CellDone(2, False, 310.0))
+    widget.state.apply(CellDone(2, 310.0, outcome=CellOutcome.FAILED))
     widget._draw(widget.state.take_dirty())
     assert "HUNG" not in widget._header.value
 

@@ -10,6 +10,8 @@ import pytest
 from jupyter_mn.errors import JoinTimeout, RendezvousError
 from jupyter_mn.gang.base import rendezvous_cause
 from jupyter_mn.wire.events import (
+    CellDone,
+    CellOutcome,
     GangState,
     GangStatus,
     NodeReply,
@@ -60,3 +62,12 @@ def test_bytes_that_are_not_a_node_reply_are_refused_by_name():
     other = pickle.dumps(GangState("READY", ""))
     with pytest.raises(TypeError, match="expected a NodeReply, got GangState"):
         NodeReply.of(other)
+
+
+def test_a_finished_cell_says_how_it_went_once_as_its_outcome():
+    """Whether every rank finished is the outcome DONE: no second field that could disagree."""
+    lost = CellDone(4, 1.5, outcome=CellOutcome.LOST)
+    assert "ok" not in to_msg(lost)
+    again = from_msg(to_msg(lost))
+    assert again == lost and again.outcome is CellOutcome.LOST and not again.ok
+    assert CellDone(5, 0.1).ok

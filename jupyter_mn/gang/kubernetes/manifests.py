@@ -21,6 +21,7 @@ from ...errors import SpecError
 from ...kernel.gangids import MAX_ID, label_value
 from ...kernel.kubespec import KubeOptions, Volume, parse_toleration
 from ...kernel.spec import ClusterSpec
+from ...wire.tlsfiles import TLS_FILES
 from . import gangs
 from .gangs import Target
 
@@ -33,7 +34,6 @@ NAME_KEY = "jupyter-mn.io/name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "agent"
 TLS_DIR = "/etc/jupyter-mn/tls"
-TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
 #: The agent's user and group: ``USER`` in docs/agent.Dockerfile; the pods' volumes are theirs.
 AGENT_UID = 1000
 #: Finished Jobs (and their pods) are deleted this long after they end.

@@ -28,9 +28,8 @@ from typing import Any
 from ...errors import JupyterMNError, SchedulingError
 from ...kernel.credentials import secret_item
 from ...kernel.spec import ClusterSpec
-from ...node.entry import TLS_FILES
-from ...node.slurm import TLS_DIR_VAR, tls_address
 from ...wire.events import NodesWaiting, Note, OnEvent
+from ...wire.tlsfiles import TLS_DIR_VAR, TLS_FILES, tls_address
 from . import commands
 from .sbatch import Batch, batch_script, gres, srun_argv, step_env
 

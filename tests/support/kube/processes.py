@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -38,9 +39,14 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in socks]
 
 
-def _die_with_parent() -> None:
+def _die_with(parent: int) -> None:
+    """In the child, before its exec: SIGKILL when ``parent`` dies. The tie is to the thread
+    that forks, which is why components start from the test's main thread; a parent already
+    gone before it was made would never signal, so the child ends itself then."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 class Process:
@@ -60,7 +66,7 @@ class Process:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_die_with, os.getpid()),
             )
 
     def restart(self, timeout: float) -> None:
