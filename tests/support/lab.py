@@ -124,6 +124,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 @pytest.fixture(scope="session")
+def notebook7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A Notebook 7 server (``python -m notebook``); its notebooks open at ``/notebooks/``."""
+    root = tmp_path_factory.mktemp("nb7")
+    with jupyter_server(
+        root, "--JupyterNotebookApp.expose_app_in_browser=True", module="notebook"
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)")
