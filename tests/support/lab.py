@@ -111,15 +111,19 @@ def jupyter_server(root: Path, *args: str, module: str = "jupyterlab") -> Iterat
         log.close()
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    root = tmp_path_factory.mktemp("lab")
-    with jupyter_server(
+def lab_server(root: Path) -> contextlib.AbstractContextManager[Lab]:
+    """JupyterLab serving ``root``, its app on ``window.jupyterapp``."""
+    return jupyter_server(
         root,
         f"--LabApp.workspaces_dir={root / '.ws'}",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.expose_app_in_browser=True",
-    ) as server:
+    )
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    with lab_server(tmp_path_factory.mktemp("lab")) as server:
         yield server
 
 
