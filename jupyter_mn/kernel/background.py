@@ -8,6 +8,8 @@ labelled lines so far, kept here rather than printed into whichever cell runs at
 ``%pxresult`` does: ``_`` is the newest value of any cell, not this one.
 A handle lives as long as the kernel holds it, so ``output`` keeps only the newest lines; the
 job's log files (``joblogs.py``) keep every one. A cluster runs one at a time (``jobslot.py``).
+Where a foreground cell gets the widget, the handle shows as the same live view, drawn while
+the cell runs and folded once it ends; the cell's output is that view, not the handle's text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from IPython.display import display
+
+from ..views import background_view
 from ..views.stacktext import format_stacks
 from ..views.text import TextView
 
@@ -96,6 +101,10 @@ class BackgroundCell:
         spec = cluster.spec
         title = spec.name or f"cell {cell_id}"
         self._text = TextView(self._buffer, self._buffer, spec=spec, title=title, displays=False)
+        self._live = background_view(spec, title, cell_id)
+        #: the live view is on screen, and the cell has ended: each moves once, under the lock
+        self._live_shown = False
+        self._lock = threading.Lock()
         self._job = ""
         self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
         self._thread = threading.Thread(
@@ -109,12 +118,38 @@ class BackgroundCell:
         except BaseException as exc:  # handed to whoever asks for the result
             self._future.set_exception(exc)
         finally:
-            self._ended = time.monotonic()
+            with self._lock:
+                self._ended = time.monotonic()
+                if self._live_shown:
+                    self._live.close()  # folds it: its final state, one model
 
     def _view(self, event: Any) -> None:
         if not self._job and self.cluster.gang is not None:  # events come once the gang exists
             self._job = self.cluster.spec.name or self.cluster.gang.core.id
         self._text(event)
+        if self._live is not None:
+            self._live(event)
+
+    @property
+    def _ipython_display_(self) -> Callable[[], None]:
+        """Where the widget renders, the handle shows as the cell's live view (IPython looks
+        this up; without a live view it finds none and shows ``repr``)."""
+        if self._live is None:
+            raise AttributeError("_ipython_display_")
+        return self._show_live
+
+    def _show_live(self) -> None:
+        """The first showing (the cell's own ``Out``, on the kernel's main thread) draws the
+        view and starts its updates; a later one (``h`` in another cell) shows it again."""
+        assert self._live is not None
+        with self._lock:
+            if self._live_shown:
+                display(self._live)
+                return
+            self._live.show()
+            self._live_shown = True
+            if self._ended is not None:  # it ended before it was shown
+                self._live.close()
 
     def done(self) -> bool:
         return self._future.done()

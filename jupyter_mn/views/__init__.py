@@ -10,8 +10,9 @@ from .text import TextView
 
 if TYPE_CHECKING:
     from ..gang.base import Gang
+    from .widget import ClusterWidget
 
-__all__ = ["TextView", "View", "make_view", "widgets_rendered"]
+__all__ = ["TextView", "View", "background_view", "make_view", "widgets_rendered"]
 
 
 class View(Protocol):
@@ -44,14 +45,26 @@ def widgets_rendered() -> bool:
     return getattr(Widget, "_control_comm", None) is not None
 
 
+def _widget_chosen(spec: ClusterSpec) -> bool:
+    """``spec.view`` asks for the widget (``auto``: where one is rendered)."""
+    return spec.view == "widget" or (spec.view == "auto" and widgets_rendered())
+
+
 def make_view(spec: ClusterSpec, title: str = "cell", cell_id: int | None = None) -> View:
     """The view ``spec.view`` asks for (``auto``: widget if rendered, else text); ``cell_id``:
     the notebook cell it shows, which a page reloaded meanwhile finds the job by."""
-    choice = spec.view
-    if choice == "auto":
-        choice = "widget" if widgets_rendered() else "text"
-    if choice == "widget":
+    if _widget_chosen(spec):
         from .widget import ClusterWidget
 
         return ClusterWidget(spec, title, cell_id)
     return TextView(spec=spec, title=title)
+
+
+def background_view(spec: ClusterSpec, title: str, cell_id: int) -> ClusterWidget | None:
+    """A ``--bg`` cell's live view, where ``make_view`` would choose the widget (None: its
+    handle's text is its view)."""
+    if not _widget_chosen(spec):
+        return None
+    from .widget import ClusterWidget
+
+    return ClusterWidget(spec, title, cell_id, background=True)

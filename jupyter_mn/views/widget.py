@@ -156,8 +156,18 @@ class CancelButton(anywidget.AnyWidget):
 class ClusterWidget:
     """One per ``%%cluster`` cell; call it with events, ``show()`` it, ``close()`` it."""
 
-    def __init__(self, spec: ClusterSpec, title: str = "cell", cell_id: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        title: str = "cell",
+        cell_id: int | None = None,
+        background: bool = False,
+    ) -> None:
+        """``background``: a ``--bg`` cell's view, shown by its handle (on the kernel's main
+        thread, in the cell's output) rather than by the first event, which comes from the
+        cell's own thread; rank 0's displays stay on the handle's result."""
         self._cell_id = cell_id
+        self._background = background
         self.state = CellState(
             title, spec.shape, spec.backend, spec.nodes, spec.rdma, ranks=spec.ranks
         )
@@ -182,7 +192,7 @@ class ClusterWidget:
         #: parts changed but not redrawn yet, oldest first
         self._pending: dict[str, None] = {}
         #: rank 0's displays, shown below the widget while the cell runs
-        self.displays = RankDisplays()
+        self.displays = None if background else RankDisplays()
         self._handle: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -230,9 +240,9 @@ class ClusterWidget:
 
     def __call__(self, event: Any) -> None:
         self.state.apply(event)  # before the first show: it appears with the phase it is in
-        if self._thread is None:  # shown with the first event: refused input shows no widget
+        if self._thread is None and not self._background:  # refused input shows no widget
             self.show()
-        if isinstance(event, Displays):
+        if isinstance(event, Displays) and self.displays is not None:
             self.displays(event)
 
     def close(self) -> None:

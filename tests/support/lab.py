@@ -111,14 +111,28 @@ def jupyter_server(root: Path, *args: str, module: str = "jupyterlab") -> Iterat
         log.close()
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    root = tmp_path_factory.mktemp("lab")
-    with jupyter_server(
+def lab_server(root: Path) -> contextlib.AbstractContextManager[Lab]:
+    """JupyterLab serving ``root``, its app on ``window.jupyterapp``."""
+    return jupyter_server(
         root,
         f"--LabApp.workspaces_dir={root / '.ws'}",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.expose_app_in_browser=True",
+    )
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    with lab_server(tmp_path_factory.mktemp("lab")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def notebook7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A Notebook 7 server (``python -m notebook``); its notebooks open at ``/notebooks/``."""
+    root = tmp_path_factory.mktemp("nb7")
+    with jupyter_server(
+        root, "--JupyterNotebookApp.expose_app_in_browser=True", module="notebook"
     ) as server:
         yield server
 

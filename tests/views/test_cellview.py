@@ -207,3 +207,17 @@ def test_the_text_view_prints_stacks_that_did_not_change_once():
     view(Stacks("interrupted", WHERE[:1], VERDICT))  # they moved: new stacks, the same verdict
     assert err.getvalue().count("dist.all_reduce(t)") == 2
     assert err.getvalue().count(VERDICT) == 1
+
+
+def test_a_background_cells_widget_is_shown_by_its_handle_not_by_its_events(capsys):
+    """A ``--bg`` cell's events come from its own thread, where a display would land in
+    whichever cell runs then: its handle shows the view, in the cell's own output."""
+    widget = ClusterWidget(SPEC, title="cell 3", background=True)
+    for event in cpu_gang():
+        widget(event)
+    assert widget.updates == 0 and widget.displays is None  # rank displays stay on the result
+    widget.show()
+    widget(quick())
+    widget.close()
+    assert widget.folded and "cell 3 · DONE" in widget.final_bundle()["text/plain"]
+    assert capsys.readouterr().out.count("ClusterWidget object") == 1  # shown once, by show()
