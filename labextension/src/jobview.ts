@@ -94,7 +94,9 @@ export class JobView extends Widget implements IRenderMime.IRenderer {
     this._shown = true;
     const done = job.last_cell !== null && job.last_cell.id === ref.cell && job.state !== 'RUNNING';
     const parts: HTMLElement[] = [];
-    if (!this._widgetDrawn()) {
+    const standing = !this._widgetDrawn();
+    this._hideWaitingWidget(standing);
+    if (standing) {
       if (!done || this._tails.empty) {
         await this._tails.follow(job);
       }
@@ -108,6 +110,20 @@ export class JobView extends Widget implements IRenderMime.IRenderer {
     }
     this.node.replaceChildren(...parts);
     return !done;
+  }
+
+  /**
+   * While this view stands in, the widget's own output (ipywidgets' "Loading widget...", text
+   * alone, waiting on a kernel that answers nothing until the cell ends) stays out of sight.
+   */
+  private _hideWaitingWidget(standing: boolean): void {
+    const area = this.node.closest('.jp-OutputArea');
+    area?.querySelectorAll('.jp-OutputArea-output').forEach(output => {
+      if (output !== this.node) {
+        const waiting = standing && output.childElementCount === 0;
+        output.parentElement?.classList.toggle('jp-mn-waiting', waiting);
+      }
+    });
   }
 
   private _ref: IJobReference | null = null;

@@ -76,6 +76,8 @@ def test_a_reloaded_page_and_a_second_tab_follow_the_running_cell_and_get_its_va
     ARTIFACTS.mkdir(exist_ok=True)  # how long it took: evidence, not a pass mark (bench/ times)
     (ARTIFACTS / "reload-first-update.txt").write_text(f"{time.monotonic() - ready:.2f} s\n")
     before = newest_step(view)
+    # ipywidgets' renderer waits on the busy kernel: its "Loading widget..." stays out of sight
+    expect(page.locator(".jp-Notebook .jp-Cell").first.get_by_text("Loading widget")).to_be_hidden()
     expect(view.locator(".jp-mn-JobView-cancel")).to_be_visible()
     expect(page.get_by_text("was not saved since it started")).to_have_count(0)  # saved: no notice
     page.wait_for_function(  # new lines keep coming while the kernel is busy
