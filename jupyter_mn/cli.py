@@ -252,9 +252,17 @@ def _request(args: argparse.Namespace) -> int:
     import time
 
     from .jobs.registry import Registry
+    from .jobs.runstate import RunState
 
     registry = Registry()
     job = registry.resolve(args.job)
+    slurm_run = job.submitted and job.backend == "slurm"
+    if slurm_run and job.state == RunState.SUBMITTED.value:  # queued: no runner to ask
+        from .jobs.slurmrun import cancel_queued
+
+        cancel_queued(registry, job)
+        print(f"{job.id}: {RunState.CANCELLED.value}")
+        return 0
     request = registry.request(job.id, args.command, "cli")
     deadline = time.monotonic() + args.wait
     outcome = registry.outcome(request)
@@ -270,6 +278,10 @@ def _request(args: argparse.Namespace) -> int:
             return 1
         time.sleep(0.1)  # the kernel answers within its poll interval
         outcome = registry.outcome(request)
+    if slurm_run:
+        from .jobs.slurmrun import cancel_job
+
+        cancel_job(job)
     if job.submitted:
         outcome = registry.job(job.id).state
     elif args.command == "release":
@@ -319,9 +331,10 @@ def _submit(args: argparse.Namespace) -> int:
     )
     job = start(prepared, Registry())
     print(job.id)
+    queued = f" ({job.detail})" if job.backend == "slurm" else ""
     print(
         f"follow: jupyter mn logs {job.id} -f | fetch: jupyter mn fetch {job.id} | "
-        f"stop: jupyter mn cancel {job.id}",
+        f"stop: jupyter mn cancel {job.id}{queued}",
         file=sys.stderr,
     )
     return 0
@@ -417,7 +430,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jupyter mn", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="jupyter mn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )

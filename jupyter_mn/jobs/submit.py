@@ -45,6 +45,8 @@ class Submission:
     output: str
     #: ``-p`` values as given: papermill types them as its own ``-p`` does
     parameters: dict[str, str]
+    #: ``--retries``: how often a Slurm requeue may start the run over (``slurmrun.py``)
+    retries: int = 0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -61,6 +63,8 @@ class Prepared:
     submission: Submission
     model: JobModel
     environ: dict[str, str]
+    #: ``--backend slurm``: the run's batch script (``slurmrun.py``); "" for a local run
+    script: str = ""
 
 
 def prepare(
@@ -90,7 +94,7 @@ def prepare(
         id=job_id,
         name=name or path.stem,
         gang=job_id,
-        backend="local",
+        backend="slurm" if spec.backend == "slurm" else "local",  # where the runner runs
         shape=spec.shape,
         gpus=spec.gpus,
         world_size=spec.world_size,
@@ -102,22 +106,40 @@ def prepare(
         output=str(target),
         cells_total=_code_cells(cells, bool(parameters)),
     )
-    submission = Submission(job_id, str(path), str(target), dict(parameters))
-    return Prepared(submission, model, environ)
+    submission = Submission(job_id, str(path), str(target), dict(parameters), spec.retries)
+    prepared = Prepared(submission, model, environ)
+    if model.backend != "slurm":
+        return prepared
+    from . import slurmrun
+
+    log_dir = Registry().log_dir(job_id)
+    script = slurmrun.batch_script(spec, job_id, log_dir, path.parent)
+    slurmrun.check(spec, script, slurmrun.environ(_run_environ(prepared)))
+    return dataclasses.replace(prepared, script=script)
+
+
+def _run_environ(prepared: Prepared) -> dict[str, str]:
+    """The variables the runner needs beyond this environment."""
+    return {
+        **prepared.environ,
+        JOB: prepared.model.id,  # its processes' mark (``gc``, like a gang's)
+        "JPY_SESSION_NAME": prepared.submission.notebook,  # its gangs' notebook
+    }
 
 
 def start(prepared: Prepared, registry: Registry) -> JobModel:
-    """Start the runner in a session of its own, record the job, then tell the runner."""
+    """Start the run: its Slurm job (``slurmrun.py``), or a runner in a session of its own
+    here, recorded before it is told its submission."""
+    if prepared.script:
+        from . import slurmrun
+
+        environ = slurmrun.environ(_run_environ(prepared))
+        return slurmrun.start(prepared, registry, environ, prepared.script)
     model, submission = prepared.model, prepared.submission
     log_dir = registry.log_dir(model.id)
     log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     runner_log = open_private(log_dir / "runner.log")
-    environ = {
-        **os.environ,
-        **prepared.environ,
-        JOB: model.id,  # its processes' mark (``gc``, like a gang's)
-        "JPY_SESSION_NAME": submission.notebook,  # the notebook its gangs are recorded with
-    }
+    environ = {**os.environ, **_run_environ(prepared)}
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mn.jobs.runner"],
