@@ -26,7 +26,6 @@ from .runstate import RunState
 
 if TYPE_CHECKING:
     from ..kernel.spec import ClusterSpec
-    from .submit import Prepared
 
 #: Slurm's count of the job's requeues, in the batch step's environment (unset: none yet)
 RESTARTS_VAR = "SLURM_RESTART_COUNT"
@@ -69,16 +68,18 @@ def check(spec: ClusterSpec, script: str, environ: dict[str, str]) -> None:
         raise SpecError(f"--backend slurm, {spec.shape}: {reason}") from None
 
 
-def start(prepared: Prepared, registry: Registry, environ: dict[str, str], script: str) -> JobModel:
-    """Record the run (queued: no runner yet), leave its submission for the runner, submit."""
+def start(
+    model: JobModel, submission: str, registry: Registry, environ: dict[str, str], script: str
+) -> JobModel:
+    """Record the run (queued: no runner yet), leave its submission (JSON) for the runner,
+    submit."""
     from ..errors import SchedulingError
 
-    model, submission = prepared.model, prepared.submission
     log_dir = registry.log_dir(model.id)
     log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = open_private(log_dir / "submission.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     with os.fdopen(fd, "w") as out:
-        out.write(submission.to_json())
+        out.write(submission)
     model.detail = "queued in Slurm"
     registry.save(model)
     try:

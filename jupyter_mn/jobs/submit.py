@@ -4,9 +4,10 @@ Everything a user can get wrong is checked here, before anything starts: the not
 parameters (papermill's reading of its ``parameters`` cell), the flags (a ``ClusterSpec`` built
 from them) and the kernel. The flags travel as ``JUPYTER_MN_*`` variables in the run's
 environment, the layer every cell's spec is built over (``kernel/spec.py``), so a cell's own
-flags win. The run is ``runner.py``, in a session of its own: it outlives the terminal, the
-shell and the Jupyter server that submitted it. It is recorded in the registry before it reads
-its ``Submission``, so the runner always finds its row.
+flags win. The run is ``runner.py``, in a session of its own (``--backend slurm``: the batch
+step of one Slurm job, ``slurmrun.py``): it outlives the terminal, the shell and the Jupyter
+server that submitted it. It is recorded in the registry before it reads its ``Submission``, so
+the runner always finds its row.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def start(prepared: Prepared, registry: Registry) -> JobModel:
         from . import slurmrun
 
         environ = slurmrun.environ(_run_environ(prepared))
-        return slurmrun.start(prepared, registry, environ, prepared.script)
+        submission = prepared.submission.to_json()
+        return slurmrun.start(prepared.model, submission, registry, environ, prepared.script)
     model, submission = prepared.model, prepared.submission
     log_dir = registry.log_dir(model.id)
     log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -320,6 +320,7 @@ def test_a_submitted_run_is_one_slurm_job_its_kernel_and_ranks_share_and_outlive
     assert jobs_after(slurm, mark) == [job_id]  # the run was one job, its cells none
 
 
+@pytest.mark.slow
 def test_cancel_of_a_slurm_run_mid_cell_leaves_no_process_or_job(slurm, tmp_path, no_leftovers):
     nb = notebook(tmp_path / "long.ipynb", "steps = 10_000\npause = 0.2", TRAIN, "print('never')")
     job_id = submit(str(nb), *SUBMIT)
@@ -330,6 +331,7 @@ def test_cancel_of_a_slurm_run_mid_cell_leaves_no_process_or_job(slurm, tmp_path
     wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
 
 
+@pytest.mark.slow
 def test_a_requeued_run_starts_over_per_retries_and_finishes(slurm, tmp_path, no_leftovers):
     nb = notebook(
         tmp_path / "requeued.ipynb",
