@@ -348,7 +348,9 @@ def test_a_requeued_run_starts_over_per_retries_and_finishes(slurm, tmp_path, no
         lambda: (j := job(job_id)).state == "SUBMITTED" and j, 60, "the run to be requeued"
     )
     assert requeued.detail.startswith("requeued by Slurm at cell 2 of 3"), requeued
-    slurm.run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now")  # not Slurm's 120 s
+    queued = f"{slurm_id} PENDING BeginTime"  # Slurm's delay (120 s) once its processes are gone
+    wait_until(lambda: queued in slurm.jobs(), 60, "the job to be queued again")
+    slurm.run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now")
     run = ended(job_id)
     assert (run.state, run.error) == ("SUCCEEDED", None), run
     mn("fetch", job_id, str(tmp_path / "out.ipynb"))
