@@ -99,6 +99,14 @@ def test_a_job_whose_kernel_died_is_orphaned_at_once(registry: Registry):
     assert "stopped without closing it" in registry.job("jmn-dead").detail
 
 
+def test_a_run_queued_in_slurm_has_no_process_yet_and_is_not_orphaned(registry: Registry):
+    queued = {"state": "SUBMITTED", "output": "out.ipynb", "pid": 0}
+    registry.save(make_job("jmn-queued", backend="slurm", **queued))
+    registry.save(make_job("jmn-local", backend="local", **{**queued, "pid": _dead_pid()}))
+    assert registry.reap() == ["jmn-local"]
+    assert registry.job("jmn-queued").state == "SUBMITTED"
+
+
 def test_a_job_without_heartbeat_is_orphaned_after_the_timeout(registry: Registry):
     registry.save(
         make_job("jmn-quiet", host="elsewhere", heartbeat=time.time() - ORPHAN_AFTER_S - 1)
