@@ -331,6 +331,17 @@ def test_cancel_of_a_slurm_run_mid_cell_leaves_no_process_or_job(slurm, tmp_path
     wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
 
 
+def test_a_queued_slurm_run_is_listed_until_cancel_cancels_its_job(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "held.ipynb", "x = 1", "print(x)")
+    job_id = submit(str(nb), *SUBMIT, "--sbatch-arg=--hold")
+    (slurm_id,) = (line.split()[0] for line in slurm.jobs() if "JobHeldUser" in line)
+    queued = job(job_id)
+    assert (queued.state, queued.backend, queued.pid) == ("SUBMITTED", "slurm", 0)
+    assert mn("cancel", job_id).stdout == f"{job_id}: CANCELLED\n"
+    assert job(job_id).detail == "cancelled while queued in Slurm"
+    wait_until(lambda: not slurm.jobs(), 30, f"job {slurm_id} to leave squeue")
+
+
 @pytest.mark.slow
 def test_a_requeued_run_starts_over_per_retries_and_finishes(slurm, tmp_path, no_leftovers):
     nb = notebook(
