@@ -331,6 +331,19 @@ def test_cancel_of_a_slurm_run_mid_cell_leaves_no_process_or_job(slurm, tmp_path
     wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
 
 
+def test_a_slurm_run_whose_job_is_scancelled_fails_saying_so(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "killed.ipynb", "steps = 10_000\npause = 0.2", TRAIN)
+    job_id = submit(str(nb), *SUBMIT, "--retries", "1")  # a scancel is no requeue
+    running_cell(job_id, "[node 1 rank 1] step 1 of 2")
+    slurm.run("scancel", f"--name={job_id}")  # the job is named after the run
+    run = ended(job_id)
+    assert (run.state, run.error) == (
+        "FAILED",
+        "stopped by Slurm at cell 2 of 2 (scancel, --time or a node lost)",
+    ), run
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
+
+
 def test_a_queued_slurm_run_is_listed_until_cancel_cancels_its_job(slurm, tmp_path, no_leftovers):
     nb = notebook(tmp_path / "held.ipynb", "x = 1", "print(x)")
     job_id = submit(str(nb), *SUBMIT, "--sbatch-arg=--hold")
