@@ -355,6 +355,22 @@ def test_a_queued_slurm_run_is_listed_until_cancel_cancels_its_job(slurm, tmp_pa
     wait_until(lambda: not slurm.jobs(), 30, f"job {slurm_id} to leave squeue")
 
 
+def test_gc_fails_a_queued_run_whose_job_was_cancelled_in_slurm(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "held.ipynb", "x = 1", "print(x)")
+    job_id = submit(str(nb), *SUBMIT, "--sbatch-arg=--hold")
+    slurm.run("scancel", f"--name={job_id}")  # not through jupyter mn: its row stays queued
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
+    registry = Registry()
+    try:
+        queued = registry.job(job_id)
+        queued.started -= ORPHAN_AFTER_S  # queued as long as a run must be before gc looks
+        registry.save(queued)
+        assert collect(registry, keep_s=1e9) == [f"{job_id}: marked FAILED: its Slurm job is gone"]
+    finally:
+        registry.close()
+    assert job(job_id).error == "its Slurm job ended before it started (cancelled in Slurm?)"
+
+
 @pytest.mark.slow
 def test_a_requeued_run_starts_over_per_retries_and_finishes(slurm, tmp_path, no_leftovers):
     nb = notebook(
