@@ -13,6 +13,10 @@ running cell and runs no further one; the kernel is then shut down through its s
 which closes its gangs first (``kernel/kernelshutdown.py``); a kernel still running ``KILL_AFTER_S``
 later is killed. A kernel that dies ends the run FAILED with the cause, and what its gangs left
 is cleaned up as ``jupyter mn gc`` would.
+
+On Slurm (``slurmrun.py``) it is the batch step of the run's job. It takes the row over when it
+starts (its host and pid), and Slurm's SIGTERM (a requeue, a ``scancel``, ``--time``) ends the
+run at once: SUBMITTED again when the job is requeued and ``--retries`` allow, else FAILED.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class Run:
         from papermill.cli import _resolve_type  # the types papermill's own ``-p`` gives
 
         if self.slurm_job and not self._slurm_start():
+            self.logs.close()
             return
         self.update(state=RunState.RUNNING.value, detail="starting the kernel")
         watcher = threading.Thread(target=self._watch, name="jupyter-mn-run-watch", daemon=True)
@@ -144,9 +149,10 @@ class Run:
             self.done.set()
         if outcome["state"] == RunState.SUBMITTED.value:  # requeued: the run starts over
             self.logs.mark(1, f"requeued by Slurm {time.strftime('%H:%M:%S')}")
-            return
-        self.update(**outcome, **self._usage(kernel_pid, outcome["state"]), ended=time.time())
-        self.logs.mark(1, f"{outcome['state']} {time.strftime('%H:%M:%S')}")
+        else:
+            usage = self._usage(kernel_pid, outcome["state"])
+            self.update(**outcome, **usage, ended=time.time())
+            self.logs.mark(1, f"{outcome['state']} {time.strftime('%H:%M:%S')}")
         self.logs.close()
 
     # ---- a Slurm run (``slurmrun.py``): its start, and Slurm's SIGTERM
