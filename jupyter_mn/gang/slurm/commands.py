@@ -65,14 +65,15 @@ def run(
 
 def submit(script: str, env: Mapping[str, str], what: str = "the gang's job") -> str:
     """Submit ``script`` (read from stdin) with ``env`` as the job's environment; its job id."""
-    out = run(["sbatch", "--parsable"], f"submitting {what}", env=env, stdin=script)
+    argv = ["sbatch", "--parsable"]
+    out = run(argv, f"submitting {what}", env=env, stdin=script, timeout=_TIMEOUT_S)
     return out.strip().split(";")[0]
 
 
 def test_only(script: str, env: Mapping[str, str], what: str) -> None:
     """Whether Slurm could ever run ``script`` (its shape, partition, account): sbatch
     ``--test-only`` submits nothing, and fails with Slurm's reason."""
-    run(["sbatch", "--test-only"], f"checking {what}", env=env, stdin=script)
+    run(["sbatch", "--test-only"], f"checking {what}", env=env, stdin=script, timeout=_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
