@@ -270,6 +270,12 @@ def _request(args: argparse.Namespace) -> int:
     while outcome is None or (ends and not registry.job(job.id).finished):
         if time.monotonic() > deadline:
             state = registry.job(job.id).state
+            if slurm_run:  # its runner does not answer: Slurm stops it, and leaves nothing
+                from .jobs.slurmrun import cancel_job
+
+                cancel_job(job)
+                print(f"{job.id}: no answer within {args.wait:g} s; its Slurm job is cancelled")
+                return 0
             print(
                 f"{job.id}: no confirmation within {args.wait:g} s ({outcome or 'not answered'};"
                 f" state {state})",

@@ -344,6 +344,17 @@ def test_a_slurm_run_whose_job_is_scancelled_fails_saying_so(slurm, tmp_path, no
     wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
 
 
+def test_cancel_scancels_a_slurm_run_whose_runner_does_not_answer(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "stuck.ipynb", "steps = 10_000\npause = 0.2", TRAIN)
+    job_id = submit(str(nb), *SUBMIT)
+    running_cell(job_id, "[node 1 rank 1] step 1 of 2")
+    os.kill(job(job_id).pid, signal.SIGSTOP)  # the runner, on the job's first node
+    cancelled = mn("cancel", job_id, "--wait", "3").stdout
+    assert cancelled == f"{job_id}: no answer within 3 s; its Slurm job is cancelled\n"
+    wait_until(lambda: not slurm.jobs(), 60, "the run's job to leave squeue")
+    assert ended(job_id).state in {"CANCELLED", "FAILED", "ORPHANED"}
+
+
 def test_a_queued_slurm_run_is_listed_until_cancel_cancels_its_job(slurm, tmp_path, no_leftovers):
     nb = notebook(tmp_path / "held.ipynb", "x = 1", "print(x)")
     job_id = submit(str(nb), *SUBMIT, "--sbatch-arg=--hold")
