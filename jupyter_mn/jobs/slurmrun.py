@@ -13,13 +13,15 @@ a cancel by the job's ``Restarts``, which Slurm has already counted up when it s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import SpecError
+from ..errors import JupyterMNError, SchedulingError, SpecError
 from ..gang.slurm import commands
 from .registry import JobModel, Registry, open_private
 from .runstate import RunState
@@ -59,8 +61,6 @@ def batch_script(spec: ClusterSpec, job_id: str, log_dir: Path, cwd: Path) -> st
 def check(spec: ClusterSpec, script: str, environ: dict[str, str]) -> None:
     """Refuse, before anything is recorded, a run this cluster cannot hold (too many nodes, an
     unknown partition or account): Slurm's own reason, in one line."""
-    from ..errors import SchedulingError
-
     try:
         commands.test_only(script, environ, "the run's job")
     except SchedulingError as exc:
@@ -73,8 +73,6 @@ def start(
 ) -> JobModel:
     """Record the run (queued: no runner yet), leave its submission (JSON) for the runner,
     submit."""
-    from ..errors import SchedulingError
-
     log_dir = registry.log_dir(model.id)
     log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = open_private(log_dir / "submission.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -85,9 +83,10 @@ def start(
     try:
         slurm_id = commands.submit(script, environ, f"run {model.id}")
     except BaseException as exc:
-        model.state, model.error = RunState.FAILED.value, str(exc)
+        model.state, model.error = RunState.FAILED.value, str(exc) or type(exc).__name__
+        model.ended = time.time()
         registry.save(model)
-        if not isinstance(exc, SchedulingError):  # sbatch may have submitted it already
+        with contextlib.suppress(JupyterMNError):  # timed out: sbatch may have submitted it
             commands.cancel_named(model.id)
         raise
     model.detail = f"queued as Slurm job {slurm_id}"  # what submit says; the runner owns the row
