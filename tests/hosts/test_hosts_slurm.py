@@ -284,7 +284,6 @@ def jobs_after(slurm: SlurmCluster, mark: str) -> list[str]:
     )
 
 
-@pytest.mark.slow
 def test_a_submitted_run_is_one_slurm_job_its_kernel_and_ranks_share_and_outlives_its_shell(
     slurm, tmp_path, no_leftovers
 ):
@@ -320,7 +319,6 @@ def test_a_submitted_run_is_one_slurm_job_its_kernel_and_ranks_share_and_outlive
     assert jobs_after(slurm, mark) == [job_id]  # the run was one job, its cells none
 
 
-@pytest.mark.slow
 def test_cancel_of_a_slurm_run_mid_cell_leaves_no_process_or_job(slurm, tmp_path, no_leftovers):
     nb = notebook(tmp_path / "long.ipynb", "steps = 10_000\npause = 0.2", TRAIN, "print('never')")
     job_id = submit(str(nb), *SUBMIT)
@@ -382,7 +380,6 @@ def test_gc_fails_a_queued_run_whose_job_was_cancelled_in_slurm(slurm, tmp_path,
     assert job(job_id).error == "its Slurm job ended before it started (cancelled in Slurm?)"
 
 
-@pytest.mark.slow
 def test_a_requeued_run_starts_over_per_retries_and_finishes(slurm, tmp_path, no_leftovers):
     nb = notebook(
         tmp_path / "requeued.ipynb",
