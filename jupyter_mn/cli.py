@@ -278,13 +278,21 @@ def _request(args: argparse.Namespace) -> int:
     import time
 
     from .jobs.registry import Registry
+    from .jobs.runstate import RunState
 
     registry = Registry()
     job = registry.resolve(args.job)
+    slurm_run = job.submitted and job.backend == "slurm"
     if job.in_cluster:  # no runner here to ask: its driver Job is deleted
         from .jobs import kuberun
 
         print(f"{job.id}: {kuberun.cancel(registry, job, args.wait).state}")
+        return 0
+    if slurm_run and job.state == RunState.SUBMITTED.value:  # queued: no runner to ask
+        from .jobs.slurmrun import cancel_queued
+
+        cancel_queued(registry, job)
+        print(f"{job.id}: {RunState.CANCELLED.value}")
         return 0
     request = registry.request(job.id, args.command, "cli")
     deadline = time.monotonic() + args.wait
@@ -293,6 +301,12 @@ def _request(args: argparse.Namespace) -> int:
     while outcome is None or (ends and not registry.job(job.id).finished):
         if time.monotonic() > deadline:
             state = registry.job(job.id).state
+            if slurm_run:  # its runner does not answer: Slurm stops it, and leaves nothing
+                from .jobs.slurmrun import cancel_job
+
+                cancel_job(job)
+                print(f"{job.id}: no answer within {args.wait:g} s; its Slurm job is cancelled")
+                return 0
             print(
                 f"{job.id}: no confirmation within {args.wait:g} s ({outcome or 'not answered'};"
                 f" state {state})",
@@ -301,6 +315,10 @@ def _request(args: argparse.Namespace) -> int:
             return 1
         time.sleep(0.1)  # the kernel answers within its poll interval
         outcome = registry.outcome(request)
+    if slurm_run:
+        from .jobs.slurmrun import cancel_job
+
+        cancel_job(job)
     if job.submitted:
         outcome = registry.job(job.id).state
     elif args.command == "release":
@@ -335,8 +353,9 @@ def _add_submit(sub: Any) -> None:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from .jobs.launch import launch
     from .jobs.registry import Registry
-    from .jobs.submit import prepare, start
+    from .jobs.submit import prepare
     from .kernel.credentials import mask_argv
     from .kernel.flags import spec_flags
 
@@ -348,16 +367,12 @@ def _submit(args: argparse.Namespace) -> int:
         spec_flags(args),
         " ".join(mask_argv(["jupyter mn", *sys.argv[1:]]))[:300],
     )
-    if prepared.model.backend == "kubernetes":  # the kernel in a driver pod
-        from .jobs import kuberun
-
-        job = kuberun.submit(prepared, Registry())
-    else:
-        job = start(prepared, Registry())
+    job = launch(prepared, Registry())
     print(job.id)
+    queued = f" ({job.detail})" if job.backend == "slurm" else ""
     print(
         f"follow: jupyter mn logs {job.id} -f | fetch: jupyter mn fetch {job.id} | "
-        f"stop: jupyter mn cancel {job.id}",
+        f"stop: jupyter mn cancel {job.id}{queued}",
         file=sys.stderr,
     )
     return 0
@@ -454,7 +469,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jupyter mn", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="jupyter mn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )

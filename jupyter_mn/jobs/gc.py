@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 from ..rank.env import JOB
 from ..rank.procview import ROOM
-from .registry import HOST, ORPHANED, JobModel, Registry
+from .registry import HOST, ORPHAN_AFTER_S, ORPHANED, JobModel, Registry, queued_in_slurm
+from .runstate import RunState
 
 _KILL_WAIT_S = 5.0
 
@@ -33,6 +34,8 @@ def collect(registry: Registry, keep_s: float, dry_run: bool = False) -> list[st
     for job in registry.jobs():
         if job.state == ORPHANED:
             report += clean(job, dry_run)
+        if queued_in_slurm(job) and now - job.started > ORPHAN_AFTER_S:
+            report += _queued_job_gone(registry, job, dry_run)
         if job.finished and now - (job.ended or job.started) > keep_s:
             if not dry_run:
                 registry.forget(job.id)
@@ -134,6 +137,24 @@ def _slurm(job: JobModel, dry_run: bool) -> list[str]:
         return [f"{job.id}: could not clean up on Slurm: {exc}"]
     verb = "would cancel" if dry_run else "cancelled"
     return [f"{job.id}: {verb} Slurm job {i}" for i in ids]
+
+
+def _queued_job_gone(registry: Registry, job: JobModel, dry_run: bool) -> list[str]:
+    """End a run recorded as queued in Slurm whose job Slurm no longer holds (cancelled there
+    before it started): no runner will ever write its row."""
+    from ..errors import JupyterMNError
+    from ..gang.slurm.commands import cancel_named
+
+    try:
+        if cancel_named(job.id, dry_run=True):  # only lists: the run's job is named after it
+            return []
+    except JupyterMNError as exc:
+        return [f"{job.id}: could not ask Slurm about the run's job: {exc}"]
+    if not dry_run:
+        job.state, job.ended = RunState.FAILED.value, time.time()
+        job.error = job.detail = "its Slurm job ended before it started (cancelled in Slurm?)"
+        registry.save(job)
+    return [f"{job.id}: {'would mark' if dry_run else 'marked'} FAILED: its Slurm job is gone"]
 
 
 #: How each backend's leftovers are found and removed.

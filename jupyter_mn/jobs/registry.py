@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import JupyterMNError
 from .netfs import on_network_fs
-from .runstate import RUN_ENDED
+from .runstate import RUN_ENDED, RunState
 from .usage import job_hours
 
 log = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ class Registry:
     def reap(self, now: float | None = None) -> list[str]:
         """Mark live jobs ORPHANED whose kernel died (on this host, where its process can be
         seen: a kernel busy in C code stops beating but is not gone) or, on another host,
-        stopped beating."""
+        stopped beating. A run queued in Slurm has no process yet: Slurm holds it."""
         now = now or time.time()
         with self._lock:
             rows = self._db.execute(
@@ -365,7 +365,7 @@ class Registry:
         dead = [
             (job_id, job)
             for job_id, host, pid, beat, model in rows
-            if (job := self._load(model, beat, {})) is not None
+            if (job := self._load(model, beat, {})) is not None and not queued_in_slurm(job)
             if not job.in_cluster  # its driver's state is the cluster's (``kuberun.refresh``)
             if (not kernel_alive(pid, job.started) if host == HOST else now - beat > ORPHAN_AFTER_S)
         ]
@@ -403,6 +403,11 @@ class Registry:
         ):
             out.setdefault(job, []).append(action)
         return out
+
+
+def queued_in_slurm(job: JobModel) -> bool:
+    """A submitted Slurm run whose job waits in the queue (or again, requeued)."""
+    return job.backend == "slurm" and job.state == RunState.SUBMITTED.value
 
 
 def kernel_alive(pid: int, job_started: float) -> bool:

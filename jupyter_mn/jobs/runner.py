@@ -13,6 +13,10 @@ running cell and runs no further one; the kernel is then shut down through its s
 which closes its gangs first (``kernel/kernelshutdown.py``); a kernel still running ``KILL_AFTER_S``
 later is killed. A kernel that dies ends the run FAILED with the cause, and what its gangs left
 is cleaned up as ``jupyter mn gc`` would.
+
+On Slurm (``slurmrun.py``) it is the batch step of the run's job. It takes the row over when it
+starts (its host and pid), and Slurm's SIGTERM (a requeue, a ``scancel``, ``--time``) ends the
+run at once: SUBMITTED again when the job is requeued and ``--retries`` allow, else FAILED.
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ class Cancelled(Exception):
     """Raised at the next cell's start once the run is cancelled."""
 
 
+class StoppedBySlurm(BaseException):
+    """Raised by SIGTERM in a Slurm run: Slurm stops every process of the job (a requeue, a
+    ``scancel``, ``--time``), so the run's row is written now, within Slurm's ``KillWait``.
+    A ``BaseException``, as ``KeyboardInterrupt``, so that no cell-level handler swallows it."""
+
+
 class OutputLog:
     """A file-like sink for papermill's ``stdout_file``/``stderr_file``: whole lines into the
     job's log, a line's unfinished end kept for the next write."""
@@ -75,6 +85,10 @@ class Run:
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self._lock = threading.Lock()
+        #: the Slurm job this run is the batch step of ("" for a local run)
+        self.slurm_job = os.environ.get("SLURM_JOB_ID", "") if self.model.backend == "slurm" else ""
+        #: while papermill runs: a SIGTERM then stops the run (``StoppedBySlurm``)
+        self._executing = False
 
     def update(self, **changes: Any) -> None:
         with self._lock:
@@ -88,25 +102,35 @@ class Run:
         from nbclient.exceptions import DeadKernelError
         from papermill.cli import _resolve_type  # the types papermill's own ``-p`` gives
 
+        if self.slurm_job and not self._slurm_start():
+            self.logs.close()
+            return
         self.update(state=RunState.RUNNING.value, detail="starting the kernel")
         watcher = threading.Thread(target=self._watch, name="jupyter-mn-run-watch", daemon=True)
         watcher.start()
         outcome: dict[str, Any] = {"state": RunState.SUCCEEDED.value, "detail": "done"}
         try:
-            papermill.execute_notebook(
-                self.submission.notebook,
-                self.submission.output,
-                parameters={k: _resolve_type(v) for k, v in self.submission.parameters.items()},
-                kernel_name=KERNEL,
-                language="python",  # the kernel's, whatever the notebook's metadata says
-                progress_bar=False,
-                request_save_on_cell_execute=True,
-                autosave_cell_every=AUTOSAVE_S,
-                stdout_file=OutputLog(self.logs, "out"),
-                stderr_file=OutputLog(self.logs, "err"),
-                km=self.km,
-                on_cell_start=self._cell_started,
-            )
+            self._executing = True  # a SIGTERM from here on raises StoppedBySlurm
+            try:
+                papermill.execute_notebook(
+                    self.submission.notebook,
+                    self.submission.output,
+                    parameters={k: _resolve_type(v) for k, v in self.submission.parameters.items()},
+                    kernel_name=KERNEL,
+                    language="python",  # the kernel's, whatever the notebook's metadata says
+                    progress_bar=False,
+                    request_save_on_cell_execute=True,
+                    autosave_cell_every=AUTOSAVE_S,
+                    stdout_file=OutputLog(self.logs, "out"),
+                    stderr_file=OutputLog(self.logs, "err"),
+                    km=self.km,
+                    on_cell_start=self._cell_started,
+                )
+            finally:
+                self._executing = False
+        except StoppedBySlurm:
+            outcome = self._stopped_by_slurm()
+            self.update(**outcome)  # now: Slurm kills this process KillWait after its SIGTERM
         except Cancelled:
             outcome = self._cancelled()
         except papermill.PapermillExecutionError as exc:
@@ -123,10 +147,58 @@ class Run:
         finally:
             kernel_pid = self._stop_kernel()
             self.done.set()
-        usage = self._usage(outcome["state"]) if kernel_pid is not None else {}
-        self.update(**outcome, **usage, ended=time.time())
-        self.logs.mark(1, f"{outcome['state']} {time.strftime('%H:%M:%S')}")
+        if outcome["state"] == RunState.SUBMITTED.value:  # requeued: the run starts over
+            self.logs.mark(1, f"requeued by Slurm {time.strftime('%H:%M:%S')}")
+        else:
+            usage = self._usage(outcome["state"]) if kernel_pid is not None else {}
+            self.update(**outcome, **usage, ended=time.time())
+            self.logs.mark(1, f"{outcome['state']} {time.strftime('%H:%M:%S')}")
         self.logs.close()
+
+    # ---- a Slurm run (``slurmrun.py``): its start, and Slurm's SIGTERM
+    def _slurm_start(self) -> bool:
+        """Take the row over on this node; False when the run is not to run (cancelled while
+        queued, or requeued more often than ``--retries``)."""
+        from . import slurmrun
+
+        if self.model.finished:
+            return False
+        restarts, retries = slurmrun.restarts(), self.submission.retries
+        if restarts > retries:
+            cause = f"Slurm requeued the run {restarts} times; --retries {retries}"
+            self.update(**self._failed(cause), ended=time.time())
+            return False
+        signal.signal(signal.SIGTERM, self._sigterm)
+        job = f"Slurm job {self.slurm_job}" + (f", restart {restarts}" if restarts else "")
+        self.logs.mark(1, f"{job} on {HOST} {time.strftime('%H:%M:%S')}")
+        # the row's host and pid are now this runner's (``kernel_alive``: started after it)
+        self.update(host=HOST, pid=os.getpid(), started=time.time(), cells=0, detail=job)
+        return True
+
+    def _sigterm(self, signum: int, frame: Any) -> None:
+        if self._executing:
+            self._executing = False
+            raise StoppedBySlurm
+
+    def _stopped_by_slurm(self) -> dict[str, Any]:
+        """The run's end, or its requeue: Slurm has counted a requeue up before it stops it."""
+        from ..errors import JupyterMNError
+        from ..gang.slurm import commands
+        from . import slurmrun
+
+        progress = f"cell {self.model.cells} of {self.model.cells_total}"
+        if self.cancelled.is_set():
+            return self._cancelled()
+        try:
+            requeued = commands.restarts(self.slurm_job) > slurmrun.restarts()
+        except JupyterMNError:
+            requeued = False
+        if not requeued:
+            return self._failed(f"stopped by Slurm at {progress} (scancel, --time or a node lost)")
+        if slurmrun.restarts() >= self.submission.retries:
+            return self._failed(f"requeued by Slurm at {progress}; no --retries left")
+        detail = f"requeued by Slurm at {progress}; starts over when the job runs again"
+        return {"state": RunState.SUBMITTED.value, "detail": detail}
 
     def _cancelled(self) -> dict[str, Any]:
         detail = f"cancelled at cell {self.model.cells} of {self.model.cells_total}"

@@ -10,7 +10,8 @@ from enum import Enum
 
 
 class RunState(str, Enum):
-    #: recorded by ``submit``; its runner has not started the kernel yet
+    #: recorded by ``submit``; its runner has not started the kernel yet (on Slurm: the job is
+    #: queued, or requeued to start over)
     SUBMITTED = "SUBMITTED"
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"

@@ -4,9 +4,10 @@ Everything a user can get wrong is checked here, before anything starts: the not
 parameters (papermill's reading of its ``parameters`` cell), the flags (a ``ClusterSpec`` built
 from them) and the kernel. The flags travel as ``JUPYTER_MN_*`` variables in the run's
 environment, the layer every cell's spec is built over (``kernel/spec.py``), so a cell's own
-flags win. The run is ``runner.py``, in a session of its own: it outlives the terminal, the
-shell and the Jupyter server that submitted it. It is recorded in the registry before it reads
-its ``Submission``, so the runner always finds its row.
+flags win. The run is ``runner.py``, in a session of its own (``--backend slurm``: the batch
+step of one Slurm job, ``slurmrun.py``): it outlives the terminal, the shell and the Jupyter
+server that submitted it. It is recorded in the registry before it reads its ``Submission``, so
+the runner always finds its row.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class Submission:
     output: str
     #: ``-p`` values as given: papermill types them as its own ``-p`` does
     parameters: dict[str, str]
+    #: ``--retries``: how often a Slurm requeue may start the run over (``slurmrun.py``)
+    retries: int = 0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -65,6 +68,8 @@ class Prepared:
     environ: dict[str, str]
     #: the flags as one spec (``kuberun`` reads the driver's image, namespace and account)
     spec: Any = None
+    #: ``--backend slurm``: the run's batch script (``slurmrun.py``); "" for a local run
+    script: str = ""
 
 
 def prepare(
@@ -98,7 +103,7 @@ def prepare(
         id=job_id,
         name=name or path.stem,
         gang=job_id,
-        backend="kubernetes" if spec.backend == "kubernetes" else "local",
+        backend=spec.backend if spec.backend in ("kubernetes", "slurm") else "local",
         shape=spec.shape,
         gpus=spec.gpus,
         world_size=spec.world_size,
@@ -110,22 +115,41 @@ def prepare(
         output=str(target),
         cells_total=_code_cells(cells, bool(parameters)),
     )
-    submission = Submission(job_id, str(path), str(target), dict(parameters))
-    return Prepared(submission, model, environ, spec)
+    submission = Submission(job_id, str(path), str(target), dict(parameters), spec.retries)
+    prepared = Prepared(submission, model, environ, spec)
+    if model.backend != "slurm":
+        return prepared
+    from . import slurmrun
+
+    log_dir = Registry().log_dir(job_id)
+    script = slurmrun.batch_script(spec, job_id, log_dir, path.parent)
+    slurmrun.check(spec, script, slurmrun.environ(_run_environ(prepared)))
+    return dataclasses.replace(prepared, script=script)
+
+
+def _run_environ(prepared: Prepared) -> dict[str, str]:
+    """The variables the runner needs beyond this environment."""
+    return {
+        **prepared.environ,
+        JOB: prepared.model.id,  # its processes' mark (``gc``, like a gang's)
+        "JPY_SESSION_NAME": prepared.submission.notebook,  # its gangs' notebook
+    }
 
 
 def start(prepared: Prepared, registry: Registry) -> JobModel:
-    """Start the runner in a session of its own, record the job, then tell the runner."""
+    """Start the run: its Slurm job (``slurmrun.py``), or a runner in a session of its own
+    here, recorded before it is told its submission (a driver pod: ``launch.py``)."""
+    if prepared.script:
+        from . import slurmrun
+
+        environ = slurmrun.environ(_run_environ(prepared))
+        submission = prepared.submission.to_json()
+        return slurmrun.start(prepared.model, submission, registry, environ, prepared.script)
     model, submission = prepared.model, prepared.submission
     log_dir = registry.log_dir(model.id)
     log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     runner_log = open_private(log_dir / "runner.log")
-    environ = {
-        **os.environ,
-        **prepared.environ,
-        JOB: model.id,  # its processes' mark (``gc``, like a gang's)
-        "JPY_SESSION_NAME": submission.notebook,  # the notebook its gangs are recorded with
-    }
+    environ = {**os.environ, **_run_environ(prepared)}
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_mn.jobs.runner"],

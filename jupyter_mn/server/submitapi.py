@@ -21,8 +21,9 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from ..errors import JupyterMNError
+from ..jobs.launch import launch
 from ..jobs.registry import JobModel, Registry
-from ..jobs.submit import Prepared, notebook_form, prepare, start
+from ..jobs.submit import Prepared, notebook_form, prepare
 from .handlers import JobAPI
 
 
@@ -69,7 +70,7 @@ class SubmitHandler(JobAPI):
     def _submit(self, notebook: str, parameters: list[tuple[str, str]]) -> JobModel:
         form = notebook_form(notebook)
         prepared = prepare(notebook, None, parameters, None, form.flags, _launcher(form.line))
-        return start(_beside(prepared, Path(notebook).parent), self.registry)
+        return launch(_beside(prepared, Path(notebook).parent), self.registry)
 
 
 def _launcher(line: str) -> str:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import nbformat
 import psutil
 import pytest
 
@@ -29,6 +30,18 @@ from jupyter_mn.jobs.registry import ORPHAN_AFTER_S, Registry
 from jupyter_mn.kernel.slurmspec import SlurmOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.wire.events import NodesWaiting
+from tests.e2e.test_detached_runs import (
+    JUPYTER_MN,
+    TRAIN,
+    ended,
+    job,
+    jobs,
+    mn,
+    notebook,
+    outputs,
+    running_cell,
+    submit,
+)
 from tests.hosts.test_hosts_dask import CHECK
 from tests.support.bigvalue import check_big_value
 from tests.support.jobs import make_job
@@ -256,3 +269,163 @@ def test_a_job_sbatch_submitted_before_it_timed_out_is_cancelled(
         cluster.up()
     cluster.close()
     wait_until(lambda: not slurm.jobs(), 30, "the submitted job to be cancelled")
+
+
+# ---- jupyter mn submit --backend slurm (jobs/slurmrun.py): the run is one job
+SUBMIT = ["--backend", "slurm", "--nodes", "2", "--gpus", "1", "--no-preflight"]
+#: A job that marks where the next test's jobs start (this test Slurm's ids count up)
+MARK = ["sbatch", "--parsable", "--output=/dev/null", "--wrap", "true"]
+
+
+def jobs_after(slurm: SlurmCluster, mark: str) -> list[str]:
+    """The names of the jobs Slurm was given after ``mark``, ended ones too (slurmctld keeps
+    them for MinJobAge, 300 s: this test Slurm has no accounting database for sacct)."""
+    out = slurm.run("squeue", "-h", "--states=all", "-o", "%i %j")
+    return sorted(
+        name for i, name in (line.split() for line in out.splitlines()) if int(i) > int(mark)
+    )
+
+
+def test_a_submitted_run_is_one_slurm_job_its_kernel_and_ranks_share_and_outlives_its_shell(
+    slurm, tmp_path, no_leftovers
+):
+    nb = notebook(
+        tmp_path / "three.ipynb",
+        "import os\nprint('kernel job', os.environ['SLURM_JOB_ID'], flush=True)",
+        "%%cluster\nimport os, socket\n"
+        "print('rank job', os.environ['SLURM_JOB_ID'], socket.gethostname(), flush=True)",
+        "print('done')",
+    )
+    mark = slurm.run(*MARK).strip()
+    shell = subprocess.Popen(  # a terminal's shell: it submits, then is killed with its group
+        ["bash", "-c", f"{' '.join(JUPYTER_MN)} submit {nb} {' '.join(SUBMIT)}; sleep 600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    job_id = shell.stdout.readline().strip()
+    slurm_id = shell.stderr.readline().rsplit("(queued as Slurm job ", 1)[1].rstrip(")\n")
+    os.killpg(shell.pid, signal.SIGKILL)
+    shell.wait()
+    run = ended(job_id)
+    assert (run.state, run.cells, run.error) == ("SUCCEEDED", 3, None), run
+    assert run.backend == "slurm" and run.host == slurm.nodes[0]  # the kernel ran in the job
+    mn("fetch", job_id, str(tmp_path / "out.ipynb"))
+    cells = nbformat.read(tmp_path / "out.ipynb", 4).cells
+    assert outputs(cells[0]) == f"kernel job {slurm_id}\n"
+    for rank, host in enumerate(slurm.nodes):
+        assert f"[node {rank} rank {rank}] rank job {slurm_id} {host}" in outputs(cells[1])
+    assert outputs(cells[2]) == "done\n"
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
+    assert jobs_after(slurm, mark) == [job_id]  # the run was one job, its cells none
+
+
+def test_cancel_of_a_slurm_run_mid_cell_leaves_no_process_or_job(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "long.ipynb", "steps = 10_000\npause = 0.2", TRAIN, "print('never')")
+    job_id = submit(str(nb), *SUBMIT)
+    running_cell(job_id, "[node 1 rank 1] step 1 of 2")
+    assert mn("cancel", job_id, "--wait", "60").stdout == f"{job_id}: CANCELLED\n"
+    run = job(job_id)
+    assert (run.state, run.detail) == ("CANCELLED", "cancelled at cell 2 of 3"), run
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
+
+
+def test_a_slurm_run_whose_job_is_scancelled_fails_saying_so(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "killed.ipynb", "steps = 10_000\npause = 0.2", TRAIN)
+    job_id = submit(str(nb), *SUBMIT, "--retries", "1")  # a scancel is no requeue
+    running_cell(job_id, "[node 1 rank 1] step 1 of 2")
+    slurm.run("scancel", f"--name={job_id}")  # the job is named after the run
+    run = ended(job_id)
+    assert (run.state, run.error) == (
+        "FAILED",
+        "stopped by Slurm at cell 2 of 2 (scancel, --time or a node lost)",
+    ), run
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
+
+
+def test_cancel_scancels_a_slurm_run_whose_runner_does_not_answer(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "stuck.ipynb", "steps = 10_000\npause = 0.2", TRAIN)
+    job_id = submit(str(nb), *SUBMIT)
+    running_cell(job_id, "[node 1 rank 1] step 1 of 2")
+    os.kill(job(job_id).pid, signal.SIGSTOP)  # the runner, on the job's first node
+    cancelled = mn("cancel", job_id, "--wait", "3").stdout
+    assert cancelled == f"{job_id}: no answer within 3 s; its Slurm job is cancelled\n"
+    wait_until(lambda: not slurm.jobs(), 60, "the run's job to leave squeue")
+    assert ended(job_id).state in {"CANCELLED", "FAILED", "ORPHANED"}
+
+
+def test_a_queued_slurm_run_is_listed_until_cancel_cancels_its_job(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "held.ipynb", "x = 1", "print(x)")
+    job_id = submit(str(nb), *SUBMIT, "--sbatch-arg=--hold")
+    (slurm_id,) = (line.split()[0] for line in slurm.jobs() if "JobHeldUser" in line)
+    queued = job(job_id)
+    assert (queued.state, queued.backend, queued.pid) == ("SUBMITTED", "slurm", 0)
+    assert mn("cancel", job_id).stdout == f"{job_id}: CANCELLED\n"
+    assert job(job_id).detail == "cancelled while queued in Slurm"
+    wait_until(lambda: not slurm.jobs(), 30, f"job {slurm_id} to leave squeue")
+
+
+def test_gc_fails_a_queued_run_whose_job_was_cancelled_in_slurm(slurm, tmp_path, no_leftovers):
+    nb = notebook(tmp_path / "held.ipynb", "x = 1", "print(x)")
+    job_id = submit(str(nb), *SUBMIT, "--sbatch-arg=--hold")
+    slurm.run("scancel", f"--name={job_id}")  # not through jupyter mn: its row stays queued
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
+    registry = Registry()
+    try:
+        queued = registry.job(job_id)
+        queued.started -= ORPHAN_AFTER_S  # queued as long as a run must be before gc looks
+        registry.save(queued)
+        assert collect(registry, keep_s=1e9) == [f"{job_id}: marked FAILED: its Slurm job is gone"]
+    finally:
+        registry.close()
+    assert job(job_id).error == "its Slurm job ended before it started (cancelled in Slurm?)"
+
+
+def test_a_requeued_run_starts_over_per_retries_and_finishes(slurm, tmp_path, no_leftovers):
+    nb = notebook(
+        tmp_path / "requeued.ipynb",
+        "import os\nrestart = os.environ.get('SLURM_RESTART_COUNT', '0')",
+        "%%cluster\nimport os, time\nprint('attempt', os.environ.get('SLURM_RESTART_COUNT', '0'),"
+        " flush=True)\nwhile 'SLURM_RESTART_COUNT' not in os.environ:\n    time.sleep(0.2)",
+        "print('finished at restart', restart)",
+    )
+    job_id = submit(str(nb), *SUBMIT, "--retries", "1")
+    running_cell(job_id, "[node 1 rank 1] attempt 0")
+    (slurm_id,) = (line.split()[0] for line in slurm.jobs())
+    slurm.run("scontrol", "requeue", slurm_id)
+    requeued = wait_until(
+        lambda: (j := job(job_id)).state == "SUBMITTED" and j, 60, "the run to be requeued"
+    )
+    assert requeued.detail.startswith("requeued by Slurm at cell 2 of 3"), requeued
+    queued = f"{slurm_id} PENDING BeginTime"  # Slurm's delay (120 s) once its processes are gone
+    wait_until(lambda: queued in slurm.jobs(), 60, "the job to be queued again")
+    slurm.run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now")
+    run = ended(job_id)
+    assert (run.state, run.error) == ("SUCCEEDED", None), run
+    mn("fetch", job_id, str(tmp_path / "out.ipynb"))
+    cells = nbformat.read(tmp_path / "out.ipynb", 4).cells
+    assert "[node 1 rank 1] attempt 1" in outputs(cells[1])
+    assert outputs(cells[2]) == "finished at restart 1\n"
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--nodes", "3"], "Requested node configuration is not available"),
+        (["--partitoin", "debug"], "unrecognized arguments: --partitoin debug"),
+    ],
+)
+def test_a_slurm_run_the_cluster_cannot_hold_is_refused_in_one_line_before_anything_is_submitted(
+    slurm, tmp_path, flags, error
+):
+    nb = notebook(tmp_path / "nb.ipynb", "x = 1", "print(x)")
+    mark = slurm.run(*MARK).strip()
+    argv = [*JUPYTER_MN, "submit", str(nb), "--backend", "slurm", *flags]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.splitlines()
+    assert error in line and line.startswith("jupyter mn"), line
+    assert not [j for j in jobs() if j.notebook == str(nb)]
+    assert jobs_after(slurm, mark) == []

@@ -108,6 +108,14 @@ def test_a_run_in_a_kubernetes_driver_pod_is_not_reaped_by_pid_or_heartbeat(regi
     assert registry.job("nb-run").state == "RUNNING"
 
 
+def test_a_run_queued_in_slurm_has_no_process_yet_and_is_not_orphaned(registry: Registry):
+    queued = {"state": "SUBMITTED", "output": "out.ipynb", "pid": 0}
+    registry.save(make_job("jmn-queued", backend="slurm", **queued))
+    registry.save(make_job("jmn-local", backend="local", **{**queued, "pid": _dead_pid()}))
+    assert registry.reap() == ["jmn-local"]
+    assert registry.job("jmn-queued").state == "SUBMITTED"
+
+
 def test_a_job_without_heartbeat_is_orphaned_after_the_timeout(registry: Registry):
     registry.save(
         make_job("jmn-quiet", host="elsewhere", heartbeat=time.time() - ORPHAN_AFTER_S - 1)

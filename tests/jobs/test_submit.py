@@ -15,8 +15,11 @@ import pytest
 from jupyter_mn.cli import main
 from jupyter_mn.errors import SpecError
 from jupyter_mn.jobs.registry import Registry
+from jupyter_mn.jobs.slurmrun import batch_script
 from jupyter_mn.jobs.submit import defaults_environ, notebook_form
 from jupyter_mn.kernel.flags import cell_parser, spec_flags
+from jupyter_mn.kernel.slurmspec import SlurmOptions
+from jupyter_mn.kernel.spec import ClusterSpec
 
 
 @pytest.fixture
@@ -142,3 +145,32 @@ def test_a_first_cluster_cell_whose_flags_do_not_parse_is_one_line(nb):
     nbformat.write(nbformat.v4.new_notebook(cells=cells), nb)
     with pytest.raises(SpecError, match=r"nb.ipynb's first %%cluster cell: .*--nodes: invalid int"):
         notebook_form(str(nb))
+
+
+@pytest.mark.parametrize(("retries", "requeue"), [(0, "--no-requeue"), (2, "--requeue")])
+def test_a_slurm_runs_batch_script_asks_its_nodes_and_requeues_only_with_retries(
+    tmp_path, retries, requeue
+):
+    spec = ClusterSpec(
+        nodes=3,
+        gpus=2,
+        backend="slurm",
+        retries=retries,
+        slurm=SlurmOptions(partition="gpu", time="1:00:00", gres="gpu"),
+    )
+    script = batch_script(spec, "train-1234", tmp_path / "logs", tmp_path)
+    options = [line.split(" ", 1)[1] for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert options == [
+        "--job-name=train-1234",
+        "--nodes=3",
+        f"--chdir={tmp_path}",
+        f"--output={tmp_path / 'logs' / 'runner.log'}",
+        "--open-mode=append",
+        requeue,
+        "--gres=gpu:2",
+        "--partition=gpu",
+        "--time=1:00:00",
+    ]
+    assert script.endswith(
+        f" -m jupyter_mn.jobs.runner < {tmp_path / 'logs' / 'submission.json'}\n"
+    )

@@ -63,16 +63,17 @@ def run(
     return done.stdout
 
 
-def submit(script: str, env: Mapping[str, str]) -> str:
+def submit(script: str, env: Mapping[str, str], what: str = "the gang's job") -> str:
     """Submit ``script`` (read from stdin) with ``env`` as the job's environment; its job id."""
-    out = run(
-        ["sbatch", "--parsable"],
-        "submitting the gang's job",
-        env=env,
-        stdin=script,
-        timeout=_TIMEOUT_S,
-    )
+    argv = ["sbatch", "--parsable"]
+    out = run(argv, f"submitting {what}", env=env, stdin=script, timeout=_TIMEOUT_S)
     return out.strip().split(";")[0]
+
+
+def test_only(script: str, env: Mapping[str, str], what: str) -> None:
+    """Whether Slurm could ever run ``script`` (its shape, partition, account): sbatch
+    ``--test-only`` submits nothing, and fails with Slurm's reason."""
+    run(["sbatch", "--test-only"], f"checking {what}", env=env, stdin=script, timeout=_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,13 @@ def batch_host(job_id: str) -> str:
     """The node the job's batch script runs on (its first node)."""
     out = run(["scontrol", "-o", "show", "job", job_id], f"asking scontrol about job {job_id}")
     return _fields(out).get("BatchHost", "")
+
+
+def restarts(job_id: str) -> int:
+    """How often Slurm has requeued the job (its ``Restarts``, already counted while the
+    requeued run is being stopped)."""
+    out = run(["scontrol", "-o", "show", "job", job_id], f"asking scontrol about job {job_id}")
+    return int(_fields(out).get("Restarts", "0"))
 
 
 def node_address(node: str) -> str:

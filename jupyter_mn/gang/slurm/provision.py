@@ -157,7 +157,7 @@ def plan(spec: ClusterSpec, gang_id: str, port: int, has_gpus: bool) -> str:
     return batch_script(spec, batch)
 
 
-def _has_gpus(spec: ClusterSpec, timeout: float = 30.0) -> bool:
+def partition_has_gpus(spec: ClusterSpec, timeout: float = 30.0) -> bool:
     return spec.slurm.gres != "auto" or commands.has_gpus(spec.slurm.partition, timeout)
 
 
@@ -171,7 +171,7 @@ def dry_run(spec: ClusterSpec) -> str:
         "(sbatch reads this on stdin).\n"
     )
     try:  # sinfo retries a missing slurm.conf for a minute: a dry run does not wait that long
-        has_gpus = _has_gpus(spec, timeout=_DRY_RUN_SINFO_S)
+        has_gpus = partition_has_gpus(spec, timeout=_DRY_RUN_SINFO_S)
     except SchedulingError as exc:
         header += f"# sinfo did not answer ({exc}): GPUs asked as on a GPU partition.\n"
         has_gpus = True
@@ -214,7 +214,7 @@ class SlurmProvisioner:
     # ---- a batch job of its own
     def _submit(self, spec: ClusterSpec, gang_id: str, port: int, env: dict[str, str]) -> str:
         """Submit and wait until the job runs; the address of its first node."""
-        has_gpus = _has_gpus(spec)
+        has_gpus = partition_has_gpus(spec)
         if not has_gpus:
             self.notify(Note(_CPU_ONLY.format(partition=spec.slurm.partition or "default")))
         script = plan(spec, gang_id, port, has_gpus)

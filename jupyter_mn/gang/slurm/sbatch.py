@@ -44,17 +44,22 @@ def gres(spec: ClusterSpec, cluster_has_gpus: bool) -> str:
 
 def sbatch_options(spec: ClusterSpec, batch: Batch) -> list[str]:
     """The job's sbatch options, in the order they appear as ``#SBATCH`` lines."""
-    opts = spec.slurm
-    out = [
+    return [
         f"--job-name={batch.gang_id}",
         f"--nodes={spec.nodes}",
         "--ntasks-per-node=1",
         f"--output={batch.output}",
         # SIGTERM to the steps this long before --time runs out: the nodes' preemption notice
         f"--signal=TERM@{spec.kill_after}",
+        *placement_options(spec, batch.gres),
     ]
-    if batch.gres:
-        out.append(f"--gres={batch.gres}")
+
+
+def placement_options(spec: ClusterSpec, gres: str) -> list[str]:
+    """Where the job runs and what it may use: ``--gres`` and the Slurm flags of the spec
+    (a gang's job and a submitted run's alike)."""
+    opts = spec.slurm
+    out = [f"--gres={gres}"] if gres else []
     for flag, value in (
         ("--partition", opts.partition),
         ("--account", opts.account),
