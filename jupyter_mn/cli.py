@@ -277,22 +277,14 @@ def _request(args: argparse.Namespace) -> int:
     """Leave the request for the owning kernel (it polls), then report what it did."""
     import time
 
+    from .jobs.launch import stop_unanswered
     from .jobs.registry import Registry
-    from .jobs.runstate import RunState
 
     registry = Registry()
     job = registry.resolve(args.job)
     slurm_run = job.submitted and job.backend == "slurm"
-    if job.in_cluster:  # no runner here to ask: its driver Job is deleted
-        from .jobs import kuberun
-
-        print(f"{job.id}: {kuberun.cancel(registry, job, args.wait).state}")
-        return 0
-    if slurm_run and job.state == RunState.SUBMITTED.value:  # queued: no runner to ask
-        from .jobs.slurmrun import cancel_queued
-
-        cancel_queued(registry, job)
-        print(f"{job.id}: {RunState.CANCELLED.value}")
+    if args.command == "cancel" and (stopped := stop_unanswered(registry, job, args.wait)):
+        print(f"{job.id}: {stopped.state}")
         return 0
     request = registry.request(job.id, args.command, "cli")
     deadline = time.monotonic() + args.wait

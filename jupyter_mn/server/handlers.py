@@ -26,11 +26,15 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.ioloop import IOLoop
 
+from ..errors import JupyterMNError
 from ..jobs.joblogs import format_cursor, parse_cursor, read_logs
+from ..jobs.launch import stop_unanswered
 from ..jobs.registry import JobModel, JobNotFound, Registry, RegistryError
 
 #: How long a cancel/release POST waits for the kernel's answer before replying 202.
 ANSWER_WAIT_S = 3.0
+#: How long a cancel waits for a driver pod's Job to be gone (``kuberun.cancel``).
+STOP_WAIT_S = 90.0
 MAX_TAIL = 5000
 T = TypeVar("T")
 
@@ -151,8 +155,17 @@ class ActionHandler(JobAPI):
     @web.authenticated
     @authorized
     async def post(self, job_id: str, action: str) -> None:
-        """Ask the job's kernel to cancel its running cell or release its gang."""
+        """Ask the job's kernel to cancel its running cell or release its gang (a run no runner
+        answers is stopped here: ``launch.stop_unanswered``)."""
         job = await self._job(job_id)
+        if action == "cancel":
+            try:
+                stopped = await self._off_loop(stop_unanswered, self.registry, job, STOP_WAIT_S)
+            except JupyterMNError as exc:
+                raise web.HTTPError(409, str(exc)) from None
+            if stopped is not None:
+                self.finish(json.dumps({"request": None, "outcome": stopped.state}))
+                return
         try:
             request = await self._off_loop(self.registry.request, job.id, action, "panel")
         except RegistryError as exc:
