@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from tests.backends import test_kube_real as base
 from tests.backends.test_kube_real import CELL, DOCUMENTED_ROLE, Plane, _dask_port, _left
 from tests.support.kube import sandbox
 from tests.support.polling import wait_until
+from tests.support.runs import JUPYTER_MN, submit_in_a_shell
 
 #: the same fixtures: one control plane for this module's tests, refusals failing a test
 plane, no_refusals = base.plane, base.no_refusals
@@ -31,7 +30,6 @@ pytestmark = pytest.mark.skipif(
     not sandbox.usable(), reason="the test kubelet mounts a pod's service account as root only"
 )
 
-JUPYTER_MN = [sys.executable, "-m", "jupyter_mn.cli"]
 #: A run starts a kernel in its pod, then a gang of four ranks that import torch.
 RUN_S = 300
 LOOP = "import time\nfor i in range(10_000):\n    print('step', i, flush=True)\n    time.sleep(0.2)"
@@ -113,17 +111,7 @@ def test_a_submitted_notebook_runs_its_2x2_cell_in_cluster_after_its_shell_is_ki
         f"%%cluster --nodes 2 --gpus 2 --gang none --dask-port {_dask_port()}\n{CELL}",
         "print('third')",
     )
-    shell = subprocess.Popen(  # a terminal's shell: it submits, then is killed with its group
-        ["bash", "-c", f"{' '.join(JUPYTER_MN)} submit {nb} {' '.join(flags)} && sleep 600"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    job_id = shell.stdout.readline().strip()
-    os.killpg(shell.pid, signal.SIGKILL)
-    shell.wait()
-    assert job_id, shell.stderr.read()
+    job_id, _ = submit_in_a_shell(str(nb), *flags)
     follow = subprocess.run(
         [*JUPYTER_MN, "logs", job_id, "-f"], capture_output=True, text=True, timeout=RUN_S
     )  # returns once the driver has ended

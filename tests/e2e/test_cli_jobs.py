@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 
@@ -18,8 +17,7 @@ from jupyter_mn.jobs.registry import JobModel, Registry
 from tests.support.kernels import Kernel, Reply
 from tests.support.polling import wait_until
 from tests.support.procs import ours, rank_processes, running
-
-JUPYTER_MN = [sys.executable, "-m", "jupyter_mn.cli"]
+from tests.support.runs import JUPYTER_MN
 
 
 def mn(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +18,8 @@ from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import JobModel
 from jupyter_mn.wire.events import HoursUnit
 from tests.support.polling import wait_until
+from tests.support.runs import JUPYTER_MN, submit_in_a_shell
 
-JUPYTER_MN = [sys.executable, "-m", "jupyter_mn.cli"]
 #: A submitted run starts a kernel and a gang, under whatever else this machine runs.
 RUN_S = 240
 
@@ -82,17 +81,8 @@ def test_a_run_outlives_the_shell_that_submitted_it_and_fetch_gives_every_cell(
     tmp_path, no_leftovers
 ):
     nb = notebook(tmp_path / "train.ipynb", "steps = 2\npause = 0.2", TRAIN, "print('done', steps)")
-    shell = subprocess.Popen(  # a terminal's shell: it submits, then is killed with its group
-        ["bash", "-c", f"{' '.join(JUPYTER_MN)} submit {nb} -p steps 3 --nodes 2; sleep 600"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    job_id = shell.stdout.readline().strip()
-    assert "follow: jupyter mn logs" in shell.stderr.readline()
-    os.killpg(shell.pid, signal.SIGKILL)
-    shell.wait()
+    job_id, said = submit_in_a_shell(str(nb), "-p steps 3 --nodes 2")
+    assert "follow: jupyter mn logs" in said
     follow = subprocess.run(
         [*JUPYTER_MN, "logs", job_id, "-f"], capture_output=True, text=True, timeout=RUN_S
     )  # returns once the run has ended

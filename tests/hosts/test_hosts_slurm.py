@@ -31,7 +31,6 @@ from jupyter_mn.kernel.slurmspec import SlurmOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.wire.events import NodesWaiting
 from tests.e2e.test_detached_runs import (
-    JUPYTER_MN,
     TRAIN,
     ended,
     job,
@@ -47,6 +46,7 @@ from tests.support.bigvalue import check_big_value
 from tests.support.jobs import make_job
 from tests.support.kernels import Kernel
 from tests.support.polling import wait_until
+from tests.support.runs import JUPYTER_MN, submit_in_a_shell
 from tests.support.slurm import SlurmCluster
 
 
@@ -297,17 +297,8 @@ def test_a_submitted_run_is_one_slurm_job_its_kernel_and_ranks_share_and_outlive
         "print('done')",
     )
     mark = slurm.run(*MARK).strip()
-    shell = subprocess.Popen(  # a terminal's shell: it submits, then is killed with its group
-        ["bash", "-c", f"{' '.join(JUPYTER_MN)} submit {nb} {' '.join(SUBMIT)}; sleep 600"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    job_id = shell.stdout.readline().strip()
-    slurm_id = shell.stderr.readline().rsplit("(queued as Slurm job ", 1)[1].rstrip(")\n")
-    os.killpg(shell.pid, signal.SIGKILL)
-    shell.wait()
+    job_id, said = submit_in_a_shell(str(nb), *SUBMIT)
+    slurm_id = said.rsplit("(queued as Slurm job ", 1)[1].rstrip(")\n")
     run = ended(job_id)
     assert (run.state, run.cells, run.error) == ("SUCCEEDED", 3, None), run
     assert run.backend == "slurm" and run.host == slurm.nodes[0]  # the kernel ran in the job
