@@ -13,7 +13,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..wire.values import import_torch_soon
 from .clusterstate import ClusterState
 from .lifetime import GangLifetime
 from .spec import ClusterSpec
@@ -53,7 +52,6 @@ class WarmGang:
             self.drop()
             gang = make_gang(spec)
             self.gang = gang
-            import_torch_soon()  # the values rebuild tensors: paid while the gang starts
             track(self, gang)  # the job registry: sidebar, `jupyter mn`, cancel/release
             gang.start(on_event, preflight=preflight_of(spec), files=files)
             self.released = ""

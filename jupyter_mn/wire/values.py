@@ -12,20 +12,14 @@ pickle without asking ``reducer_override``, so the rank's pickler names them wit
 ``persistent_id`` (``out_of_band``), and ``loads`` makes them again from their buffer (one copy,
 where inside the pickle they cost a copy per hop and per framing).
 
-The kernel's first tensor would pay for ``import torch`` (seconds) in ``rebuild``;
-``import_torch_soon`` pays it in the background while a gang starts, which takes longer anyway.
-
 A value over ``CellPayload.max_value`` (``--max-value``) is refused on the rank by ``check_size``,
 before its read-only buffers are copied or anything is sent.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import pickle
-import sys
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,17 +85,6 @@ def check_size(what: str, buffers: list[pickle.PickleBuffer], data: bytes, limit
             "nothing was sent. Return less (or save it to a file the notebook reads), or raise "
             "--max-value"
         )
-
-
-def import_torch_soon() -> None:
-    """Import torch on a daemon thread, where it is installed and not imported yet."""
-    if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
-        return
-    threading.Thread(target=_import_torch, name="jupyter-mn-import-torch", daemon=True).start()
-
-
-def _import_torch() -> None:
-    import torch  # noqa: F401 (imported for rebuild, later)
 
 
 def reduce(tensor: Any) -> tuple[Any, tuple[Any, ...]]:
