@@ -97,7 +97,7 @@ class _Channel:
 def _connect(host: str, at: CellEndpoint, context: ssl.SSLContext | None) -> _Channel | None:
     """A connection to an agent: on its AF_UNIX socket where this host has it, else over TCP
     with the TLS handshake done; None when it cannot be had."""
-    if at.path is not None and os.path.exists(at.path):
+    if at.local() and os.path.exists(at.path):
         local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         local.settimeout(SEND_S)
         try:

@@ -95,9 +95,9 @@ class NodeAgent:
             await self._stream.start(self._worker.ip, context)
         return self._stream.endpoint
 
-    def _kernel_answered(self, seconds: float) -> bool:
-        """Whether the kernel's host acknowledged its cell stream within ``seconds``."""
-        return self._stream is not None and self._stream.acknowledged_within(seconds)
+    def _kernel_runs(self) -> bool:
+        """Whether the kernel, connected from this host, runs (``cellserver.py``)."""
+        return self._stream is not None and self._stream.kernel_runs()
 
     def _begin(self, launch: Launch) -> None:
         """Once, from the first actor call that starts processes: the loop, the watch, and from
@@ -144,7 +144,7 @@ class NodeAgent:
         self._telemetry = self.cells.telemetry = self._upkeep.telemetry = telemetry
         self.output.on_line = telemetry.line
         ready = await self.ranks.start(telemetry)
-        self._upkeep.kernel = KernelBeat(launch.heartbeat_timeout, self._kernel_answered)
+        self._upkeep.kernel = KernelBeat(launch.heartbeat_timeout, self._kernel_runs)
         self._upkeep.memory_limit = launch.memory_limit
         return ready
 

@@ -11,11 +11,8 @@ cell, in several more loop turns. Each request (``(payload, run_id)``) starts it
 brought it, concurrently with others; its reply is ``(run_id, NodeReply, None)`` or
 ``(run_id, None, error)``, written when the run's future is done.
 
-The connection also says whether the kernel's host is there while its Python is busy
-(``kernelbeat.py``): TCP keepalive probes it each second it is idle, and the kernel's OS
-acknowledges them whatever its Python does; ``TCP_INFO`` says when the last acknowledgement came.
-On an AF_UNIX connection the kernel's process itself says it (``SO_PEERCRED``'s pid): running,
-or stopped.
+An AF_UNIX connection also says whether the kernel is there while its Python is busy
+(``kernelbeat.py``): its process (``SO_PEERCRED``'s pid) runs, or is stopped or gone.
 
 A kernel on the same host connects to an AF_UNIX socket in a directory only this user may enter
 (``wire/cellendpoint.py``), without TLS. A reply goes out in slices as the transport takes them
@@ -45,11 +42,6 @@ from .tlsbuffers import SLICE, TlsBuffers
 Run = Callable[[Any, int], "asyncio.Future[Any]"]
 #: A connection whose TLS handshake is not done by then is closed (a peer that is not a kernel).
 HANDSHAKE_S = 10.0
-#: Keepalive: probe after a second idle, then each second (Linux names; elsewhere the OS default).
-_KEEPALIVE = (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 30))
-#: ``struct tcp_info``: eight one-byte fields, then ``__u32``s; ``tcpi_last_ack_recv`` (ms) is
-#: the thirteenth.
-_LAST_ACK_RECV = struct.Struct("=56xI")
 #: ``struct ucred``: the peer's pid, uid, gid (``SO_PEERCRED``).
 _PEERCRED = struct.Struct("3i")
 #: The transport's buffer may hold this much of a reply before it asks for no more.
@@ -86,8 +78,6 @@ class _Connection(asyncio.Protocol):
             self._kernel_pid = _PEERCRED.unpack(
                 sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )[0]
-        else:
-            _keep_alive(sock)
         self._server.connections.add(self)
         if self._context is not None:
             self._tls = TlsBuffers(self._context, server_side=True)
@@ -154,19 +144,9 @@ class _Connection(asyncio.Protocol):
         if data and not self.transport.is_closing():
             self.transport.write(data)
 
-    def last_ack_s(self) -> float | None:
-        """Seconds since the kernel's host last acknowledged anything (None: unknown); on this
-        host, 0 while the kernel's process runs (a stopped or dead one has no answer)."""
-        if self._kernel_pid is not None:
-            return 0.0 if _runs(self._kernel_pid) else None
-        sock = self.transport.get_extra_info("socket")
-        if sock is None or not hasattr(socket, "TCP_INFO"):
-            return None
-        try:
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _LAST_ACK_RECV.size)
-        except OSError:  # closed meanwhile
-            return None
-        return _LAST_ACK_RECV.unpack(info)[0] / 1000
+    def kernel_runs(self) -> bool:
+        """Whether the kernel's process is there and not stopped (known on this host alone)."""
+        return self._kernel_pid is not None and _runs(self._kernel_pid)
 
     def close(self) -> None:
         """Close after what is written, our close_notify last."""
@@ -202,10 +182,9 @@ class CellServer:
         self._servers.append(local)
         self.endpoint = CellEndpoint(port, path)
 
-    def acknowledged_within(self, seconds: float) -> bool:
-        """Whether the kernel's host acknowledged one of its connections within ``seconds``."""
-        ages = (c.last_ack_s() for c in self.connections if not c.transport.is_closing())
-        return any(age is not None and age <= seconds for age in ages)
+    def kernel_runs(self) -> bool:
+        """Whether a kernel connected from this host runs (its Python may be busy)."""
+        return any(c.kernel_runs() for c in self.connections if not c.transport.is_closing())
 
     def answer(self, connection: _Connection, payload: Any, run_id: int) -> None:
         """Start the run from the read that brought its request; reply when it is done."""
@@ -243,15 +222,6 @@ class CellServer:
                 connection.transport.abort()
         for run in list(self._runs):
             run.cancel()
-
-
-def _keep_alive(sock: socket.socket | None) -> None:
-    if sock is None:
-        return
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in _KEEPALIVE:
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def _runs(pid: int) -> bool:

@@ -9,13 +9,12 @@ Kubernetes nothing else would notice.
 Silence alone cannot tell a dead kernel from a busy one: the kernel beats from a Python thread,
 and one long call on its main thread that never lets go of the GIL (IPython drawing the repr of a
 256 MiB value: seconds per ``repr`` and per ``json.dumps``) silences it as surely as ``kill -9``.
-So a silent kernel whose host still acknowledges its cell-stream connection at the TCP level
-(``answered``: keepalive probes, which the kernel's OS answers whatever its Python does) is busy,
-not gone, for up to ``BUSY_TIMEOUTS`` heartbeat timeouts (150 s by default). A killed kernel's
-connection closes; a cut link or a frozen host stops acknowledging: both still count as gone after
-``heartbeat_timeout``. A kernel on the agent's own host is busy while its process runs (not
-stopped); from another host a stopped kernel process (``SIGSTOP``) looks busy: it is gone after
-the longer wait.
+So a silent kernel on the agent's own host whose process runs (``runs``: its cell stream's
+AF_UNIX peer, not stopped) is busy, not gone, for up to ``BUSY_TIMEOUTS`` heartbeat timeouts
+(150 s by default); a killed or stopped one is gone after ``heartbeat_timeout``. From another host
+the agent cannot see the kernel's process (the TCP acknowledgements it tried outlived a cut link
+in the test of a partition, which must stop the ranks within the timeout), so a kernel there is
+gone after ``heartbeat_timeout`` of silence, busy or not.
 """
 
 from __future__ import annotations
@@ -26,21 +25,18 @@ from collections.abc import Callable
 #: How often the kernel beats to its node agents, and how often an agent looks.
 KERNEL_HEARTBEAT_S = 2.0
 CHECK_S = 0.5
-#: How many heartbeat timeouts a silent kernel whose host still answers counts as busy: past
-#: them, gone all the same (a kernel stopped or stuck for good; a proxy, such as a port-forward,
-#: answering for a lost one).
+#: How many heartbeat timeouts a silent kernel whose process runs counts as busy: past them,
+#: gone all the same (a kernel stuck for good).
 BUSY_TIMEOUTS = 10
 
 
 class KernelBeat:
     """When the kernel last beat; it is gone after ``heartbeat_timeout`` seconds of silence
-    unless ``answered(seconds)`` says its host acknowledged its connection that recently."""
+    unless ``runs()`` says its process runs on this host (then after ``BUSY_TIMEOUTS`` of them)."""
 
-    def __init__(
-        self, heartbeat_timeout: float, answered: Callable[[float], bool] = lambda _: False
-    ) -> None:
+    def __init__(self, heartbeat_timeout: float, runs: Callable[[], bool] = lambda: False) -> None:
         self.heartbeat_timeout = heartbeat_timeout
-        self._answered = answered
+        self._runs = runs
         self._last_beat = time.monotonic()
 
     def beat(self) -> None:
@@ -51,4 +47,4 @@ class KernelBeat:
         if silent <= self.heartbeat_timeout:
             return False
         busy_limit = BUSY_TIMEOUTS * self.heartbeat_timeout
-        return silent > busy_limit or not self._answered(self.heartbeat_timeout)
+        return silent > busy_limit or not self._runs()
