@@ -8,10 +8,12 @@ being encrypted and decrypted (docs/architecture.md, "The cell stream").
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
 
+@functools.cache
 def network_here() -> str:
     """This process's network: its network namespace on this boot. Two processes that share it
     are one host to each other; a network namespace of its own (a container, a test host) is
