@@ -30,6 +30,8 @@ from tests.support.polling import wait_until
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client, config  # noqa: E402
 
+pytestmark = pytest.mark.system
+
 NODES = {"node-a": 2, "node-b": 2}
 #: Placeholder TLS files: the Secrets' shape, as provisioning fills them.
 _TLS = {name: "-----BEGIN X-----\n-----END X-----\n" for name in ("ca.crt", "tls.crt", "tls.key")}

@@ -23,6 +23,8 @@ from tests.backends.test_kube_real import Plane, _dask_port, _left, eventually
 from tests.support.kube import kueue
 from tests.support.preempting import PreemptAt
 
+pytestmark = pytest.mark.system
+
 #: the same fixtures: one control plane for this module's tests, refusals failing a test
 plane, no_refusals = base.plane, base.no_refusals
 

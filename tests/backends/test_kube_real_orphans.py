@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.backends.test_kube_real import _binaries
 from tests.support.procs import wait_gone
+
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A test process: it starts a control plane, says its components' pids, then waits to be killed.

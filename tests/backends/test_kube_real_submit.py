@@ -26,9 +26,12 @@ from tests.support.runs import JUPYTER_MN, submit_in_a_shell
 #: the same fixtures: one control plane for this module's tests, refusals failing a test
 plane, no_refusals = base.plane, base.no_refusals
 
-pytestmark = pytest.mark.skipif(
-    not sandbox.usable(), reason="the test kubelet mounts a pod's service account as root only"
-)
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.skipif(
+        not sandbox.usable(), reason="the test kubelet mounts a pod's service account as root only"
+    ),
+]
 
 #: A run starts a kernel in its pod, then a gang of four ranks that import torch.
 RUN_S = 300

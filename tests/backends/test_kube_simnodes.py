@@ -20,6 +20,8 @@ from jupyter_mn.kernel.spec import ClusterSpec
 from tests.backends.test_kube_real import _binaries, eventually
 from tests.support.kube import real
 
+pytestmark = pytest.mark.system
+
 pytest.importorskip("kubernetes")
 
 USER = "jupyter-mn-simtest"

@@ -4,10 +4,13 @@ and folds once the cell ends; its handle outlives other cells' values."""
 
 from __future__ import annotations
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.browser.test_lab_reload import newest_step
 from tests.support.lab import ARTIFACTS, run_command, wait_kernel_idle
+
+pytestmark = pytest.mark.system
 
 GO = "go-background"
 BG = (

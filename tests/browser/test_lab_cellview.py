@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from playwright.sync_api import expect
 
 from jupyter_mn.wire.events import LogLines, RankState, RankStatus, to_msg
 from tests.browser.test_lab_reload import take_the_gang_down
 from tests.support.lab import ARTIFACTS, run_command, wait_kernel_idle
+
+pytestmark = pytest.mark.system
 
 GO = "go-cellview"
 BOTH = (

@@ -4,9 +4,12 @@ is paused and where, and ``c`` lets the cell finish with rank 0's value."""
 
 from __future__ import annotations
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.support.lab import ARTIFACTS, run_command, wait_kernel_idle
+
+pytestmark = pytest.mark.system
 
 CELL = (
     "%%cluster --nodes 1 --gpus 2\nx = 10 * dist.get_rank() + 7\n"

@@ -5,10 +5,13 @@ load time of 300 such cells; this checks only what they show."""
 
 from __future__ import annotations
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.support.finished import CLUSTER_CELL, run_notebook
 from tests.support.lab import ARTIFACTS
+
+pytestmark = pytest.mark.system
 
 CELLS = 3
 

@@ -21,6 +21,8 @@ from tests.support.lab import (
     wait_kernel_idle,
 )
 
+pytestmark = pytest.mark.system
+
 #: The ranks print until this file exists (the kernel's working directory: the ranks' too).
 GO = "go-reload"
 LIVE = (

@@ -9,11 +9,14 @@ import json
 import re
 import urllib.request
 
+import pytest
 from playwright.sync_api import expect
 
 from jupyter_mn.server.kernelstatus import SUBSHELL_MESSAGES
 from tests.browser.test_lab_reload import take_the_gang_down
 from tests.support.lab import ARTIFACTS, jupyter_server, run_command, wait_kernel_idle
+
+pytestmark = pytest.mark.system
 
 FIRST_CELL = (
     "%%cluster --nodes 2 --gpus 1\nimport time\nfor i in range(6):\n"

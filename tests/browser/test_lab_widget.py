@@ -9,12 +9,15 @@ import json
 import math
 import re
 
+import pytest
 from playwright.sync_api import expect
 
 from jupyter_mn.node.nccllog import NcclLog
 from jupyter_mn.wire.events import GangState, GpuSample, GpuStat, LogLines, to_msg
 from tests.node.test_nccl import FIXTURES
 from tests.support.lab import ARTIFACTS, run_command, wait_kernel_idle
+
+pytestmark = pytest.mark.system
 
 #: The ranks wait for this file, which the test writes once it has seen the cell running, and
 #: for the second before they end, once the test has used the live widget's filter and tabs.

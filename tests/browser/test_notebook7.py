@@ -8,10 +8,13 @@ import re
 import subprocess
 import sys
 
+import pytest
 from playwright.sync_api import expect
 
 from jupyter_mn.jobs.registry import Registry
 from tests.support.lab import ARTIFACTS, run_command, wait_kernel_idle
+
+pytestmark = pytest.mark.system
 
 NAME = "nb7cells.ipynb"
 CELLS = [

@@ -26,6 +26,8 @@ from tests.support.lab import (
 )
 from tests.support.polling import wait_until
 
+pytestmark = pytest.mark.system
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03-papermill.ipynb"
 XSS = '<img src=x onerror="window.__xss=1">'
 

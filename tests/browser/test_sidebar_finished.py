@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from playwright.sync_api import expect
 
 from jupyter_mn.jobs.registry import Registry
 from tests.support.jobs import make_job
 from tests.support.lab import ARTIFACTS, job_item, open_panel
+
+pytestmark = pytest.mark.system
 
 FINISHED = 65
 PAGE = 20  # FINISHED_PAGE in labextension/src/panel.ts

@@ -10,11 +10,14 @@ import subprocess
 import sys
 
 import nbformat
+import pytest
 from playwright.sync_api import expect
 
 from jupyter_mn.jobs.registry import Registry
 from tests.support.jobs import make_job
 from tests.support.lab import ARTIFACTS, job_item, open_panel, show_finished
+
+pytestmark = pytest.mark.system
 
 #: A submitted run starts a kernel (and a gang), under whatever else this machine runs.
 RUN_MS = 240_000

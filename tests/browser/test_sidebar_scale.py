@@ -18,7 +18,7 @@ from tests.support.kernels import Kernel
 from tests.support.lab import ARTIFACTS, job_item, open_panel
 from tests.support.simulated import loud_cell, simulated_env
 
-pytestmark = [pytest.mark.scale, pytest.mark.slow]
+pytestmark = [pytest.mark.scale, pytest.mark.slow, pytest.mark.system]
 
 NODES, GPUS, LINES = 16, 32, 50
 #: What "usable" means here: each step of the viewer answers within a few seconds.

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright.sync_api import expect
 
 from jupyter_mn.jobs.registry import Registry
 from tests.support.lab import job_item, open_panel, run_command, show_finished, wait_kernel_idle
+
+pytestmark = pytest.mark.system
 
 COUNT = re.compile(r"^(\d+(?:\.\d+)?) rank-hours$")
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from jupyter_mn.jobs.registry import Registry
 
@@ -48,6 +49,7 @@ def test_batch_run_writes_output_registry_and_logs(tmp_path, no_leftovers):
     assert mark.startswith("──── In[") and first.startswith("[node 1 rank 1] step 10/10 loss")
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_batch_run_and_the_job_says_why(tmp_path, no_leftovers):
     run = papermill(tmp_path / "out.ipynb", "nodes=2", "gpus=1", "fail_at=3", "name=batch-bad")
     assert run.returncode == 1

@@ -135,6 +135,7 @@ def test_release_frees_the_gang_and_ends_a_follower(kernel):
     assert "released from jupyter mn" in kernel.run("%cluster status").result
 
 
+@pytest.mark.slow
 def test_gc_kills_a_hung_rank_a_killed_kernel_left(no_leftovers):
     k = Kernel()
     stuck = template = None

@@ -30,6 +30,7 @@ def dask_env(dask_cli, monkeypatch) -> str:
     return dask_cli.address
 
 
+@pytest.mark.slow
 def test_core_notebooks_run_on_the_dask_backend_2x2(no_leftovers, dask_env, dask_cli, tmp_path):
     pids = dask_cli.worker_pids()
     contract = papermill.execute_notebook(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
+import pytest
 
 from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import JobModel
@@ -77,6 +78,7 @@ TRAIN = (
 )
 
 
+@pytest.mark.slow
 def test_a_run_outlives_the_shell_that_submitted_it_and_fetch_gives_every_cell(
     tmp_path, no_leftovers
 ):
@@ -97,6 +99,7 @@ def test_a_run_outlives_the_shell_that_submitted_it_and_fetch_gives_every_cell(
     assert [g.state for g in gangs_of(run)] == ["CLOSED"]  # closed by the kernel's shutdown
 
 
+@pytest.mark.slow
 def test_fetch_mid_run_gives_the_finished_cells_and_cancel_leaves_no_process(
     tmp_path, no_leftovers
 ):
@@ -121,6 +124,7 @@ def test_fetch_mid_run_gives_the_finished_cells_and_cancel_leaves_no_process(
     assert [g.state for g in gangs_of(run)] == ["CLOSED"]  # released by the kernel, not orphaned
 
 
+@pytest.mark.slow
 def test_a_killed_kernel_fails_the_run_with_its_cause_and_releases_its_gang(tmp_path, no_leftovers):
     nb = notebook(tmp_path / "doomed.ipynb", "steps = 10_000\npause = 0.2", TRAIN)
     job_id = submit(str(nb), "--nodes", "2")
@@ -141,6 +145,7 @@ def test_a_killed_kernel_fails_the_run_with_its_cause_and_releases_its_gang(tmp_
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+@pytest.mark.slow
 def test_the_readme_example_works_pasted_into_a_shell(tmp_path, no_leftovers):
     section = README.read_text().split("## Detached runs\n", 1)[1]
     block = re.search(r"^```bash\n(.*?)^```", section, re.S | re.M)[1]
@@ -167,6 +172,7 @@ def test_a_cell_that_raises_fails_the_run_with_its_cause(tmp_path, no_leftovers)
     assert (run.state, run.error) == ("FAILED", "cell 3 of 3: ValueError: limit 0 too low")
 
 
+@pytest.mark.slow
 def test_the_fetched_notebook_and_the_runs_row_hold_what_its_gangs_used(tmp_path, no_leftovers):
     nb = notebook(tmp_path / "count.ipynb", "steps = 2\npause = 0.2", TRAIN)
     job_id = submit(str(nb), "--nodes", "2", "--gpus", "1")

@@ -117,6 +117,7 @@ def test_auto_mode_runs_every_cell_on_the_gang(kernel):
     assert kernel.run("import os\n'LOCAL_WORLD_SIZE' in os.environ").result == "False"
 
 
+@pytest.mark.slow
 def test_down_shutdown_and_restart_leave_nothing(no_leftovers):
     k = Kernel()
     try:
@@ -136,6 +137,7 @@ def test_down_shutdown_and_restart_leave_nothing(no_leftovers):
     assert not wait_gone(tree), "shutdown left processes behind"
 
 
+@pytest.mark.slow
 def test_a_shut_down_kernel_closes_its_gang_and_exits_on_its_own(no_leftovers):
     """Not SIGTERMed by jupyter_client after 2.5 s (ipykernel signals its group's children first),
     and the registry says CLOSED, not ORPHANED."""

@@ -60,6 +60,7 @@ def cluster(tmp_path, monkeypatch) -> Iterator[FakeCluster]:
         yield fake
 
 
+@pytest.mark.slow
 def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
     """An --env value reaches the ranks through the gang's Secret, never the Job or its pods."""
     token = "hf_" + "Kq8" * 12
@@ -99,6 +100,7 @@ def test_cell_runs_on_pods_and_down_deletes_everything(cluster, no_leftovers):
         kernel.shutdown()
 
 
+@pytest.mark.slow
 def test_the_kubernetes_notebook_runs_against_the_emulated_cluster(cluster, tmp_path, no_leftovers):
     out = tmp_path / "04-out.ipynb"
     papermill.execute_notebook(

@@ -43,6 +43,7 @@ def test_doctor_before_any_gang_shows_the_table_and_keeps_nothing(kernel):
     assert "'state': 'DOWN'" in kernel.run("%cluster status").result
 
 
+@pytest.mark.slow
 def test_exec_keeps_the_shell_command_verbatim(kernel):
     command = 'echo "it\'s $((40 + 2))" | tr a-z A-Z'
     reply = kernel.run(f"%cluster exec --nodes 2 --gpus 2 --all-nodes -- {command}")

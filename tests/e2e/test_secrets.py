@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
+import pytest
 
 from jupyter_mn.jobs.registry import Registry
 from tests.e2e.test_papermill import _notebook, _texts
@@ -54,6 +55,7 @@ class CommandLines:
         return self.seen
 
 
+@pytest.mark.slow
 def test_a_planted_token_reaches_the_ranks_and_no_artifact(tmp_path, no_leftovers):
     cells = [("parameters", CELLS[0]), *((None, cell) for cell in CELLS[1:])]
     source, out = _notebook(cells, tmp_path / "in.ipynb"), tmp_path / "out.ipynb"

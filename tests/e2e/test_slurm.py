@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import nbformat
 import papermill
+import pytest
 
 from tests.e2e.test_papermill import ROOT, _texts
 from tests.support.polling import wait_until
+
+pytestmark = pytest.mark.system
 
 
 def test_the_slurm_notebook_runs_on_a_real_slurm(slurm, tmp_path, no_leftovers):

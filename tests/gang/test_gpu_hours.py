@@ -74,6 +74,7 @@ def test_a_2x2_gang_counts_four_ranks_times_the_seconds_its_nodes_were_held(
     assert "gpu-hours-2x2" in line and f"{job.gpu_hours:.3g} rank-hours" in line
 
 
+@pytest.mark.slow
 def test_max_gpu_hours_ends_a_running_gang_at_its_cap(no_leftovers, registry):
     cap = 0.02  # 4 CPU ranks: 18 s from the nodes being up
     cluster = Cluster(nodes=2, gpus=2, max_gpu_hours=cap)

@@ -9,6 +9,8 @@ import pytest
 
 from tests.support.hosts import HostNet, missing
 
+pytestmark = pytest.mark.system
+
 LOOKUP = """
 import socket, sys
 print(socket.gethostname())

@@ -16,7 +16,7 @@ from tests.support.hosts import HostNet
 
 HOSTS = 3
 #: Shaped links move megabytes at 20-200 Mbit/s.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 #: Low enough for two shared cores to drive, high enough above the box's noise.
 LINE, LINE_GBS = "200mbit", 0.025

@@ -18,6 +18,8 @@ from jupyter_mn.errors import CellInterrupted
 from tests.support.daskcli import DaskCLI
 from tests.support.hosts import HostNet
 
+pytestmark = pytest.mark.system
+
 HOSTS = 3
 
 CHECK = """

@@ -21,6 +21,8 @@ from tests.support.hosts import HostNet
 from tests.support.kube.cluster import FakeCluster
 from tests.support.polling import wait_until
 
+pytestmark = pytest.mark.system
+
 #: the kubelet adds a host per pod
 HOSTS = 0
 

@@ -21,7 +21,7 @@ from tests.support.procs import processes, rank_processes
 
 HOSTS = 2
 #: Each fault waits out a liveness window or a heartbeat timeout.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 #: The kernel's liveness window here: half the default, so each fault takes seconds less.
 LIVENESS = 5.0
 

@@ -49,6 +49,8 @@ from tests.support.polling import wait_until
 from tests.support.runs import JUPYTER_MN, submit_in_a_shell
 from tests.support.slurm import SlurmCluster
 
+pytestmark = pytest.mark.system
+
 
 def test_the_test_slurm_runs_a_step_on_each_host(slurm: SlurmCluster):
     out = slurm.run("srun", "--nodes=2", "--ntasks-per-node=1", "sh", "-c", "hostname; hostname -I")

@@ -27,6 +27,8 @@ from tests.support.daskcli import DaskCLI, tls_env
 from tests.support.kernels import Kernel
 from tests.support.kube.cluster import FakeCluster
 
+pytestmark = pytest.mark.system
+
 HOSTS = 2
 MODEL = "VERSION = {v}\n\nclass Net:\n    def version(self):\n        return VERSION{pad}\n"
 CELL = """import os, yaml

@@ -310,6 +310,7 @@ def old_worker(dask_cli, tmp_path) -> Path:
     dask_cli.stop_worker("w-old")
 
 
+@pytest.mark.slow
 def test_a_node_with_another_jupyter_mn_fails_with_a_clear_row(no_leftovers, dask_tls, old_worker):
     cluster = Cluster(backend="dask", scheduler=dask_tls, nodes=3, gpus=1)
     report = doctor(cluster)
