@@ -181,7 +181,7 @@ def dumps(obj: Any, what: str = "the value", limit: int | None = None) -> values
     buffers: list[pickle.PickleBuffer] = []
     buf = io.BytesIO()
     pickler = _CpuPickler(buf, protocol=5, buffer_callback=buffers.append)
-    pickler.persistent_id = values.out_of_band
+    pickler.persistent_id = values.OutOfBand()
     pickler.dump(obj)
     data = buf.getvalue()
     if limit is not None:

@@ -9,7 +9,7 @@ tensor it makes does anyway.
 
 Large ``bytes`` and ``bytearray`` travel out of band too: the C pickler writes them into the
 pickle without asking ``reducer_override``, so the rank's pickler names them with
-``persistent_id`` (``out_of_band``), and ``loads`` makes them again from their buffer (one copy,
+``persistent_id`` (``OutOfBand``), and ``loads`` makes them again from their buffer (one copy,
 where inside the pickle they cost a copy per hop and per framing).
 
 A value over ``CellPayload.max_value`` (``--max-value``) is refused on the rank by ``check_size``,
@@ -62,18 +62,33 @@ class _OutOfBand:
         return _OutOfBand, (pickle.PickleBuffer(self.data), self.mutable)
 
 
-def out_of_band(obj: Any) -> Any:
-    """A pickler's ``persistent_id``: a large ``bytes`` or ``bytearray`` goes out of band."""
-    if type(obj) in (bytes, bytearray) and len(obj) >= OUT_OF_BAND_BYTES:
-        return _OutOfBand(obj, type(obj) is bytearray)
-    return None
+class OutOfBand:
+    """A pickler's ``persistent_id``: a large ``bytes`` or ``bytearray`` goes out of band, once
+    however often the value holds it (the pickler memoizes the one ``_OutOfBand`` it is given)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, _OutOfBand] = {}  # each holds its object, so its id stays its own
+
+    def __call__(self, obj: Any) -> _OutOfBand | None:
+        if type(obj) not in (bytes, bytearray) or len(obj) < OUT_OF_BAND_BYTES:
+            return None
+        if id(obj) not in self._seen:
+            self._seen[id(obj)] = _OutOfBand(obj, type(obj) is bytearray)
+        return self._seen[id(obj)]
 
 
 class _Unpickler(pickle.Unpickler):
-    """Makes the rank's ``bytes``/``bytearray`` again from the buffer each arrived in."""
+    """Makes the rank's ``bytes``/``bytearray`` again from the buffer each arrived in: one
+    object for one ``_OutOfBand``, as the rank's value held one."""
+
+    def __init__(self, file: Any, buffers: Any) -> None:
+        super().__init__(file, buffers=buffers)
+        self._made: dict[int, tuple[_OutOfBand, bytes | bytearray]] = {}
 
     def persistent_load(self, pid: Any) -> Any:
-        return (bytearray if pid.mutable else bytes)(pid.data)
+        if id(pid) not in self._made:
+            self._made[id(pid)] = (pid, (bytearray if pid.mutable else bytes)(pid.data))
+        return self._made[id(pid)][1]
 
 
 def check_size(what: str, buffers: list[pickle.PickleBuffer], data: bytes, limit: int) -> None:

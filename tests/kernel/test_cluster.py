@@ -145,6 +145,18 @@ def test_large_bytes_travel_out_of_band_and_come_back_as_they_were():
     assert type(back["a"][0]) is bytes and type(back["a"][1][0]) is bytearray
 
 
+def test_the_same_large_bytes_twice_in_a_value_travel_once_and_arrive_as_one_object():
+    from jupyter_mn.rank.execute import dumps
+    from jupyter_mn.wire.values import OUT_OF_BAND_BYTES
+
+    big, other = b"\x01" * OUT_OF_BAND_BYTES, bytearray(OUT_OF_BAND_BYTES)
+    pickled = dumps([big, {"again": big}, other, other])
+    assert len(pickled.buffers) == 2
+    back = pickled.loads()
+    assert back == [big, {"again": big}, other, other]
+    assert back[0] is back[1]["again"] and back[2] is back[3] and back[0] is not big
+
+
 def test_a_value_over_max_value_is_refused_on_the_rank_and_the_gang_carries_on(gang_2x2):
     """Refused before anything is sent: the cell fails naming the size and the flag; the
     namespaces stay, and so does the next cell's value. ``--pull`` and ``--all`` alike."""
