@@ -16,12 +16,16 @@ nothing to report is its header line. A gang with no GPU anywhere says so once, 
 Once the cell has ended the view folds: its output becomes plain HTML (header, the nodes' last
 lines, and where the cell has something to report the GPU and transport panels and the notes),
 which a saved notebook shows without a kernel, and the widget's parts are closed: a 2×2 cell's
-live view is 33 models (its widgets with their layouts and styles), a finished one keeps 5 (the
-root, which a page reloaded while the cell ran still shows, with one HTML of the folded view).
+live view is 34 models (its widgets with their layouts and styles), a finished one keeps one.
+That one is the root, an ``Output`` whose one output is the live box and then the folded HTML
+(data, not models): a page reloaded while the cell ran shows the root, and Lab applies the
+display's update only to outputs it received itself, so the root stays to show the fold there.
+Roots share one layout.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import threading
 import time
@@ -44,6 +48,7 @@ from .stacktext import format_stacks
 from .straggler import hints
 from .summary import header, rank_table, summary
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 FRAME_S = 0.1
 #: IOPub data budget for this widget (Jupyter's limit is 1 MB/s averaged over 3 s).
 BYTES_PER_S = 400_000
@@ -139,6 +144,22 @@ def _models(widget: W.Widget) -> list[W.Widget]:
     return found
 
 
+@functools.cache
+def _shared_layout() -> W.Layout:
+    """The roots' layout: one model for every cell of the kernel rather than one each."""
+    return W.Layout()
+
+
+def _view(widget: W.Widget) -> dict[str, Any]:
+    """The mime bundle that shows ``widget``."""
+    return {WIDGET_VIEW: widget._repr_mimebundle_()[WIDGET_VIEW]}
+
+
+def _output(bundle: dict[str, Any]) -> dict[str, Any]:
+    """``bundle`` as one of an ``Output`` widget's outputs."""
+    return {"output_type": "display_data", "data": bundle, "metadata": {}}
+
+
 def job_reference(kernel_id: str, cell_id: int) -> dict[str, Any]:
     """The output that stands for the cell's job where the widget cannot be drawn (no text:
     elsewhere it shows nothing)."""
@@ -185,7 +206,8 @@ class ClusterWidget:
             parts.append(LogFilter(nodes=nodes))
         parts += [W.VBox(self._logs), self._notes]
         # classes given at construction: a later add_class is one more comm message each
-        self.root = W.VBox(parts, _dom_classes=["jp-mn-cell"])  # the filter's scope
+        self.box = W.VBox(parts, _dom_classes=["jp-mn-cell"])  # the filter's scope
+        self.root = W.Output(layout=_shared_layout(), outputs=(_output(_view(self.box)),))
         #: widget updates sent, and their bytes (the IOPub budget's two measures)
         self.updates = 0
         self.sent_bytes = 0
@@ -201,7 +223,6 @@ class ClusterWidget:
         self._draw_lock = threading.Lock()
         #: the cell has ended: the output is ``final_bundle()``, the parts' models are closed
         self.folded = False
-        self._final: W.HTML | None = None  # the root's one child once folded
 
     @property
     def verdict_shown(self) -> bool:
@@ -212,9 +233,7 @@ class ClusterWidget:
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if self.folded:
             return self.final_bundle()
-        bundle = self.root._repr_mimebundle_(**kwargs) or {}
-        bundle["text/plain"] = summary(self.state)
-        return bundle
+        return {**_view(self.root), "text/plain": summary(self.state)}
 
     def final_bundle(self) -> dict[str, Any]:
         """What stays of the cell: its parts as they were last drawn, as HTML, and the text
@@ -247,7 +266,7 @@ class ClusterWidget:
 
     def close(self) -> None:
         """Final draw of everything and the text summary, then fold: the output becomes
-        ``final_bundle()``, the root holds it as one HTML and every other model is closed (the
+        ``final_bundle()``, the root's one output too, and every other model is closed (the
         Cancel button goes with them)."""
         if self._thread is None:
             return
@@ -257,17 +276,12 @@ class ClusterWidget:
         self._draw({*self._pending, *self.state.take_dirty(), "header", "summary"})
         self._pending.clear()
         self.folded = True
-        parts = [m for child in self.root.children for m in _models(child)]
-        # a page reloaded while the cell ran still shows the root: it keeps the folded view
-        self._final = W.HTML()
-        self.root.children = (self._final,)
-        for model in parts:
-            model.close()
         self._show_final()
+        for model in _models(self.box):
+            model.close()
 
     def _show_final(self) -> None:
-        assert self._final is not None
-        self._final.value = self.final_bundle()["text/html"]
+        self.root.outputs = (_output(self.final_bundle()),)
         if self._handle is not None:
             self._handle.update(self)
 

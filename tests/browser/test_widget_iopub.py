@@ -49,6 +49,8 @@ def test_loud_cell_widget_updates_stay_under_the_iopub_limits(kernel):
         state = m["content"]["data"].get("state", {})
         if "value" in state:
             last[m["content"]["comm_id"]] = state["value"]
+        for output in state.get("outputs", ()):  # the root's, an Output's: the folded view
+            last[m["content"]["comm_id"]] = output["data"].get("text/html", "")
     logs = [v for v in last.values() if v.startswith('<div class="jp-mn-nodelog')]  # a node's
     assert len(logs) == 2
     (folded,) = [v for v in last.values() if "jp-mn-done" in v]  # the view once the cell ended

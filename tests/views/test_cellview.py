@@ -65,13 +65,13 @@ def test_every_nodes_lines_are_drawn_at_once_under_a_filter_that_shows_all():
         LogLines(0, 1, ((0, "out", ("zero",)), (1, "out", ("one",)))),
         LogLines(1, 1, ((3, "out", ("three",)),)),
     )
-    (found,) = [c for c in widget.root.children if isinstance(c, LogFilter)]
+    (found,) = [c for c in widget.box.children if isinstance(c, LogFilter)]
     assert found.nodes == [[0, 1], [2, 3]] and found.shown == [-1, -1]
     node0, node1 = (log.value for log in widget._logs)
     assert "node 0 · 2 lines" in node0 and "[rank 1] one" in node0
     assert "node 1 · 1 line" in node1 and "[rank 3] three" in node1
     one_rank = ClusterWidget(ClusterSpec(nodes=1, gpus=1))
-    assert not [c for c in one_rank.root.children if isinstance(c, LogFilter)]  # nothing to pick
+    assert not [c for c in one_rank.box.children if isinstance(c, LogFilter)]  # nothing to pick
 
 
 def test_the_rank_that_failed_is_marked_so_no_filter_hides_its_lines():

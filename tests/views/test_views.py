@@ -154,23 +154,26 @@ def test_widget_parts_and_its_text_plain_carry_the_same_facts():
 
 
 def test_an_ended_cell_folds_into_one_plain_output_and_leaves_no_widget_model(monkeypatch):
-    """A thousand cells of 39 models each stayed alive before: now the root and one HTML stay
-    (for a page reloaded while the cell ran), and the output that replaces the widget holds
-    every node's lines, the panels and the table."""
+    """A thousand cells of 39 models each stayed alive before: now the root alone stays (for a
+    page reloaded while the cell ran) and holds the folded view as data, which is also the output
+    that replaces the widget: every node's lines, the panels and the table."""
     from ipywidgets.widgets import widget as ipywidget
 
     from jupyter_mn.views import widget as module
 
     shown: list = []
     monkeypatch.setattr(module, "display", lambda obj, **kw: _Handle(shown, obj))
+    ClusterWidget(SPEC, title="warm").close()  # the roots' shared layout exists from here on
     before = len(ipywidget._instances)
     widget = ClusterWidget(SPEC, title="train")
-    assert len(ipywidget._instances) - before == 33  # live: its widgets, layouts and styles
+    assert len(ipywidget._instances) - before == 34  # live: its widgets, layouts and styles
     for event in events():
         widget(event)
     widget.close()
-    assert len(ipywidget._instances) - before == 5  # root, its HTML: their layouts, its style
-    assert widget.root.children[0].value == widget.final_bundle()["text/html"]
+    assert len(ipywidget._instances) - before == 1  # the root
+    assert widget.root.model_id in ipywidget._instances
+    (output,) = widget.root.outputs
+    assert output["data"] == widget.final_bundle()
     assert shown[-1] == widget.final_bundle()
     folded = shown[-1]["text/html"]
     assert "[rank 0] line 499" in folded and "[rank 2]" in folded  # node 1's lines too
@@ -434,9 +437,9 @@ def test_log_filter_lists_each_nodes_shown_ranks_and_tags_every_line_with_its_ra
     assert node_ranks(1, 4) == [4, 5, 6, 7]
     assert node_ranks(1, 4, (0, 5, 7)) == [5, 7]  # --ranks 0,5,7
     widget = ClusterWidget(SPEC.replace(ranks=(0, 1, 2)), title="train")
-    (found,) = [c for c in widget.root.children if isinstance(c, LogFilter)]
+    (found,) = [c for c in widget.box.children if isinstance(c, LogFilter)]
     assert found.nodes == [[0, 1], [2]] and found.shown == [-1, -1]  # all, by default
-    assert "jp-mn-cell" in widget.root._dom_classes  # the filter's scope
+    assert "jp-mn-cell" in widget.box._dom_classes  # the filter's scope
     lines = [(0, "out", "a"), (0, "out", "b"), (1, "err", "<x>"), (0, "out", "c")]
     assert rank_runs(lines) == (
         '<span data-rank="0">[rank 0] a\n[rank 0] b</span>'
