@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ..wire.events import NodeReply, RankReply, RankStatus
 from ..wire.payload import CellPayload
 from ..wire.rankwire import LeaveGroup, RunCell
+from ..wire.sharednames import SharedNames
 from .output import NodeOutput
 from .process import RankHandle, pack
 from .ranks import NodeRanks
@@ -76,12 +77,17 @@ class CellRuns:
         assert self.telemetry is not None
         self.run_id = run_id
         self.telemetry.cell(running=True)
-        request = pack(RunCell(payload))  # once for all: it may be large
+        shared = SharedNames(payload)  # a large name: one copy on this node, which its ranks map
+        request = pack(RunCell(shared.payload))  # once for all: it may be large
         ranks = list(self.ranks.handles)
         run = _Run(run_id, ranks, self.ranks.output, self._ended)
+        sends = []
         for r in ranks:
             r.expect(run_id, functools.partial(run.replied, r))
-            r.send_packed(request)  # one that fails is answered by the rank's death ("lost")
+            # one that fails is answered by the rank's death ("lost")
+            sends.append(r.send_packed(request, shared.fds))
+        if shared.fds:  # closed once sent: the ranks hold their own
+            asyncio.gather(*sends).add_done_callback(lambda _: shared.close())
         if not ranks:  # none left after a failed relaunch: an empty reply
             run.finish()
         return run.done

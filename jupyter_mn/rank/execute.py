@@ -29,7 +29,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from ..wire import values
+from ..wire import sharednames, values
 from ..wire.events import RankError, RankReply, RankStatus
 from . import location, preemption, timing
 from .causes import is_secondary
@@ -192,7 +192,7 @@ def dumps(obj: Any, what: str = "the value", limit: int | None = None) -> values
     return values.Pickled(data, writable)
 
 
-_held: dict[str, bytes] = {}
+_held = sharednames.HeldNames()
 #: Names the notebook put in this namespace (rather than a cell on the ranks): updated freely.
 _from_notebook: set[str] = set()
 
@@ -201,9 +201,7 @@ def _bind_names(shell: RankShell, payload: CellPayload) -> None:
     """Bind the notebook names the cell reads; large ones arrive once and are re-read from cache."""
     ns = shell.user_ns
     for captured in payload.names:
-        if captured.data is not None:
-            _held[captured.name] = captured.data
-        ns[captured.name] = _adopt(cloudpickle.loads(_held[captured.name]), ns)
+        ns[captured.name] = _adopt(_held.value(captured), ns)
         _from_notebook.add(captured.name)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from distributed.security import Security
 
-from jupyter_mn.gang.cellstream import MAX_REQUEST, CellStream, StreamLost
+from jupyter_mn.gang.cellstream import CellStream, StreamLost
 from jupyter_mn.gang.inbox import Inbox, Reply
 from jupyter_mn.node import cellserver
 from jupyter_mn.node.cellserver import CellServer
@@ -33,8 +33,8 @@ from tests.support.otheruser import other_user
 
 class Agent:
     """A CellServer on a loop thread of its own; ``run`` starts a run that answers ``payload * 2``
-    as bytes, or fails to start for "boom", or fails later for "bust", or waits for ``release``
-    on "wait"."""
+    as bytes, or the digest of the array in ``("digest", array)``, or fails to start for "boom",
+    or fails later for "bust", or waits for ``release`` on "wait"."""
 
     def __init__(self, security: Security) -> None:
         self.loop = asyncio.new_event_loop()
@@ -52,6 +52,8 @@ class Agent:
     def run(self, payload: Any, run_id: int) -> asyncio.Future[Any]:
         if payload == "big":  # a cell whose value is a big array
             return asyncio.ensure_future(_now(self.big))
+        if isinstance(payload, tuple):  # ("digest", a cell's big captured array)
+            return asyncio.ensure_future(_now(hashlib.sha256(payload[1]).hexdigest()))
         if payload == "boom":
             raise ValueError("no such rank")
         return asyncio.ensure_future(self._run(payload, run_id))
@@ -142,11 +144,12 @@ def test_a_peer_that_never_finishes_the_tls_handshake_is_closed(agent, monkeypat
         assert sock.recv(1) == b""  # the agent closed it (a timeout here would raise)
 
 
-def test_a_large_request_is_left_to_the_actor_call(agent, tls):
-    stream, _ = connected(agent, tls)
+def test_a_large_request_goes_on_the_stream_with_its_array_out_of_band_over_tls(agent, tls):
+    """A cell's 64 MiB captured array travels in the request itself, in slices of TLS records;
+    the agent's digest of what it got is the kernel's."""
+    stream, inbox = connected(agent, tls)
     try:
-        assert not stream.send(0, stream.request(b"x" * MAX_REQUEST, 1))
-        assert stream.send(0, stream.request(b"x" * 1000, 1))
+        _big_request_through(stream, inbox)
     finally:
         stream.close()
 
@@ -219,7 +222,7 @@ def test_agents_that_cannot_be_reached_cost_one_wait_not_one_each(agent, tls, mo
         started = time.monotonic()
         assert stream.open_all(targets, context) == [True] + [False] * 6
         assert time.monotonic() - started < 12  # one after the other: 18 s
-        assert stream.send(0, stream.request(21, 1)) and not stream.send(1, [b"x"])
+        assert stream.send(0, stream.request(21, 1)) and not stream.send(1, stream.request("x", 2))
     finally:
         for server in silent:
             server.close()
@@ -231,6 +234,15 @@ def _big_value_through(agent: Agent, stream: CellStream, inbox: Inbox) -> None:
     (reply,) = replies(inbox, 1)
     assert reply.error is None
     assert hashlib.sha256(reply.value).hexdigest() == hashlib.sha256(agent.big).hexdigest()
+
+
+def _big_request_through(stream: CellStream, inbox: Inbox) -> None:
+    array = np.random.default_rng(3).integers(0, 255, 64 << 20, dtype=np.uint8)
+    request = stream.request(("digest", array), 1)
+    assert max(len(part) for part in request.parts(local=False)[:2]) < 1000  # not in the pickle
+    assert stream.send(0, request)
+    (reply,) = replies(inbox, 1)
+    assert reply.error is None and reply.value == hashlib.sha256(array).hexdigest()
 
 
 def test_a_big_value_arrives_intact_over_tls(agent, tls):
@@ -250,6 +262,7 @@ def test_a_kernel_on_the_agents_host_takes_its_socket_and_a_big_value_arrives_in
         (connection,) = agent.server.connections
         assert connection.transport.get_extra_info("socket").family == socket.AF_UNIX
         _big_value_through(agent, stream, inbox)
+        _big_request_through(stream, inbox)
     finally:
         stream.close()
 
