@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, SpecError
 from jupyter_mn.kernel.cell import CACHE_MIN_BYTES
 from jupyter_mn.views import TextView
+from jupyter_mn.wire.cellendpoint import CellEndpoint
 from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.procs import ours, rank_processes, wait_gone
 
@@ -86,6 +88,19 @@ def test_a_cell_goes_on_the_cell_stream_large_captured_names_too(gang_2x2, monke
 
 def test_a_big_notebook_array_reaches_every_rank_intact_in_one_copy_per_node(gang_2x2):
     check_big_push(gang_2x2, mib=64)
+
+
+def test_a_big_notebook_array_over_tls_reaches_every_rank_in_one_copy_per_node(
+    monkeypatch, no_leftovers
+):
+    """Where the agent is not on the kernel's host the request carries the array (TLS), and the
+    agent writes the one memfd its ranks map."""
+    monkeypatch.setattr(CellEndpoint, "local", lambda self: False)
+    with Cluster(nodes=1, gpus=2) as cluster:
+        cluster.run("1").unwrap()
+        (channel,) = cluster.gang.core.nodes._cells._channels.values()
+        assert channel.sock.family == socket.AF_INET and not channel.local
+        check_big_push(cluster, mib=16)
 
 
 MAPPED = """
