@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import socket
 import time
 
@@ -127,6 +129,17 @@ def test_a_pushed_array_is_one_copy_on_this_host_that_a_rank_writes_only_for_its
     wrote = "if dist.get_rank() == 1:\n    arr[:3] = -1\nint(arr[:3].sum())"
     assert gang_2x2.run(wrote, namespace=ns, return_all=True).unwrap() == [3, -3, 3, 3]
     assert gang_2x2.run("int(arr[:3].sum())", namespace=ns, return_all=True).unwrap() == [3] * 4
+    gang_2x2.run("1").unwrap()  # the kernel's file goes with the next request: the ranks hold it
+    assert not [path for path in _open_files() if "jupyter-mn-arr" in path]
+
+
+def _open_files() -> list[str]:
+    """What this process's descriptors name (the one listing them is gone by its readlink)."""
+    paths = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return paths
 
 
 def test_a_big_notebook_array_sent_as_actor_calls_arrives_the_same(gang_2x2, monkeypatch):
