@@ -13,6 +13,7 @@ import builtins
 import dataclasses
 import functools
 import hashlib
+import io
 import os
 import pickle
 import re
@@ -28,6 +29,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from ..errors import CaptureError, SpecError
 from ..wire.payload import Captured
+from ..wire.values import CpuPickler
 from .credentials import holds_secret
 
 #: Names every rank defines itself; never shipped from the notebook.
@@ -179,8 +181,10 @@ class Shipper:
         captured, problems = [], []
         for name, value in picked.items():
             buffers: list[pickle.PickleBuffer] = []
-            try:  # an array's memory out of band: never copied into the pickle
-                data = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+            try:  # an array's or a tensor's memory out of band: never copied into the pickle
+                out = io.BytesIO()
+                CpuPickler(out, protocol=5, buffer_callback=buffers.append).dump(value)
+                data = out.getvalue()
             except Exception as exc:
                 problems.append(_describe_failure(name, value, exc))
                 continue

@@ -22,7 +22,6 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 import traitlets
 from IPython.core.displayhook import DisplayHook
 from IPython.core.inputtransformer2 import TransformerManager
@@ -159,28 +158,13 @@ class RankShell(InteractiveShell):
         self.last_traceback = self.SyntaxTB.structured_traceback(etype, value, tb)
 
 
-class _CpuPickler(cloudpickle.Pickler):
-    """Send tensors as CPU bytes: the kernel may have no GPU, and a plain tensor travels as its
-    memory (``wire/values.py``); other kinds (parameters, sparse, quantized) as torch pickles
-    them, from the CPU."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        import torch
-
-        if type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized:
-            return values.reduce(obj)
-        if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-            return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        return super().reducer_override(obj)
-
-
 def dumps(obj: Any, what: str = "the value", limit: int | None = None) -> values.Pickled:
     """``obj`` pickled at protocol 5, arrays' memory and large bytes kept apart as buffers (not
     copied; a read-only one is copied once, so that every hop may send it on as it came).
     Over ``limit`` bytes it raises ``values.ValueTooLarge`` naming ``what``, before that copy."""
     buffers: list[pickle.PickleBuffer] = []
     buf = io.BytesIO()
-    pickler = _CpuPickler(buf, protocol=5, buffer_callback=buffers.append)
+    pickler = values.CpuPickler(buf, protocol=5, buffer_callback=buffers.append)
     pickler.persistent_id = values.OutOfBand()
     pickler.dump(obj)
     data = buf.getvalue()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -133,6 +134,20 @@ def test_a_pushed_array_is_one_copy_on_this_host_that_a_rank_writes_only_for_its
     assert not [path for path in _open_files() if "jupyter-mn-arr" in path]
 
 
+def test_a_notebook_tensor_travels_as_its_memory_into_the_shared_copy(gang_2x2):
+    import torch
+
+    ns = {"weights": torch.rand(2 << 20, generator=torch.Generator().manual_seed(4))}  # 8 MiB
+    gang_2x2.run(MAPPED).unwrap()
+    digest = "hashlib.sha256(weights.numpy()).hexdigest()"
+    cell = f"import hashlib\n_mapped(weights.data_ptr())[1], {digest}, type(weights).__name__"
+    rows = gang_2x2.run(cell, namespace=ns, return_all=True).unwrap()
+    assert {(path.split(" ")[0], kind) for path, _, kind in rows} == {
+        ("/memfd:jupyter-mn-weights", "Tensor")
+    }
+    assert {got for _, got, _ in rows} == {hashlib.sha256(ns["weights"].numpy()).hexdigest()}
+
+
 def _open_files() -> list[str]:
     """What this process's descriptors name (the one listing them is gone by its readlink)."""
     paths = []
@@ -170,8 +185,6 @@ tensors = {
 def test_tensor_values_arrive_whole_in_every_dtype_and_layout(gang_2x2):
     """A tensor travels as its memory (``wire/values.py``): the same bytes, dtype, shape and
     grad flag; a view sends its own elements, not its storage; a Parameter stays one."""
-    import hashlib
-
     import torch
 
     gang_2x2.run(TENSORS).unwrap()
