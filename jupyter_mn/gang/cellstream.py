@@ -81,8 +81,9 @@ class _Channel:
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext | None) -> None:
         self.sock = sock
-        #: an agent on this host that sees this process (it opens a cell's shared names)
-        self.local = context is None and sock.family == socket.AF_UNIX and _peer_pid(sock) > 0
+        #: an agent on this host, of this user, that sees this process (it opens a cell's
+        #: shared names through ``/proc``)
+        self.local = context is None and sock.family == socket.AF_UNIX and _same_user_here(sock)
         self._lock = threading.Lock()  # the TLS state: a reply may be read while we send
         self._sending = threading.Lock()  # one request at a time
         self._tls: TlsBuffers | None = None
@@ -139,10 +140,12 @@ class _Channel:
         self.sock.close()
 
 
-def _peer_pid(sock: socket.socket) -> int:
-    """The peer's pid as this process sees it (0: in a pid namespace it does not see)."""
+def _same_user_here(sock: socket.socket) -> bool:
+    """Whether the peer runs as this user, in a pid namespace this process sees (its pid is 0
+    where it does not)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[0])
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid > 0 and uid == os.getuid()
 
 
 def _connect(host: str, at: CellEndpoint, context: ssl.SSLContext | None) -> _Channel | None:
