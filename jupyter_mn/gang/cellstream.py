@@ -221,6 +221,9 @@ class CellStream:
             channel.send(request.parts(channel.local))
         except (OSError, ssl.SSLError) as exc:
             self._drop(node, channel, f"sending the cell failed: {exc}")
+        except BaseException as exc:  # a Ctrl-C part way through a big request: out of step
+            self._drop(node, channel, f"sending the cell was cut short ({type(exc).__name__})")
+            raise
         return True
 
     @staticmethod

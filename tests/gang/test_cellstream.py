@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from distributed.security import Security
 
+from jupyter_mn.gang import cellstream
 from jupyter_mn.gang.cellstream import CellStream, StreamLost
 from jupyter_mn.gang.inbox import Inbox, Reply
 from jupyter_mn.node import cellserver
@@ -191,6 +192,29 @@ def test_a_ctrl_c_while_a_reply_is_read_gives_the_stream_up_and_says_so(agent, t
     assert (lost.node, type(lost.error)) == (0, StreamLost)
     assert "cut short (KeyboardInterrupt)" in str(lost.error)
     assert not stream.send(0, stream.request("x", 2))  # the next cell goes another way
+
+
+def test_a_ctrl_c_part_way_through_a_big_request_gives_the_stream_up(agent, tls, monkeypatch):
+    """The agent holds part of a request: the stream, out of step, is not used again, and that
+    node's reply says why."""
+    stream, inbox = connected(agent, tls)
+    sent: list[int] = []
+
+    def interrupted(self: Any, data: memoryview) -> None:
+        if sent:
+            raise KeyboardInterrupt
+        sent.append(data.nbytes)
+        real(self, data)
+
+    real = cellstream._Channel._send_slice
+    monkeypatch.setattr(cellstream._Channel, "_send_slice", interrupted)
+    array = np.zeros(3 * cellstream.SLICE, dtype=np.uint8)
+    with pytest.raises(KeyboardInterrupt):
+        stream.send(0, stream.request(("digest", array), 1))
+    lost = inbox.get(timeout=10)
+    assert (lost.node, type(lost.error)) == (0, StreamLost)
+    assert "cut short (KeyboardInterrupt)" in str(lost.error)
+    assert not stream.send(0, stream.request("x", 2))
 
 
 def test_a_reply_read_together_with_the_peers_close_notify_is_delivered(tls):
