@@ -143,8 +143,9 @@ def loads(c: Captured) -> Any:
     """The value ``c`` holds: a shared name's arrays on a fresh copy-on-write mapping of its file
     (what a cell writes stays in this rank, and the next cell reads the notebook's value again)."""
     assert c.data is not None
-    if c.shared is None:
-        return pickle.loads(c.data, buffers=c.buffers)
+    if c.shared is None:  # small buffers (in band to the rank): copied, as a pickle's would be
+        fresh = [bytes(b) if memoryview(b).readonly else bytearray(b) for b in c.buffers]
+        return pickle.loads(c.data, buffers=fresh)
     parts = c.shared.parts
     size = max(o + n for o, n in parts)
     mapped = memoryview(mmap.mmap(c.shared.fd, size, flags=mmap.MAP_PRIVATE))
