@@ -4,7 +4,8 @@ No task and no loop turn between a request and its ranks, or between the last ra
 the node's: the cell stream (``cellserver.py``) starts a run from its read, the requests go out
 before ``start`` returns, each rank's reply is handed over from the read of its control socket
 (``RankHandle.expect``), and the node's reply is built where the last rank's is read. An
-interrupt stops the run it names, never the next one.
+interrupt stops the run it names, never the next one. A cell's large names reach the ranks as
+one sealed memfd that each maps (``wire/sharednames.py``), passed after the request.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""A node's one copy of a large notebook name, which each of its ranks maps rather than receives.
+"""A host's one copy of a large notebook name, which each rank maps rather than receives.
 
 The kernel sends a cell's names once per node (``gang/cellstream.py``), each a protocol-5 pickle
-with its arrays' memory out of band (``payload.Captured``). The agent writes a large name's
-buffers into a sealed memfd (``share``) and passes the file to each rank beside the cell's message
-(``SCM_RIGHTS`` on the rank's control socket, right after the message). A rank maps it
-copy-on-write (``loads``): an array is rebuilt on the shared pages, writable, and only the pages a
-rank writes become its own. So 4 ranks on a node hold one copy of a 256 MiB array, not four, and
-none of them is written through a socket.
+with its arrays' memory out of band (``payload.Captured``). A large name's buffers are written
+into a sealed memfd (``SharedNames``): by the kernel itself for the agents on its host, which
+open it through ``/proc/<kernel pid>/fd`` (``opened``), else by the agent from the request. The
+agent passes the file to each rank right after the cell's message (``SCM_RIGHTS`` on the rank's
+control socket, ``send_files`` / ``received``), and a rank maps it copy-on-write (``loads``): an
+array is rebuilt on the shared pages, writable, and only the pages a rank writes become its own.
+So the ranks of a host hold one copy of a 256 MiB array, not one each, and none of them is
+written through a socket.
 
 Agent and ranks are always on one host (the ranks are the agent's children), on every backend.
 """
