@@ -22,7 +22,7 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -204,6 +204,11 @@ class CellStream:
                     lambda n=node, c=channel, f=frames: self._readable(n, c, f),
                 )
         return [channel is not None for channel in channels]
+
+    def local(self, nodes: Iterable[int]) -> bool:
+        """Whether each of ``nodes`` has a stream to an agent on this host (``_Channel.local``)."""
+        with self._lock:
+            return all(n in self._channels and self._channels[n].local for n in nodes)
 
     def send(self, node: int, request: CellRequest) -> bool:
         """Send ``request`` to ``node``'s agent; False when it has no stream. A failed send is

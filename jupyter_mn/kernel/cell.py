@@ -188,8 +188,7 @@ class Shipper:
             except Exception as exc:
                 problems.append(_describe_failure(name, value, exc))
                 continue
-            digest = _digest([memoryview(data), *(b.raw() for b in buffers)])
-            captured.append(Captured(name, digest, data, tuple(buffers)))
+            captured.append(Captured(name, "", data, tuple(buffers)))  # digest: ``for_ranks``
         if problems:
             raise CaptureError(
                 "%%cluster cannot send these notebook variables to the ranks:\n"
@@ -198,18 +197,28 @@ class Shipper:
             )
         return tuple(captured), tuple(notes)
 
-    def for_ranks(self, captured: tuple[Captured, ...]) -> tuple[Captured, ...]:
+    def for_ranks(self, captured: tuple[Captured, ...], cache: bool = True) -> tuple[Captured, ...]:
         """``captured`` as the ranks get it: a large value they already hold as only its digest
-        (``forget`` first when the ranks are new)."""
-        return tuple(self._reference(c) for c in captured)
+        (``forget`` first when the ranks are new). Without ``cache`` (every rank on this host)
+        a large value goes every time: writing it into the file they map is one memcpy, its
+        digest costs several."""
+        return tuple(self._reference(c, cache) for c in captured)
 
-    def _reference(self, c: Captured) -> Captured:
+    def _reference(self, c: Captured, cache: bool) -> Captured:
         if c.data is None or c.nbytes < CACHE_MIN_BYTES:
             return c
+        if not cache:
+            self._held.pop(c.name, None)
+            return c
+        c = dataclasses.replace(c, digest=_digest([memoryview(c.data), *map(_raw, c.buffers)]))
         if self._held.get(c.name) == c.digest:
             return dataclasses.replace(c, data=None, buffers=())
         self._held[c.name] = c.digest
         return c
+
+
+def _raw(buffer: pickle.PickleBuffer) -> memoryview:
+    return buffer.raw()
 
 
 def _digest(views: list[memoryview]) -> str:

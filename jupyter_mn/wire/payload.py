@@ -25,7 +25,8 @@ class Captured:
     buffers (an array's memory, never copied into the pickle), or a digest the ranks hold.
 
     ``buffers`` are ``PickleBuffer``s in the kernel, memory on arrival; between an agent and its
-    ranks a large name's buffers are ``shared`` in a memfd instead (one copy per node)."""
+    ranks a large name's buffers are ``shared`` in a memfd instead (one copy per node).
+    ``digest`` is taken only of a large name that the ranks may hold already (else "")."""
 
     name: str
     digest: str
