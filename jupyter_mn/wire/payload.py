@@ -17,6 +17,8 @@ class InFile:
     parts: tuple[tuple[int, int], ...]
     #: the file's descriptor in the process at hand (the kernel's, in the agent's request)
     fd: int = -1
+    #: the file's inode: the agent checks that the kernel's ``fd`` is still this file
+    inode: int = 0
 
 
 @dataclass(frozen=True)

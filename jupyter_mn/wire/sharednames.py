@@ -65,7 +65,7 @@ class SharedNames:
             _write_at(fd, view, offset)
             offset += -(-view.nbytes // _ALIGN) * _ALIGN
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)  # read-only for every rank, for good
-        shared = InFile(len(self.fds) - 1, tuple(parts), fd)
+        shared = InFile(len(self.fds) - 1, tuple(parts), fd, os.fstat(fd).st_ino)
         return dataclasses.replace(c, buffers=(), shared=shared)
 
     def close(self) -> None:
@@ -83,17 +83,19 @@ def _write_at(fd: int, view: memoryview, offset: int) -> None:
 def opened(payload: CellPayload, kernel: int | None) -> CellPayload:
     """``payload`` from the kernel process ``kernel`` (an AF_UNIX peer), with the files of its
     shared names opened here through ``/proc``: each must be one of ours, a sealed memfd."""
-    files = {c.shared.fd for c in payload.names if c.shared is not None}
+    files = {c.shared.fd: c.shared.inode for c in payload.names if c.shared is not None}
     if not files:
         return payload
     if kernel is None:
         raise ValueError("shared names come from a kernel on this host alone")
     mine: dict[int, int] = {}
     try:
-        for theirs in files:
+        for theirs, inode in files.items():
             mine[theirs] = os.open(f"/proc/{kernel}/fd/{theirs}", os.O_RDONLY | os.O_CLOEXEC)
             if _seals(mine[theirs]) != _SEALS:
                 raise ValueError("a shared name's file is not a sealed memfd")
+            if os.fstat(mine[theirs]).st_ino != inode:  # closed since, its number reused
+                raise ValueError("a shared name's file is no longer the kernel's")
     except BaseException:
         for fd in mine.values():
             os.close(fd)

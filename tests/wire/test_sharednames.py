@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jupyter_mn import Cluster
-from jupyter_mn.wire.payload import Captured, CellPayload
+from jupyter_mn.wire.payload import Captured, CellPayload, InFile
 from jupyter_mn.wire.sharednames import HeldNames, SharedNames, opened, received, send_files
 from tests.support.simulated import standin_env
 
@@ -60,10 +60,19 @@ def test_only_a_sealed_memfd_of_the_kernel_is_opened():
         assert mine.shared is not None and mine.shared.fd != shared.fds[0]
         os.close(mine.shared.fd)
         read, write = os.pipe()
-        pipe = shared.payload.names[0].shared
-        forged = CellPayload("x", 1, (Captured("big", "d", b"", shared=type(pipe)(0, (), read)),))
+        first = shared.payload.names[0].shared
+        assert first is not None
+        forged = CellPayload("x", 1, (Captured("big", "d", b"", shared=InFile(0, (), read)),))
         with pytest.raises(ValueError, match="not a sealed memfd"):
             opened(forged, os.getpid())
+        other = SharedNames(payload)  # another file where the first one's number was
+        try:
+            reused = InFile(0, (), other.fds[0], first.inode)
+            moved = CellPayload("x", 1, (Captured("big", "d", b"", shared=reused),))
+            with pytest.raises(ValueError, match="no longer the kernel's"):
+                opened(moved, os.getpid())
+        finally:
+            other.close()
         os.close(read)
         os.close(write)
     finally:
