@@ -81,7 +81,7 @@ class NodeAgents:
 
     def stream_cell(self, payload: Any, run_id: int) -> list[int]:
         """Send ``(payload, run_id)`` on every node's cell stream; return the nodes it did not
-        reach (no stream, or too large for one), whose cell goes as an actor call."""
+        reach (no stream), whose cell goes as an actor call."""
         request = self._cells.request(payload, run_id)
         return [node for node in range(self.count) if not self._cells.send(node, request)]
 

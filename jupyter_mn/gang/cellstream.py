@@ -62,6 +62,7 @@ class CellRequest:
         self.files: SharedNames | None = None
 
     def parts(self, local: bool) -> list[bytes | memoryview]:
+        """The request as ``encode``d for an agent on this host (``local``) or any other."""
         if not local or not isinstance(self.payload, CellPayload):
             if self._whole is None:
                 self._whole = encode((self.payload, self.run_id))
