@@ -191,14 +191,14 @@ class CellServer:
     def answer(self, connection: _Connection, payload: Any, run_id: int) -> None:
         """Start the run from the read that brought its request; reply when it is done. A
         kernel on this host sends a cell's large names as files of its own, opened here."""
+        opened: CellPayload | None = None  # with descriptors of ours (``opened`` cleans up)
         try:
             if isinstance(payload, CellPayload):
-                payload = sharednames.opened(payload, connection.kernel_pid)
+                payload = opened = sharednames.opened(payload, connection.kernel_pid)
             run = self._run(payload, run_id)
         except Exception as exc:
-            if isinstance(payload, CellPayload):
-                for captured in payload.names:
-                    sharednames.close(captured)
+            for captured in opened.names if opened is not None else ():
+                sharednames.close(captured)
             connection.write(encode((run_id, None, _said(exc))))
             return
         self._runs.add(run)

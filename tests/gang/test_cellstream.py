@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import pickle
 import queue
 import shlex
 import socket
@@ -29,7 +30,9 @@ from jupyter_mn.node.cellserver import CellServer
 from jupyter_mn.node.tlsbuffers import TlsBuffers
 from jupyter_mn.wire.cellendpoint import CellEndpoint
 from jupyter_mn.wire.frames import Frames
+from jupyter_mn.wire.payload import Captured, CellPayload
 from tests.support.otheruser import other_user
+from tests.support.procs import open_files
 
 
 class Agent:
@@ -53,6 +56,8 @@ class Agent:
     def run(self, payload: Any, run_id: int) -> asyncio.Future[Any]:
         if payload == "big":  # a cell whose value is a big array
             return asyncio.ensure_future(_now(self.big))
+        if isinstance(payload, CellPayload):  # a cell with names, on a node without ranks
+            raise ValueError("no ranks here")
         if isinstance(payload, tuple):  # ("digest", a cell's big captured array)
             return asyncio.ensure_future(_now(hashlib.sha256(payload[1]).hexdigest()))
         if payload == "boom":
@@ -289,6 +294,24 @@ def test_a_kernel_on_the_agents_host_takes_its_socket_and_a_big_value_arrives_in
         _big_request_through(stream, inbox)
     finally:
         stream.close()
+
+
+def test_a_run_that_fails_to_start_leaves_none_of_the_kernels_files_open(agent, tls):
+    """On the AF_UNIX stream a big name comes as a memfd of the kernel's, which the agent opens;
+    a run that cannot start closes it again (here the kernel is this process too)."""
+    inbox = Inbox()
+    stream = CellStream(inbox)
+    context = tls.get_connection_args("client")["ssl_context"]
+    assert stream.open(0, "127.0.0.1", agent.endpoint, context)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(np.ones(1 << 20), protocol=5, buffer_callback=buffers.append)
+    payload = CellPayload("x", 1, (Captured("big", "", data, tuple(buffers)),))
+    try:
+        assert stream.send(0, stream.request(payload, 1))
+        assert "no ranks here" in str(inbox.get(timeout=10).error)
+    finally:
+        stream.close()  # and the kernel's own file with it
+    assert not [path for path in open_files() if "jupyter-mn-big" in path]
 
 
 def test_the_agents_socket_is_in_a_directory_only_its_user_may_enter(agent):

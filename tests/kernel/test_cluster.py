@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
-import os
 import socket
 import time
 
@@ -18,7 +16,7 @@ from jupyter_mn.kernel.cell import CACHE_MIN_BYTES
 from jupyter_mn.views import TextView
 from jupyter_mn.wire.cellendpoint import CellEndpoint
 from tests.support.bigvalue import check_big_push, check_big_value
-from tests.support.procs import ours, rank_processes, wait_gone
+from tests.support.procs import open_files, ours, rank_processes, wait_gone
 
 ENV_CHECK = """
 import json, os, torch.distributed as dist
@@ -131,7 +129,7 @@ def test_a_pushed_array_is_one_copy_on_this_host_that_a_rank_writes_only_for_its
     assert gang_2x2.run(wrote, namespace=ns, return_all=True).unwrap() == [3, -3, 3, 3]
     assert gang_2x2.run("int(arr[:3].sum())", namespace=ns, return_all=True).unwrap() == [3] * 4
     gang_2x2.run("1").unwrap()  # the kernel's file goes with the next request: the ranks hold it
-    assert not [path for path in _open_files() if "jupyter-mn-arr" in path]
+    assert not [path for path in open_files() if "jupyter-mn-arr" in path]
 
 
 def test_a_notebook_tensor_travels_as_its_memory_into_the_shared_copy(gang_2x2):
@@ -146,15 +144,6 @@ def test_a_notebook_tensor_travels_as_its_memory_into_the_shared_copy(gang_2x2):
         ("/memfd:jupyter-mn-weights", "Tensor")
     }
     assert {got for _, got, _ in rows} == {hashlib.sha256(ns["weights"].numpy()).hexdigest()}
-
-
-def _open_files() -> list[str]:
-    """What this process's descriptors name (the one listing them is gone by its readlink)."""
-    paths = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(FileNotFoundError):
-            paths.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return paths
 
 
 def test_a_big_notebook_array_sent_as_actor_calls_arrives_the_same(gang_2x2, monkeypatch):
