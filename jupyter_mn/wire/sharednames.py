@@ -56,7 +56,8 @@ class SharedNames:
         size = sum(memoryview(b).nbytes for b in c.buffers)
         if c.data is None or size < SHARE_MIN_BYTES:  # pickled in band by the message to ranks
             return dataclasses.replace(c, buffers=tuple(map(pickle.PickleBuffer, c.buffers)))
-        fd = os.memfd_create(f"jupyter-mn-{c.name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        name = f"jupyter-mn-{c.name[:200]}"  # a memfd's name has at most 249 bytes
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self.fds.append(fd)
         parts, offset = [], 0
         for buffer in c.buffers:
