@@ -75,9 +75,13 @@ class NodeAgents:
         agents = zip(range(self.count), hosts, ends, strict=True)
         self._cells.open_all([(node, host, at.result()) for node, host, at in agents], context)
 
+    def on_this_host(self) -> bool:
+        """Whether every agent has a cell stream from this host that takes shared names."""
+        return self.count > 0 and self._cells.local(range(self.count))
+
     def stream_cell(self, payload: Any, run_id: int) -> list[int]:
         """Send ``(payload, run_id)`` on every node's cell stream; return the nodes it did not
-        reach (no stream, or too large for one), whose cell goes as an actor call."""
+        reach (no stream), whose cell goes as an actor call."""
         request = self._cells.request(payload, run_id)
         return [node for node in range(self.count) if not self._cells.send(node, request)]
 

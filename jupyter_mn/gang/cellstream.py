@@ -8,9 +8,10 @@ TLS: its directory admits this user alone. Across hosts TLS is done on memory bu
 (``node/tlsbuffers.py``) under a lock, so a sending thread and the reading one can share one
 connection (an ``SSLSocket`` must not be used by two threads at once). Either way a reply is
 read (or decrypted) straight into its message's buffer (``Frames.into``): a big value is copied
-once on its way in. A request over ``MAX_REQUEST`` bytes (a cell with large captured variables)
-goes as an actor call instead, and a send gives up after ``SEND_S``: a send on a cut link must
-not hold the cell's thread.
+once on its way in. A request goes the same way whatever its size: a cell's captured names are
+sent once per node, their arrays out of band (``wire/frames.py``), written in slices of ``SLICE``
+bytes (each encrypted just before it is written); a send gives up when one slice does not go
+within ``SEND_S``: a send on a cut link must not hold the cell's thread.
 """
 
 from __future__ import annotations
@@ -19,19 +20,23 @@ import contextlib
 import os
 import socket
 import ssl
+import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..node.tlsbuffers import TlsBuffers
 from ..wire.cellendpoint import CellEndpoint
 from ..wire.frames import Frames, encode
+from ..wire.payload import CellPayload
+from ..wire.sharednames import SharedNames
 from .inbox import Inbox, Reply
 
-MAX_REQUEST = 64 * 1024
-#: How long connecting, the TLS handshake or one send may take.
+#: How long connecting, the TLS handshake or the send of one slice may take.
 SEND_S = 5.0
+#: A request's big parts are written this much at a time: each write has ``SEND_S``.
+SLICE = 1 << 22
 #: At most this many agents are connected to at once.
 _CONNECTS = 32
 
@@ -44,12 +49,44 @@ class StreamLost(ConnectionError):
     """The connection to a node agent closed or failed while a cell waited for its reply."""
 
 
+class CellRequest:
+    """A cell's request, encoded once for each way it goes: whole (its names' arrays in the
+    request itself), or for an agent on this host with its large names in memfds that the agent
+    opens through ``/proc`` (``wire/sharednames.py``): one copy for all of the host's nodes and
+    ranks, kept until the next request (by then each agent holds its own descriptors)."""
+
+    def __init__(self, payload: Any, run_id: int) -> None:
+        self.payload, self.run_id = payload, run_id
+        self._whole: list[bytes | memoryview] | None = None
+        self._local: list[bytes | memoryview] | None = None
+        self.files: SharedNames | None = None
+
+    def parts(self, local: bool) -> list[bytes | memoryview]:
+        """The request as ``encode``d for an agent on this host (``local``) or any other."""
+        if not local or not isinstance(self.payload, CellPayload):
+            if self._whole is None:
+                self._whole = encode((self.payload, self.run_id))
+            return self._whole
+        if self._local is None:
+            self.files = SharedNames(self.payload)
+            self._local = encode((self.files.payload, self.run_id))
+        return self._local
+
+    def close(self) -> None:
+        if self.files is not None:
+            self.files.close()
+
+
 class _Channel:
     """One connection, TLS (as the worker's comms) or plain: sent to and read from any thread."""
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext | None) -> None:
         self.sock = sock
-        self._lock = threading.Lock()
+        #: an agent on this host, of this user, that sees this process (it opens a cell's
+        #: shared names through ``/proc``)
+        self.local = context is None and sock.family == socket.AF_UNIX and _same_user_here(sock)
+        self._lock = threading.Lock()  # the TLS state: a reply may be read while we send
+        self._sending = threading.Lock()  # one request at a time
         self._tls: TlsBuffers | None = None
         self._records = bytearray(READ) if context is not None else bytearray()
         if context is not None:
@@ -65,10 +102,20 @@ class _Channel:
                 raise ConnectionError("closed during the TLS handshake") from None
         self.sock.sendall(tls.outgoing())
 
-    def send(self, parts: Sequence[bytes]) -> None:
+    def send(self, parts: Sequence[bytes | memoryview]) -> None:
+        with self._sending:
+            for part in parts:
+                view = memoryview(part).cast("B")
+                for start in range(0, view.nbytes, SLICE):
+                    self._send_slice(view[start : start + SLICE])
+
+    def _send_slice(self, data: memoryview) -> None:
+        if self._tls is None:
+            self.sock.sendall(data)
+            return
         with self._lock:
-            for data in parts if self._tls is None else self._tls.wrap(parts):
-                self.sock.sendall(data)
+            for record in self._tls.wrap([data]):
+                self.sock.sendall(record)
 
     def recv(self, frames: Frames) -> list[Any] | None:
         """The messages what arrived completes (maybe none yet); None once the connection is
@@ -92,6 +139,14 @@ class _Channel:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def _same_user_here(sock: socket.socket) -> bool:
+    """Whether the peer runs as this user, in a pid namespace this process sees (its pid is 0
+    where it does not)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid > 0 and uid == os.getuid()
 
 
 def _connect(host: str, at: CellEndpoint, context: ssl.SSLContext | None) -> _Channel | None:
@@ -126,6 +181,7 @@ class CellStream:
         #: per node, how many requests await their reply (a closed stream fails them)
         self._waiting: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._latest: CellRequest | None = None  # its shared names stay open until the next
 
     def open(self, node: int, host: str, at: CellEndpoint, context: ssl.SSLContext | None) -> bool:
         """Connect to ``node``'s agent; False when it cannot be reached (its cells then go as
@@ -150,23 +206,35 @@ class CellStream:
                 )
         return [channel is not None for channel in channels]
 
-    def send(self, node: int, request: Sequence[bytes]) -> bool:
-        """Send ``request`` (``encode``d) to ``node``'s agent; False when it has no stream or
-        ``request`` is too large for one. A failed send is that node's reply."""
+    def local(self, nodes: Iterable[int]) -> bool:
+        """Whether each of ``nodes`` has a stream to an agent on this host (``_Channel.local``)."""
+        with self._lock:
+            return all(n in self._channels and self._channels[n].local for n in nodes)
+
+    def send(self, node: int, request: CellRequest) -> bool:
+        """Send ``request`` to ``node``'s agent; False when it has no stream. A failed send is
+        that node's reply."""
         channel = self._channels.get(node)
-        if channel is None or sum(map(len, request)) > MAX_REQUEST:
+        if channel is None:
             return False
         with self._lock:
             self._waiting[node] = self._waiting.get(node, 0) + 1
+            if request is not self._latest:
+                if self._latest is not None:
+                    self._latest.close()
+                self._latest = request
         try:
-            channel.send(request)
+            channel.send(request.parts(channel.local))
         except (OSError, ssl.SSLError) as exc:
             self._drop(node, channel, f"sending the cell failed: {exc}")
+        except BaseException as exc:  # a Ctrl-C part way through a big request: out of step
+            self._drop(node, channel, f"sending the cell was cut short ({type(exc).__name__})")
+            raise
         return True
 
     @staticmethod
-    def request(payload: object, run_id: int) -> tuple[bytes, bytes]:
-        return encode((payload, run_id))
+    def request(payload: object, run_id: int) -> CellRequest:
+        return CellRequest(payload, run_id)
 
     def _readable(self, node: int, channel: _Channel, frames: Frames) -> None:
         """On the thread waiting on the inbox: the node's replies so far into the inbox.
@@ -209,5 +277,8 @@ class CellStream:
         reply, so a job running meanwhile ends."""
         with self._lock:
             channels = list(self._channels.items())
+            latest, self._latest = self._latest, None
         for node, channel in channels:
             self._drop(node, channel, why)
+        if latest is not None:
+            latest.close()

@@ -2,7 +2,8 @@
 
 A cell reads notebook names: each is captured (``cell.py``) unless a cell defined it on the ranks
 (it stays rank-local, unless pushed); a large one goes once and then as its digest, as long as
-the same rank processes run (a restart or a new gang holds none).
+the same rank processes run (a restart or a new gang holds none), except to a gang all on this
+host, where sending it again costs less than its digest.
 """
 
 from __future__ import annotations
@@ -51,12 +52,14 @@ class RankNames:
 
     def for_ranks(self, payload: CellPayload, gang: Gang) -> CellPayload:
         """``payload`` as ``gang``'s ranks get it: the large names they already hold as digests;
-        new rank processes hold none."""
+        new rank processes hold none. A gang whose agents are all on this host gets them every
+        time (``Shipper.for_ranks``)."""
         ranks = (gang.core.id, gang.generations.incarnation)
         if ranks != self._ranks:
             self._shipper.forget()
             self._ranks = ranks
-        return dataclasses.replace(payload, names=self._shipper.for_ranks(payload.names))
+        cache = not gang.core.nodes.on_this_host()
+        return dataclasses.replace(payload, names=self._shipper.for_ranks(payload.names, cache))
 
     def forget(self) -> None:
         """The gang went: its ranks hold nothing."""

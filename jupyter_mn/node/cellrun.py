@@ -4,7 +4,8 @@ No task and no loop turn between a request and its ranks, or between the last ra
 the node's: the cell stream (``cellserver.py``) starts a run from its read, the requests go out
 before ``start`` returns, each rank's reply is handed over from the read of its control socket
 (``RankHandle.expect``), and the node's reply is built where the last rank's is read. An
-interrupt stops the run it names, never the next one.
+interrupt stops the run it names, never the next one. A cell's large names reach the ranks as
+one sealed memfd that each maps (``wire/sharednames.py``), passed after the request.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from ..wire.events import NodeReply, RankReply, RankStatus
 from ..wire.payload import CellPayload
 from ..wire.rankwire import LeaveGroup, RunCell
+from ..wire.sharednames import SharedNames
 from .output import NodeOutput
 from .process import RankHandle, pack
 from .ranks import NodeRanks
@@ -76,12 +78,17 @@ class CellRuns:
         assert self.telemetry is not None
         self.run_id = run_id
         self.telemetry.cell(running=True)
-        request = pack(RunCell(payload))  # once for all: it may be large
+        shared = SharedNames(payload)  # a large name: one copy on this node, which its ranks map
+        request = pack(RunCell(shared.payload))  # once for all: it may be large
         ranks = list(self.ranks.handles)
         run = _Run(run_id, ranks, self.ranks.output, self._ended)
+        sends = []
         for r in ranks:
             r.expect(run_id, functools.partial(run.replied, r))
-            r.send_packed(request)  # one that fails is answered by the rank's death ("lost")
+            # one that fails is answered by the rank's death ("lost")
+            sends.append(r.send_packed(request, shared.fds))
+        if shared.fds:  # closed once sent: the ranks hold their own
+            asyncio.gather(*sends).add_done_callback(lambda _: shared.close())
         if not ranks:  # none left after a failed relaunch: an empty reply
             run.finish()
         return run.done

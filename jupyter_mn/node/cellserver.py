@@ -34,8 +34,10 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..wire import sharednames
 from ..wire.cellendpoint import CellEndpoint
 from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable, encode
+from ..wire.payload import CellPayload
 from .tlsbuffers import SLICE, TlsBuffers
 
 #: Starts a run now (its requests on their way to the ranks) and returns its reply's future.
@@ -65,7 +67,7 @@ class _Connection(asyncio.Protocol):
         self._closing = False
         self.transport: asyncio.Transport
         #: the kernel's process, on an AF_UNIX connection (from this host)
-        self._kernel_pid: int | None = None
+        self.kernel_pid: int | None = None
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -75,7 +77,7 @@ class _Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock.family == socket.AF_UNIX:  # TCP tunes its own
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-            self._kernel_pid = _PEERCRED.unpack(
+            self.kernel_pid = _PEERCRED.unpack(
                 sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )[0]
         self._server.connections.add(self)
@@ -146,7 +148,7 @@ class _Connection(asyncio.Protocol):
 
     def kernel_runs(self) -> bool:
         """Whether the kernel's process is there and not stopped (known on this host alone)."""
-        return self._kernel_pid is not None and _runs(self._kernel_pid)
+        return self.kernel_pid is not None and _runs(self.kernel_pid)
 
     def close(self) -> None:
         """Close after what is written, our close_notify last."""
@@ -187,10 +189,16 @@ class CellServer:
         return any(c.kernel_runs() for c in self.connections if not c.transport.is_closing())
 
     def answer(self, connection: _Connection, payload: Any, run_id: int) -> None:
-        """Start the run from the read that brought its request; reply when it is done."""
+        """Start the run from the read that brought its request; reply when it is done. A
+        kernel on this host sends a cell's large names as files of its own, opened here."""
+        opened: CellPayload | None = None  # with descriptors of ours (``opened`` cleans up)
         try:
+            if isinstance(payload, CellPayload):
+                payload = opened = sharednames.opened(payload, connection.kernel_pid)
             run = self._run(payload, run_id)
         except Exception as exc:
+            for captured in opened.names if opened is not None else ():
+                sharednames.close(captured)
             connection.write(encode((run_id, None, _said(exc))))
             return
         self._runs.add(run)

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -32,6 +32,7 @@ from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
 from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable
 from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reformed, StartFailed, Stop
+from ..wire.sharednames import send_files
 from .exits import describe_exit
 from .nodelink import NodeLink
 from .pdbrelay import PdbRelay
@@ -225,32 +226,36 @@ class RankHandle:
         """Send one of ``rankwire.py``'s messages; whether it went."""
         return await self.send_packed(pack(msg))
 
-    def send_packed(self, data: bytes) -> asyncio.Future[bool]:
-        """Send a ``pack``ed message in order; the future says whether it went. A small one,
-        with no large one still being sent, goes before this returns (a socket buffer takes it at
-        once, so a cell's request reaches every rank before the loop turns; a thread hop would
-        cost ~2 ms a cell); a large one from a thread."""
+    def send_packed(self, data: bytes, files: Sequence[int] = ()) -> asyncio.Future[bool]:
+        """Send a ``pack``ed message in order, and ``files`` after it (a cell's shared names,
+        ``wire/sharednames.py``; the rank reads them after the message); the future says whether
+        it went. A small one, with no large one still being sent, goes before this returns (a
+        socket buffer takes it at once, so a cell's request reaches every rank before the loop
+        turns; a thread hop would cost ~2 ms a cell); a large one from a thread."""
         if len(data) <= _INLINE_SEND and not self._sending:
             sent = self._loop.create_future()
-            sent.set_result(self._write(data))
+            sent.set_result(self._write(data, files))
             return sent
-        task = asyncio.ensure_future(self._send_in_order(data))
+        task = asyncio.ensure_future(self._send_in_order(data, files))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
         return task
 
-    def _write(self, data: bytes) -> bool:
+    def _write(self, data: bytes, files: Sequence[int] = ()) -> bool:
         try:
             self.conn.send_bytes(data)
+            if files:
+                send_files(self.conn.fileno(), files)
         except (OSError, ValueError):
             return False
         return True
 
-    async def _send_in_order(self, data: bytes) -> bool:
+    async def _send_in_order(self, data: bytes, files: Sequence[int]) -> bool:
         async with self._send_lock:
             if len(data) <= _INLINE_SEND:
-                return self._write(data)
-            return await asyncio.get_running_loop().run_in_executor(None, self._write, data)
+                return self._write(data, files)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, self._write, data, files)
 
     async def ready(self) -> RankReady:
         """The rank joined its group; a ``RendezvousError`` saying why when it could not."""

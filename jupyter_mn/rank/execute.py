@@ -22,14 +22,13 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 import traitlets
 from IPython.core.displayhook import DisplayHook
 from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from ..wire import values
+from ..wire import sharednames, values
 from ..wire.events import RankError, RankReply, RankStatus
 from . import location, preemption, timing
 from .causes import is_secondary
@@ -159,28 +158,13 @@ class RankShell(InteractiveShell):
         self.last_traceback = self.SyntaxTB.structured_traceback(etype, value, tb)
 
 
-class _CpuPickler(cloudpickle.Pickler):
-    """Send tensors as CPU bytes: the kernel may have no GPU, and a plain tensor travels as its
-    memory (``wire/values.py``); other kinds (parameters, sparse, quantized) as torch pickles
-    them, from the CPU."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        import torch
-
-        if type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized:
-            return values.reduce(obj)
-        if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-            return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        return super().reducer_override(obj)
-
-
 def dumps(obj: Any, what: str = "the value", limit: int | None = None) -> values.Pickled:
     """``obj`` pickled at protocol 5, arrays' memory and large bytes kept apart as buffers (not
     copied; a read-only one is copied once, so that every hop may send it on as it came).
     Over ``limit`` bytes it raises ``values.ValueTooLarge`` naming ``what``, before that copy."""
     buffers: list[pickle.PickleBuffer] = []
     buf = io.BytesIO()
-    pickler = _CpuPickler(buf, protocol=5, buffer_callback=buffers.append)
+    pickler = values.CpuPickler(buf, protocol=5, buffer_callback=buffers.append)
     pickler.persistent_id = values.OutOfBand()
     pickler.dump(obj)
     data = buf.getvalue()
@@ -192,7 +176,7 @@ def dumps(obj: Any, what: str = "the value", limit: int | None = None) -> values
     return values.Pickled(data, writable)
 
 
-_held: dict[str, bytes] = {}
+_held = sharednames.HeldNames()
 #: Names the notebook put in this namespace (rather than a cell on the ranks): updated freely.
 _from_notebook: set[str] = set()
 
@@ -201,9 +185,7 @@ def _bind_names(shell: RankShell, payload: CellPayload) -> None:
     """Bind the notebook names the cell reads; large ones arrive once and are re-read from cache."""
     ns = shell.user_ns
     for captured in payload.names:
-        if captured.data is not None:
-            _held[captured.name] = captured.data
-        ns[captured.name] = _adopt(cloudpickle.loads(_held[captured.name]), ns)
+        ns[captured.name] = _adopt(_held.value(captured), ns)
         _from_notebook.add(captured.name)
 
 

@@ -19,6 +19,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..wire import sharednames
 from ..wire.debugwire import DebugStart
 from ..wire.events import Preemption
 from ..wire.frames import encode, write_all
@@ -48,7 +49,12 @@ class _Control:
 
     def recv(self) -> Any:
         """The next message from the agent (main thread only)."""
-        return self._back.pop() if self._back else self.conn.recv()
+        if self._back:
+            return self._back.pop()
+        msg = self.conn.recv()
+        if isinstance(msg, RunCell):  # the files of its shared names follow it
+            msg = RunCell(sharednames.received(self.conn.fileno(), msg.payload))
+        return msg
 
     def push_back(self, msg: Any) -> None:
         self._back.append(msg)

@@ -40,6 +40,7 @@ from jupyter_mn.wire.events import RankError, RankReply, RankStatus
 from jupyter_mn.wire.frames import encode, write_all
 from jupyter_mn.wire.rankwhere import RankWhere, WhereRequest
 from jupyter_mn.wire.rankwire import RankReady, Reform, Reformed, RunCell, Stop
+from jupyter_mn.wire.sharednames import HeldNames, received
 from jupyter_mn.wire.values import Pickled
 
 BACKEND = "stand-in"
@@ -99,7 +100,7 @@ def _dumps(value: Any, notes: list[str], what: str) -> Pickled | None:
         return None
 
 
-def run(payload: Any, ns: dict[str, Any], cell: _Cell, held: dict[str, bytes]) -> RankReply:
+def run(payload: Any, ns: dict[str, Any], cell: _Cell, held: HeldNames) -> RankReply:
     """One cell; the reply has the fields ``rank/execute.py`` sends."""
     rank = ns["rank"]
     started = time.perf_counter()
@@ -107,9 +108,7 @@ def run(payload: Any, ns: dict[str, Any], cell: _Cell, held: dict[str, bytes]) -
     value, error, status = None, None, RankStatus.OK
     try:
         for captured in payload.names:
-            if captured.data is not None:
-                held[captured.name] = captured.data
-            ns[captured.name] = pickle.loads(held[captured.name])
+            ns[captured.name] = held.value(captured)
         body, last = _compile(payload.source, f"Cell In[{payload.cell_id}]")
         cell.active = True
         try:
@@ -190,7 +189,7 @@ def main() -> None:
     threading.Thread(target=answer_stacks, name="standin-stacks", daemon=True).start()
     rank = ns["rank"]
     send(RankReady(rank, ns["local_rank"], os.getpid(), "cpu", BACKEND, socket.gethostname()))
-    held: dict[str, bytes] = {}
+    held = HeldNames()
     while True:
         try:
             msg = pickle.loads(conn.recv_bytes())  # rankwire's leaves: no torch, no IPython
@@ -198,7 +197,7 @@ def main() -> None:
             break
         match msg:
             case RunCell(payload=payload):
-                reply = run(payload, ns, cell, held)
+                reply = run(received(conn.fileno(), payload), ns, cell, held)
                 flush_output()  # as a real rank: into the pipes before the reply
                 send(reply)
             case Reform():

@@ -2,7 +2,8 @@
 
 Torch pickles a tensor through ``torch.save`` into a buffer (about two copies each way, and the
 whole storage for a view); NumPy's pickle at protocol 5 hands the array's memory over as a
-buffer. A rank pickles its values with ``reduce`` for tensors, keeping the buffers out of the
+buffer. A rank pickles its values, and the kernel a cell's names, with ``CpuPickler``: ``reduce``
+for tensors, keeping the buffers out of the
 pickle (``Pickled``); they cross each hop out of band (``frames.py``), and the kernel's
 ``loads`` rebuilds arrays on the memory they arrived in. ``rebuild`` needs torch there, as the
 tensor it makes does anyway.
@@ -20,13 +21,31 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from dataclasses import dataclass
 from typing import Any
+
+import cloudpickle
 
 from .sizes import size_text
 
 #: ``bytes`` this long or longer travel out of band; shorter ones cost less inside the pickle.
 OUT_OF_BAND_BYTES = 64 << 10
+
+
+class CpuPickler(cloudpickle.Pickler):
+    """cloudpickle with tensors as CPU bytes: a plain tensor as its memory (``reduce``), other
+    kinds (parameters, sparse, quantized) as torch pickles them, from the CPU. A process that
+    has not imported torch holds no tensor, and does not import torch for one."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            if type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized:
+                return reduce(obj)
+            if obj.device.type != "cpu":
+                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return super().reducer_override(obj)
 
 
 class ValueTooLarge(Exception):

@@ -30,7 +30,7 @@ from jupyter_mn.gang.shell import run_on_nodes
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.wire.events import Note
 from tests.kernel.test_cluster import ENV_CHECK
-from tests.support.bigvalue import check_big_value
+from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.daskcli import tls_config
 from tests.support.polling import wait_until
 from tests.support.procs import ours, rank_processes, wait_gone
@@ -146,6 +146,7 @@ def test_2x2_gang_follows_the_contract_and_leaves_the_cluster_as_it_was(
         assert row["info"]["backend"] == "dask"
     assert any(n.startswith("preflight: ") and "✔" in n for n in notes), notes
     check_big_value(cluster, mib=16)
+    check_big_push(cluster, mib=16)
     ranks = rank_processes(ours(no_leftovers))
     assert len(ranks) == 4
     lines: list[tuple[int, str]] = []

@@ -21,7 +21,7 @@ from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER
 from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.node.ports import is_free, listen_port
-from tests.support.bigvalue import check_big_value
+from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.kube import kueue, real
 from tests.support.kube.node import RDMA_RESOURCE
 from tests.support.kube.rest import RestError
@@ -722,5 +722,6 @@ def test_a_cell_on_two_nodes_of_two_ranks_returns_rank_0s_value(
     with Cluster(spec) as cluster:
         value = cluster.run(CELL).unwrap()
         check_big_value(cluster, mib=16)
+        check_big_push(cluster, mib=16)
     assert value == (6.0, 0, 4, "kubernetes")
     eventually(lambda: _left(plane) == [], what="the gang's objects gone")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import pickle
 import queue
 import shlex
 import socket
@@ -21,20 +22,23 @@ import numpy as np
 import pytest
 from distributed.security import Security
 
-from jupyter_mn.gang.cellstream import MAX_REQUEST, CellStream, StreamLost
+from jupyter_mn.gang import cellstream
+from jupyter_mn.gang.cellstream import CellStream, StreamLost
 from jupyter_mn.gang.inbox import Inbox, Reply
 from jupyter_mn.node import cellserver
 from jupyter_mn.node.cellserver import CellServer
 from jupyter_mn.node.tlsbuffers import TlsBuffers
 from jupyter_mn.wire.cellendpoint import CellEndpoint
 from jupyter_mn.wire.frames import Frames
+from jupyter_mn.wire.payload import Captured, CellPayload
 from tests.support.otheruser import other_user
+from tests.support.procs import open_files
 
 
 class Agent:
     """A CellServer on a loop thread of its own; ``run`` starts a run that answers ``payload * 2``
-    as bytes, or fails to start for "boom", or fails later for "bust", or waits for ``release``
-    on "wait"."""
+    as bytes, or the digest of the array in ``("digest", array)``, or fails to start for "boom",
+    or fails later for "bust", or waits for ``release`` on "wait"."""
 
     def __init__(self, security: Security) -> None:
         self.loop = asyncio.new_event_loop()
@@ -52,6 +56,10 @@ class Agent:
     def run(self, payload: Any, run_id: int) -> asyncio.Future[Any]:
         if payload == "big":  # a cell whose value is a big array
             return asyncio.ensure_future(_now(self.big))
+        if isinstance(payload, CellPayload):  # a cell with names, on a node without ranks
+            raise ValueError("no ranks here")
+        if isinstance(payload, tuple):  # ("digest", a cell's big captured array)
+            return asyncio.ensure_future(_now(hashlib.sha256(payload[1]).hexdigest()))
         if payload == "boom":
             raise ValueError("no such rank")
         return asyncio.ensure_future(self._run(payload, run_id))
@@ -142,11 +150,12 @@ def test_a_peer_that_never_finishes_the_tls_handshake_is_closed(agent, monkeypat
         assert sock.recv(1) == b""  # the agent closed it (a timeout here would raise)
 
 
-def test_a_large_request_is_left_to_the_actor_call(agent, tls):
-    stream, _ = connected(agent, tls)
+def test_a_large_request_goes_on_the_stream_with_its_array_out_of_band_over_tls(agent, tls):
+    """A cell's 64 MiB captured array travels in the request itself, in slices of TLS records;
+    the agent's digest of what it got is the kernel's."""
+    stream, inbox = connected(agent, tls)
     try:
-        assert not stream.send(0, stream.request(b"x" * MAX_REQUEST, 1))
-        assert stream.send(0, stream.request(b"x" * 1000, 1))
+        _big_request_through(stream, inbox)
     finally:
         stream.close()
 
@@ -190,6 +199,29 @@ def test_a_ctrl_c_while_a_reply_is_read_gives_the_stream_up_and_says_so(agent, t
     assert not stream.send(0, stream.request("x", 2))  # the next cell goes another way
 
 
+def test_a_ctrl_c_part_way_through_a_big_request_gives_the_stream_up(agent, tls, monkeypatch):
+    """The agent holds part of a request: the stream, out of step, is not used again, and that
+    node's reply says why."""
+    stream, inbox = connected(agent, tls)
+    sent: list[int] = []
+
+    def interrupted(self: Any, data: memoryview) -> None:
+        if sent:
+            raise KeyboardInterrupt
+        sent.append(data.nbytes)
+        real(self, data)
+
+    real = cellstream._Channel._send_slice
+    monkeypatch.setattr(cellstream._Channel, "_send_slice", interrupted)
+    array = np.zeros(3 * cellstream.SLICE, dtype=np.uint8)
+    with pytest.raises(KeyboardInterrupt):
+        stream.send(0, stream.request(("digest", array), 1))
+    lost = inbox.get(timeout=10)
+    assert (lost.node, type(lost.error)) == (0, StreamLost)
+    assert "cut short (KeyboardInterrupt)" in str(lost.error)
+    assert not stream.send(0, stream.request("x", 2))
+
+
 def test_a_reply_read_together_with_the_peers_close_notify_is_delivered(tls):
     """An agent that answers and closes at once: both records may come in one read."""
     client = TlsBuffers(tls.get_connection_args("client")["ssl_context"], server_side=False)
@@ -219,7 +251,7 @@ def test_agents_that_cannot_be_reached_cost_one_wait_not_one_each(agent, tls, mo
         started = time.monotonic()
         assert stream.open_all(targets, context) == [True] + [False] * 6
         assert time.monotonic() - started < 12  # one after the other: 18 s
-        assert stream.send(0, stream.request(21, 1)) and not stream.send(1, [b"x"])
+        assert stream.send(0, stream.request(21, 1)) and not stream.send(1, stream.request("x", 2))
     finally:
         for server in silent:
             server.close()
@@ -231,6 +263,15 @@ def _big_value_through(agent: Agent, stream: CellStream, inbox: Inbox) -> None:
     (reply,) = replies(inbox, 1)
     assert reply.error is None
     assert hashlib.sha256(reply.value).hexdigest() == hashlib.sha256(agent.big).hexdigest()
+
+
+def _big_request_through(stream: CellStream, inbox: Inbox) -> None:
+    array = np.random.default_rng(3).integers(0, 255, 64 << 20, dtype=np.uint8)
+    request = stream.request(("digest", array), 1)
+    assert max(len(part) for part in request.parts(local=False)[:2]) < 1000  # not in the pickle
+    assert stream.send(0, request)
+    (reply,) = replies(inbox, 1)
+    assert reply.error is None and reply.value == hashlib.sha256(array).hexdigest()
 
 
 def test_a_big_value_arrives_intact_over_tls(agent, tls):
@@ -250,8 +291,27 @@ def test_a_kernel_on_the_agents_host_takes_its_socket_and_a_big_value_arrives_in
         (connection,) = agent.server.connections
         assert connection.transport.get_extra_info("socket").family == socket.AF_UNIX
         _big_value_through(agent, stream, inbox)
+        _big_request_through(stream, inbox)
     finally:
         stream.close()
+
+
+def test_a_run_that_fails_to_start_leaves_none_of_the_kernels_files_open(agent, tls):
+    """On the AF_UNIX stream a big name comes as a memfd of the kernel's, which the agent opens;
+    a run that cannot start closes it again (here the kernel is this process too)."""
+    inbox = Inbox()
+    stream = CellStream(inbox)
+    context = tls.get_connection_args("client")["ssl_context"]
+    assert stream.open(0, "127.0.0.1", agent.endpoint, context)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(np.ones(1 << 20), protocol=5, buffer_callback=buffers.append)
+    payload = CellPayload("x", 1, (Captured("big", "", data, tuple(buffers)),))
+    try:
+        assert stream.send(0, stream.request(payload, 1))
+        assert "no ranks here" in str(inbox.get(timeout=10).error)
+    finally:
+        stream.close()  # and the kernel's own file with it
+    assert not [path for path in open_files() if "jupyter-mn-big" in path]
 
 
 def test_the_agents_socket_is_in_a_directory_only_its_user_may_enter(agent):

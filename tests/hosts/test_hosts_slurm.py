@@ -42,7 +42,7 @@ from tests.e2e.test_detached_runs import (
     submit,
 )
 from tests.hosts.test_hosts_dask import CHECK
-from tests.support.bigvalue import check_big_value
+from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.jobs import make_job
 from tests.support.kernels import Kernel
 from tests.support.polling import wait_until
@@ -91,6 +91,7 @@ def test_a_gang_is_one_job_whose_nodes_reduce_across_the_hosts_until_its_idle_re
         )
         assert leaked.value == []
         check_big_value(cluster, mib=16)
+        check_big_push(cluster, mib=16)
         (job,) = slurm.jobs()
         tasks = [_environ(p) for p in psutil.process_iter() if _is_task(p, job.split()[0])]
         assert len(tasks) == 2  # their environment as the job gave it (slurmctld keeps it)

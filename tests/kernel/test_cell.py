@@ -199,6 +199,17 @@ def test_large_values_are_sent_once_then_referenced():
     assert all(c.data is not None for c in shipper.for_ranks(captured))
 
 
+def test_a_gang_on_this_host_gets_large_values_every_time_without_a_digest():
+    shipper = Shipper()
+    ns = {"blob": b"x" * CACHE_MIN_BYTES}
+    code = compile_cell("len(blob)")
+    for _ in range(2):
+        (sent,) = shipper.for_ranks(shipper.capture(code, ns)[0], cache=False)
+        assert sent.data is not None and sent.digest == ""
+    (cached,) = shipper.for_ranks(shipper.capture(code, ns)[0])  # another host: it is held
+    assert cached.data is not None and len(cached.digest) == 32
+
+
 def test_ipython_and_rank_names_are_never_captured():
     ns = {"get_ipython": object(), "torch": object(), "_": 1, "_i3": "x", "In": [], "print": print}
     names, _ = Shipper().capture(compile_cell("get_ipython, torch, _, _i3, In, print"), ns)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import socket
 import time
 
 import pytest
@@ -12,8 +14,9 @@ from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, SpecError
 from jupyter_mn.kernel.cell import CACHE_MIN_BYTES
 from jupyter_mn.views import TextView
-from tests.support.bigvalue import check_big_value
-from tests.support.procs import ours, rank_processes, wait_gone
+from jupyter_mn.wire.cellendpoint import CellEndpoint
+from tests.support.bigvalue import check_big_push, check_big_value
+from tests.support.procs import open_files, ours, rank_processes, wait_gone
 
 ENV_CHECK = """
 import json, os, torch.distributed as dist
@@ -68,10 +71,10 @@ def test_a_semicolon_keeps_the_value_on_the_rank(gang_2x2):
         assert gang_2x2.run("7").value == 7
 
 
-def test_a_cell_goes_on_the_cell_stream_and_a_large_one_as_actor_calls(gang_2x2, monkeypatch):
+def test_a_cell_goes_on_the_cell_stream_large_captured_names_too(gang_2x2, monkeypatch):
     """docs/architecture.md, "The cell stream": with the actor path for cells broken, a warm
-    cell still runs (its request went on the stream); one with 100 KB of captured names needs the
-    actor path."""
+    cell still runs (its request went on the stream), and so does one with 100 KB of captured
+    names."""
     actor_cells: list[list[int] | None] = []
     agents = gang_2x2.gang.core.nodes
     real = agents.call_each
@@ -79,10 +82,76 @@ def test_a_cell_goes_on_the_cell_stream_and_a_large_one_as_actor_calls(gang_2x2,
         agents, "call_each", lambda call, nodes=None: (actor_cells.append(nodes), real(call, nodes))
     )
     assert gang_2x2.run("dist.get_rank() + 40").value == 40
-    assert actor_cells == []
     blob = b"x" * 100_000
     result = gang_2x2.run("len(blob) + dist.get_world_size()", namespace={"blob": blob})
-    assert result.value == 100_004 and actor_cells == [[0, 1]]
+    assert result.value == 100_004 and actor_cells == []
+
+
+def test_a_big_notebook_array_reaches_every_rank_intact_in_one_copy_per_node(gang_2x2):
+    check_big_push(gang_2x2, mib=64)
+
+
+def test_a_big_notebook_array_over_tls_reaches_every_rank_in_one_copy_per_node(
+    monkeypatch, no_leftovers
+):
+    """Where the agent is not on the kernel's host the request carries the array (TLS), and the
+    agent writes the one memfd its ranks map."""
+    monkeypatch.setattr(CellEndpoint, "local", lambda self: False)
+    with Cluster(nodes=1, gpus=2) as cluster:
+        cluster.run("1").unwrap()
+        (channel,) = cluster.gang.core.nodes._cells._channels.values()
+        assert channel.sock.family == socket.AF_INET and not channel.local
+        check_big_push(cluster, mib=16)
+
+
+MAPPED = """
+import os
+def _mapped(address):
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[4], " ".join(fields[5:])
+"""
+
+
+def test_a_pushed_array_is_one_copy_on_this_host_that_a_rank_writes_only_for_itself(gang_2x2):
+    """The kernel's one memfd is mapped by every rank of the host's agents; a rank that writes
+    to the array copies the pages it writes (its peers and the next cell see the notebook's)."""
+    import numpy as np
+
+    ns = {"arr": np.arange(4 << 20, dtype=np.int64)}  # 32 MiB
+    gang_2x2.run(MAPPED).unwrap()
+    where = gang_2x2.run("_mapped(arr.ctypes.data)", namespace=ns, return_all=True).unwrap()
+    assert len(set(map(tuple, where))) == 1 and where[0][1].startswith("/memfd:jupyter-mn-arr")
+    wrote = "if dist.get_rank() == 1:\n    arr[:3] = -1\nint(arr[:3].sum())"
+    assert gang_2x2.run(wrote, namespace=ns, return_all=True).unwrap() == [3, -3, 3, 3]
+    assert gang_2x2.run("int(arr[:3].sum())", namespace=ns, return_all=True).unwrap() == [3] * 4
+    gang_2x2.run("1").unwrap()  # the kernel's file goes with the next request: the ranks hold it
+    assert not [path for path in open_files() if "jupyter-mn-arr" in path]
+
+
+def test_a_notebook_tensor_travels_as_its_memory_into_the_shared_copy(gang_2x2):
+    import torch
+
+    ns = {"weights": torch.rand(2 << 20, generator=torch.Generator().manual_seed(4))}  # 8 MiB
+    gang_2x2.run(MAPPED).unwrap()
+    digest = "hashlib.sha256(weights.numpy()).hexdigest()"
+    cell = f"import hashlib\n_mapped(weights.data_ptr())[1], {digest}, type(weights).__name__"
+    rows = gang_2x2.run(cell, namespace=ns, return_all=True).unwrap()
+    assert {(path.split(" ")[0], kind) for path, _, kind in rows} == {
+        ("/memfd:jupyter-mn-weights", "Tensor")
+    }
+    assert {got for _, got, _ in rows} == {hashlib.sha256(ns["weights"].numpy()).hexdigest()}
+
+
+def test_a_big_notebook_array_sent_as_actor_calls_arrives_the_same(gang_2x2, monkeypatch):
+    """Where the kernel has no cell stream to an agent (a port-forward, a gateway), the same
+    names go through dask's actor call, and the agent shares them with its ranks alike."""
+    agents = gang_2x2.gang.core.nodes
+    monkeypatch.setattr(agents, "stream_cell", lambda payload, run_id: list(range(agents.count)))
+    check_big_push(gang_2x2, mib=64)
 
 
 TENSORS = """
@@ -105,8 +174,6 @@ tensors = {
 def test_tensor_values_arrive_whole_in_every_dtype_and_layout(gang_2x2):
     """A tensor travels as its memory (``wire/values.py``): the same bytes, dtype, shape and
     grad flag; a view sends its own elements, not its storage; a Parameter stays one."""
-    import hashlib
-
     import torch
 
     gang_2x2.run(TENSORS).unwrap()

@@ -1,8 +1,9 @@
-"""A big value whose bytes are checked end to end: hashed on rank 0, hashed again in the kernel.
+"""Big values both ways, their bytes checked end to end: rank 0's value hashed on the rank and
+again in the kernel; a notebook array hashed in the kernel and again on every rank.
 
-Every backend's tests run ``check_big_value`` on a gang they already have, so the value path
-(pickle, out-of-band buffers, each hop, the kernel's rebuild) is checked without a cluster start
-of its own.
+Every backend's tests run ``check_big_value`` and ``check_big_push`` on a gang they already have,
+so both paths (pickle, out-of-band buffers, each hop, the rebuild; a node's one shared copy of a
+pushed array) are checked without a cluster start of their own.
 """
 
 from __future__ import annotations
@@ -34,3 +35,33 @@ def check_big_value(cluster: Any, mib: int) -> None:
     assert type(value["bytes"]) is bytes and value["n"] == 3
     assert value["tensor"].nbytes == mib << 20
     assert got == result.pulled["digests"]
+
+
+#: Each rank's digest of the array it got, and the file its memory is a mapping of
+#: (``/proc/self/maps``: device, inode, path).
+_READ = """
+import hashlib, os
+def _mapped(address):
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[3], fields[4], " ".join(fields[5:])
+(int(os.environ["NODE_RANK"]), hashlib.sha256(pushed).hexdigest(), _mapped(pushed.ctypes.data))
+"""
+
+
+def check_big_push(cluster: Any, mib: int) -> None:
+    """A ``mib`` MiB notebook array reaches every rank intact (checksummed there), and the ranks
+    of a node read one copy: the array lies in one and the same memfd for each of them."""
+    import numpy as np
+
+    pushed = np.random.default_rng(11).integers(0, 2**31, mib << 18, dtype=np.int32)
+    rows = cluster.run(_READ, namespace={"pushed": pushed}, return_all=True).unwrap()
+    assert {digest for _, digest, _ in rows} == {hashlib.sha256(pushed).hexdigest()}
+    files: dict[int, set[Any]] = {}
+    for node, _, mapped in rows:
+        files.setdefault(node, set()).add(mapped)
+    assert all(len(mapping) == 1 for mapping in files.values()), files
+    assert all(path.startswith("/memfd:jupyter-mn-pushed") for ((_, _, path),) in files.values())
