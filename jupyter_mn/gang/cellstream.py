@@ -8,9 +8,10 @@ TLS: its directory admits this user alone. Across hosts TLS is done on memory bu
 (``node/tlsbuffers.py``) under a lock, so a sending thread and the reading one can share one
 connection (an ``SSLSocket`` must not be used by two threads at once). Either way a reply is
 read (or decrypted) straight into its message's buffer (``Frames.into``): a big value is copied
-once on its way in. A request over ``MAX_REQUEST`` bytes (a cell with large captured variables)
-goes as an actor call instead, and a send gives up after ``SEND_S``: a send on a cut link must
-not hold the cell's thread.
+once on its way in. A rank's big reply may come ahead of its node's (``wire/valueahead.py``),
+while the rank still sends it; it waits here, per node, for the node's reply. A request over
+``MAX_REQUEST`` bytes (a cell with large captured variables) goes as an actor call instead, and
+a send gives up after ``SEND_S``: a send on a cut link must not hold the cell's thread.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from typing import Any
 
 from ..node.tlsbuffers import TlsBuffers
 from ..wire.cellendpoint import CellEndpoint
+from ..wire.events import NodeReply, RankReply
 from ..wire.frames import Frames, encode
+from ..wire.valueahead import ReplyAhead
 from .inbox import Inbox, Reply
 
 MAX_REQUEST = 64 * 1024
@@ -143,10 +146,10 @@ class CellStream:
         for (node, _, _), channel in zip(agents, channels, strict=True):
             if channel is not None:
                 self._channels[node] = channel
-                frames = Frames()
+                frames, ahead = Frames(), {}
                 self._inbox.watch(
                     channel.sock,
-                    lambda n=node, c=channel, f=frames: self._readable(n, c, f),
+                    lambda n=node, c=channel, f=frames, a=ahead: self._readable(n, c, f, a),
                 )
         return [channel is not None for channel in channels]
 
@@ -168,8 +171,15 @@ class CellStream:
     def request(payload: object, run_id: int) -> tuple[bytes, bytes]:
         return encode((payload, run_id))
 
-    def _readable(self, node: int, channel: _Channel, frames: Frames) -> None:
-        """On the thread waiting on the inbox: the node's replies so far into the inbox.
+    def _readable(
+        self,
+        node: int,
+        channel: _Channel,
+        frames: Frames,
+        ahead: dict[int, dict[int, RankReply]],
+    ) -> None:
+        """On the thread waiting on the inbox: the node's replies so far into the inbox, with
+        the rank replies that came ahead of each (``ahead``: by run, then rank) put back.
 
         What was read and not yet handed over would be lost by an exception part way (a Ctrl-C
         lands on this thread; a frame that does not decode), and the stream would be out of step
@@ -177,7 +187,13 @@ class CellStream:
         rather than no answer, and the next cells go as actor calls."""
         try:
             data = channel.recv(frames)
-            for _run_id, value, error in data or ():
+            for message in data or ():
+                if isinstance(message, ReplyAhead):
+                    ahead.setdefault(message.run_id, {})[message.reply.rank] = message.reply
+                    continue
+                run_id, value, error = message
+                if (came := ahead.pop(run_id, None)) is not None and error is None:
+                    value = NodeReply.of(value).with_ahead(came)
                 with self._lock:
                     self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
                 failed = RuntimeError(error) if error is not None else None  # agent.run raised
