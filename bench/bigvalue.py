@@ -3,7 +3,8 @@
 A 1×1 local ``%%cluster`` gang holds a ``SIZE`` uint8 tensor; the cell returning it is timed
 from execute request to idle reply, and the kernel's peak resident memory (``VmHWM``, reset by
 ``clear_refs`` just before) is read after it, beside its resident memory before. Needs about
-three times ``SIZE`` free (rank, agent relay, kernel): check ``free -g`` first. On a loaded
+twice ``SIZE`` free (rank and kernel; the agent relays a few MiB at a time): check ``free -g``
+first. On a loaded
 machine the agent may not answer the kernel's heartbeat while it relays the value (the node is
 then judged unreachable after ``liveness_timeout``): ``JUPYTER_MN_LIVENESS_TIMEOUT=300`` measures
 the value path alone.

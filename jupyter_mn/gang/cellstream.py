@@ -11,7 +11,9 @@ read (or decrypted) straight into its message's buffer (``Frames.into``): a big 
 once on its way in. A request goes the same way whatever its size: a cell's captured names are
 sent once per node, their arrays out of band (``wire/frames.py``), written in slices of ``SLICE``
 bytes (each encrypted just before it is written); a send gives up when one slice does not go
-within ``SEND_S``: a send on a cut link must not hold the cell's thread.
+within ``SEND_S``: a send on a cut link must not hold the cell's thread. A rank's big reply
+may come ahead of its node's (``wire/valueahead.py``), while the rank still sends it; it waits
+here, per node, for the node's reply.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from typing import Any
 
 from ..node.tlsbuffers import TlsBuffers
 from ..wire.cellendpoint import CellEndpoint
+from ..wire.events import NodeReply, RankReply
 from ..wire.frames import Frames, encode
 from ..wire.payload import CellPayload
 from ..wire.sharednames import SharedNames
+from ..wire.valueahead import ReplyAhead
 from .inbox import Inbox, Reply
 
 #: How long connecting, the TLS handshake or the send of one slice may take.
@@ -199,10 +203,10 @@ class CellStream:
         for (node, _, _), channel in zip(agents, channels, strict=True):
             if channel is not None:
                 self._channels[node] = channel
-                frames = Frames()
+                frames, ahead = Frames(), {}
                 self._inbox.watch(
                     channel.sock,
-                    lambda n=node, c=channel, f=frames: self._readable(n, c, f),
+                    lambda n=node, c=channel, f=frames, a=ahead: self._readable(n, c, f, a),
                 )
         return [channel is not None for channel in channels]
 
@@ -236,8 +240,15 @@ class CellStream:
     def request(payload: object, run_id: int) -> CellRequest:
         return CellRequest(payload, run_id)
 
-    def _readable(self, node: int, channel: _Channel, frames: Frames) -> None:
-        """On the thread waiting on the inbox: the node's replies so far into the inbox.
+    def _readable(
+        self,
+        node: int,
+        channel: _Channel,
+        frames: Frames,
+        ahead: dict[int, dict[int, RankReply]],
+    ) -> None:
+        """On the thread waiting on the inbox: the node's replies so far into the inbox, with
+        the rank replies that came ahead of each (``ahead``: by run, then rank) put back.
 
         What was read and not yet handed over would be lost by an exception part way (a Ctrl-C
         lands on this thread; a frame that does not decode), and the stream would be out of step
@@ -245,7 +256,13 @@ class CellStream:
         rather than no answer, and the next cells go as actor calls."""
         try:
             data = channel.recv(frames)
-            for _run_id, value, error in data or ():
+            for message in data or ():
+                if isinstance(message, ReplyAhead):
+                    ahead.setdefault(message.run_id, {})[message.reply.rank] = message.reply
+                    continue
+                run_id, value, error = message
+                if (came := ahead.pop(run_id, None)) is not None and error is None:
+                    value = NodeReply.of(value).with_ahead(came)
                 with self._lock:
                     self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
                 failed = RuntimeError(error) if error is not None else None  # agent.run raised

@@ -44,6 +44,7 @@ from .ranks import NodeRanks
 from .script import ScriptRun
 from .telemetry import NodeTelemetry
 from .upkeep import NodeUpkeep
+from .valuerelay import RelaySink
 
 log = logging.getLogger("jupyter_mn.agent")
 
@@ -176,11 +177,14 @@ class NodeAgent:
         reply packed, as dask carries bytes best."""
         return (await self.start_run(payload, run_id)).packed()
 
-    def start_run(self, payload: CellPayload, run_id: int = 0) -> asyncio.Future[NodeReply]:
+    def start_run(
+        self, payload: CellPayload, run_id: int = 0, sink: RelaySink | None = None
+    ) -> asyncio.Future[NodeReply]:
         """Send a cell to every rank of this node; the future is their ``NodeReply``
-        (``cellrun.py``). The cell stream calls this from its read, and sends the reply's
-        buffers (a value's arrays) out of band."""
-        return self.cells.start(payload, run_id)
+        (``cellrun.py``). The cell stream calls this from its read, with its connection as
+        ``sink``: a rank's big reply goes there as it is read (``valuerelay.py``), and the
+        reply's buffers (a value's arrays) go out of band."""
+        return self.cells.start(payload, run_id, sink)
 
     async def interrupt(self, run_id: int = 0, generation: int | None = None) -> None:
         """Stop run ``run_id`` (``CellRuns.interrupt``)."""

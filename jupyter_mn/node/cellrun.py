@@ -3,9 +3,11 @@
 No task and no loop turn between a request and its ranks, or between the last rank's reply and
 the node's: the cell stream (``cellserver.py``) starts a run from its read, the requests go out
 before ``start`` returns, each rank's reply is handed over from the read of its control socket
-(``RankHandle.expect``), and the node's reply is built where the last rank's is read. An
-interrupt stops the run it names, never the next one. A cell's large names reach the ranks as
-one sealed memfd that each maps (``wire/sharednames.py``), passed after the request.
+(``RankHandle.expect``), and the node's reply is built where the last rank's is read. A run from
+the cell stream lets a rank's big reply go to the kernel ahead of the node's, as it is read
+(``valuerelay.py``); the node's reply names those ranks. An interrupt stops the run it names,
+never the next one. A cell's large names reach the ranks as one sealed memfd that each maps
+(``wire/sharednames.py``), passed after the request.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .output import NodeOutput
 from .process import RankHandle, pack
 from .ranks import NodeRanks
 from .telemetry import NodeTelemetry
+from .valuerelay import Ahead, RelaySink
 
 
 class _Run:
@@ -39,6 +42,8 @@ class _Run:
     ) -> None:
         self.run_id, self.ranks, self.output, self.ended = run_id, ranks, output, ended
         self.replies: dict[int, RankReply] = {}
+        #: the ranks whose replies went to the kernel ahead of the node's
+        self.ahead: set[int] = set()
         self.done: asyncio.Future[NodeReply] = asyncio.get_running_loop().create_future()
 
     def replied(self, r: RankHandle, reply: RankReply) -> None:
@@ -59,7 +64,8 @@ class _Run:
         self.output.send_displays()  # what rank 0 showed last comes before the reply
         self.ended()
         in_order = tuple(self.replies[each.local_rank] for each in self.ranks)
-        self.done.set_result(NodeReply(self.output.node, self.output.flush(), in_order))
+        ahead = tuple(sorted(self.ahead))
+        self.done.set_result(NodeReply(self.output.node, self.output.flush(), in_order, ahead))
 
 
 class CellRuns:
@@ -72,9 +78,11 @@ class CellRuns:
         self.run_id = 0
         self.telemetry: NodeTelemetry | None = None  # set once the ranks started
 
-    def start(self, payload: CellPayload, run_id: int = 0) -> asyncio.Future[NodeReply]:
+    def start(
+        self, payload: CellPayload, run_id: int = 0, sink: RelaySink | None = None
+    ) -> asyncio.Future[NodeReply]:
         """Send a cell to every rank; the future is their replies (a ``NodeReply``)
-        once output is flushed."""
+        once output is flushed. A big reply may go to ``sink`` ahead of it."""
         assert self.telemetry is not None
         self.run_id = run_id
         self.telemetry.cell(running=True)
@@ -82,9 +90,10 @@ class CellRuns:
         request = pack(RunCell(shared.payload))  # once for all: it may be large
         ranks = list(self.ranks.handles)
         run = _Run(run_id, ranks, self.ranks.output, self._ended)
+        ahead = Ahead(sink, run.ahead.add) if sink is not None else None
         sends = []
         for r in ranks:
-            r.expect(run_id, functools.partial(run.replied, r))
+            r.expect(run_id, functools.partial(run.replied, r), ahead)
             # one that fails is answered by the rank's death ("lost")
             sends.append(r.send_packed(request, shared.fds))
         if shared.fds:  # closed once sent: the ranks hold their own

@@ -18,6 +18,10 @@ A kernel on the same host connects to an AF_UNIX socket in a directory only this
 (``wire/cellendpoint.py``), without TLS. A reply goes out in slices as the transport takes them
 (``pause_writing``/``resume_writing``), each encrypted just before it is written: a 256 MiB value
 is neither encrypted whole nor copied whole into the transport's buffer first.
+
+A run may send a rank's big reply ahead of its node's, as the rank sends it (``relay``:
+``valuerelay.py``); the connection holds back its other replies until that message is whole,
+so messages never interleave on the stream.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ from ..wire.cellendpoint import CellEndpoint
 from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable, encode
 from ..wire.payload import CellPayload
 from .tlsbuffers import SLICE, TlsBuffers
+from .valuerelay import CHUNK, RelaySink
 
-#: Starts a run now (its requests on their way to the ranks) and returns its reply's future.
-Run = Callable[[Any, int], "asyncio.Future[Any]"]
+#: Starts a run now (its requests on their way to the ranks) and returns its reply's future;
+#: its ranks' big replies may go ahead through the connection given.
+Run = Callable[[Any, int, RelaySink], "asyncio.Future[Any]"]
 #: A connection whose TLS handshake is not done by then is closed (a peer that is not a kernel).
 HANDSHAKE_S = 10.0
 #: ``struct ucred``: the peer's pid, uid, gid (``SO_PEERCRED``).
@@ -61,9 +67,16 @@ class _Connection(asyncio.Protocol):
         self._tls: TlsBuffers | None = None
         self._frames = Frames()
         self._overdue: asyncio.TimerHandle | None = None
-        #: what is still to be written, and whether the transport has asked us to wait
+        #: what is still to be written (and its bytes), and whether the transport has asked us
+        #: to wait
         self._pending: collections.deque[memoryview] = collections.deque()
+        self._queued = 0
         self._paused = False
+        #: a relayed message is under way: other messages wait in ``_held``; ``_drained`` is
+        #: the relay's, called when the queue drains
+        self._relaying = False
+        self._held: list[bytes | memoryview] = []
+        self._drained: Callable[[], None] | None = None
         self._closing = False
         self.transport: asyncio.Transport
         #: the kernel's process, on an AF_UNIX connection (from this host)
@@ -106,6 +119,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         # the kernel went: its runs still end, their replies go nowhere
         self._pending.clear()
+        self._queued = 0
+        self._held.clear()
+        self._call_drained()
         if self._overdue is not None:
             self._overdue.cancel()
         self._server.connections.discard(self)
@@ -117,8 +133,47 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
     def write(self, parts: Sequence[bytes | memoryview]) -> None:
-        self._pending.extend(memoryview(p).cast("B") for p in parts if len(p))
+        if self._relaying:
+            self._held.extend(parts)
+            return
+        self._queue(parts)
+
+    def _queue(self, parts: Sequence[bytes | memoryview]) -> None:
+        if self.transport.is_closing():  # the kernel has gone
+            return
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        self._pending.extend(views)
+        self._queued += sum(v.nbytes for v in views)
         self._pump()
+
+    # ---- a relayed message (``valuerelay.RelaySink``)
+    def relay(self, head: bytes) -> bool:
+        if self._relaying or self._closing or self.transport.is_closing():
+            return False
+        self._queue([head])
+        self._relaying = True
+        return True
+
+    def relayed(self, data: bytes | memoryview) -> None:
+        self._queue([data])
+
+    def relay_done(self) -> None:
+        self._relaying = False
+        held, self._held = self._held, []
+        self._queue(held)
+
+    def backlogged(self) -> bool:
+        return self._queued > CHUNK and not self.transport.is_closing()
+
+    def when_drained(self, then: Callable[[], None]) -> None:
+        self._drained = then
+        if not self.backlogged():
+            self._call_drained()
+
+    def _call_drained(self) -> None:
+        then, self._drained = self._drained, None
+        if then is not None:
+            then()
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -135,8 +190,11 @@ class _Connection(asyncio.Protocol):
             self._pending[0] = self._pending[0][SLICE:]
             if not self._pending[0]:
                 self._pending.popleft()
+            self._queued -= piece.nbytes
             for data in [piece] if self._tls is None else self._tls.wrap([piece]):
                 self._send(data)
+        if self._drained is not None and not self.backlogged():
+            self._call_drained()
         if self._closing and not self._pending:
             if self._tls is not None:
                 self._send(self._tls.close())
@@ -195,7 +253,7 @@ class CellServer:
         try:
             if isinstance(payload, CellPayload):
                 payload = opened = sharednames.opened(payload, connection.kernel_pid)
-            run = self._run(payload, run_id)
+            run = self._run(payload, run_id, connection)
         except Exception as exc:
             for captured in opened.names if opened is not None else ():
                 sharednames.close(captured)

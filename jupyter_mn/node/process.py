@@ -4,13 +4,15 @@ The process runs ``python -m jupyter_mn.rank.runtime`` (``rank_command``) in its
 Jupyter interrupt never reaches it), with stdout/stderr on pipes (C-level output included) and a
 control socket. Its pipes (``pipes.py``) and its control socket (``frames.py``) are read on the
 agent's event loop whenever they are readable, with no thread between; its death shows as EOF at
-once.
+once. A big reply to a cell whose run allows it goes to the kernel as it is read
+(``valuerelay.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import pickle
 import shlex
@@ -38,6 +40,7 @@ from .nodelink import NodeLink
 from .pdbrelay import PdbRelay
 from .pipes import PipeReader, read_frames
 from .ranksocket import RankStacks
+from .valuerelay import Ahead, ReplyRelay
 
 STOP_GRACE_S = 3.0
 _SESSION_GRACE_S = 1.0
@@ -121,8 +124,8 @@ class RankHandle:
         self.pdb = PdbRelay(rank, lambda where: agent.paused(rank, self.running or 0, where))
         #: the run this rank is busy with (None between cells)
         self.running: int | None = None
-        #: who takes this rank's next cell replies, oldest first (``expect``)
-        self._expecting: deque[Callable[[RankReply], None]] = deque()
+        #: who takes this rank's next cell replies (oldest first), and where each may go ahead
+        self._expecting: deque[tuple[int, Callable[[RankReply], None], Ahead | None]] = deque()
         self._dead = False  # its control socket ended: no reply will come
         self._answering: asyncio.Future[None] | None = None  # "lost" to those expecting one
         #: why the agent killed it (shown with its exit status)
@@ -152,21 +155,32 @@ class RankHandle:
         self._frames = Frames()
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.conn.fileno(), self._read_control)
+        watch = functools.partial(self._loop.add_reader, self.conn.fileno(), self._read_control)
+        self._relay = ReplyRelay(self.conn.fileno(), self._frames, watch)
 
-    def expect(self, run_id: int, on_reply: Callable[[RankReply], None]) -> None:
+    def expect(
+        self, run_id: int, on_reply: Callable[[RankReply], None], ahead: Ahead | None = None
+    ) -> None:
         """Run ``run_id`` is being sent: the rank is busy until its reply, which goes to
         ``on_reply`` straight from the loop's read of the control socket (a task waiting for it
-        would cost the reply a loop turn or two), or a "lost" outcome if the rank dies first."""
+        would cost the reply a loop turn or two), or a "lost" outcome if the rank dies first.
+        A big reply may go ``ahead`` as it is read; ``on_reply`` then gets it without its value."""
         self.running = run_id
-        self._expecting.append(on_reply)
+        self._expecting.append((run_id, on_reply, ahead))
         if self._dead:
             self._answer_lost()
 
     # ---- event loop: the control socket is readable
     def _read_control(self) -> None:
-        if (messages := read_frames(self._loop, self.conn, self._frames)) is not None:
+        if self._relay.active:
+            messages = self._relay.read()
+        else:
+            messages = read_frames(self._loop, self.conn, self._frames)
+        if messages is not None:
             for msg in messages:
                 self._dispatch(msg)
+            if self._expecting and (ahead := self._expecting[0][2]) is not None:
+                self._relay.begin(self._expecting[0][0], ahead)
             return
         self.messages.put_nowait(None)
         self.pdb.over(f"rank {self.rank} exited")
@@ -185,7 +199,7 @@ class RankHandle:
             case RankReply() if self._expecting:
                 self.running = None
                 self.pdb.over("the cell ended")
-                self._expecting.popleft()(msg)
+                self._expecting.popleft()[1](msg)
             case _:
                 self.messages.put_nowait(msg)
 
@@ -200,6 +214,7 @@ class RankHandle:
         """The process went away: the cells waiting for its reply get a "lost" outcome (and so
         do those sent to it from now on); when no cell was running, nobody else would notice."""
         self._dead = True
+        self._relay.void()
         if self._expecting:
             self._answer_lost()
         elif not self.stopping and self.running is None:
@@ -219,7 +234,7 @@ class RankHandle:
     async def _answer_expecting(self) -> None:
         lost = await self._lost()
         while self._expecting:  # those that came while it was awaited too
-            self._expecting.popleft()(lost)
+            self._expecting.popleft()[1](lost)
 
     # ---- event loop side
     async def send(self, msg: Any) -> bool:

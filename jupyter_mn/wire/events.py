@@ -492,10 +492,21 @@ class NodeReply:
     node: int
     seq: int
     ranks: tuple[RankReply, ...] = ()
+    #: the ranks whose replies went to the kernel ahead of this one, their values with them
+    #: (``valueahead.py``); here those replies have no value
+    ahead: tuple[int, ...] = ()
 
     @property
     def failed(self) -> bool:
         return any(r.status != RankStatus.OK for r in self.ranks)
+
+    def with_ahead(self, replies: dict[int, RankReply]) -> NodeReply:
+        """This reply with the rank ``replies`` it names as ahead in their places; the others
+        (a reply cut short by its rank's death) are dropped."""
+        if not self.ahead:
+            return self
+        ranks = tuple(replies[r.rank] if r.rank in self.ahead else r for r in self.ranks)
+        return dataclasses.replace(self, ranks=ranks, ahead=())
 
     def packed(self) -> bytes:
         """What the agent returns to the kernel: the reply pickled once, as it is. Dask sizes

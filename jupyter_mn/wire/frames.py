@@ -8,6 +8,9 @@ buffers and each one's length, 64-bit), the pickle, then each buffer as it is in
 reader fills one buffer per message, sized by the header, and hands the buffers on as
 ``PickleBuffer``s, which the next hop sends out of band again.
 
+A big message may be passed on before it is whole (``arriving`` and ``divert``): the agent
+relays a rank's reply to the kernel as it reads it (``node/valuerelay.py``).
+
 The agent reads a rank's socket on its event loop whenever it is readable (a reader thread per
 rank cost a cross-thread wake-up per reply), so a message may arrive in pieces. A message the
 agent cannot unpickle (rank 0 displayed data holding a class of its own ``__main__``) is dropped
@@ -33,6 +36,8 @@ SOCKET_BUFFER = 1 << 22
 #: A read's size while no big body is being filled: a small message, several, or a header.
 SCRATCH = 1 << 16
 _HUGE = 1 << 21  # a huge page
+#: A message whose buffers are this large or larger is offered by ``Frames.arriving``.
+RELAY_MIN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,14 +47,27 @@ class Undecodable:
     error: str
 
 
+@dataclass(frozen=True)
+class Arriving:
+    """A big message whose pickle has come and whose buffers are still coming: enough to pass
+    it on before it is whole."""
+
+    data: bytes  # its pickle
+    sizes: tuple[int, ...]  # its buffers' lengths
+
+
+def header(length: int, sizes: Sequence[int]) -> bytes:
+    """A message's header: its pickle's ``length``, then its buffers' ``sizes``."""
+    return _HEAD.pack(length, len(sizes)) + b"".join(_SIZE.pack(n) for n in sizes)
+
+
 def encode(message: Any) -> list[bytes | memoryview]:
     """``message`` as the parts to write one after the other (joining them would copy a big
     value): the header, the pickle, each buffer."""
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
     views = [b.raw() for b in buffers]
-    sizes = b"".join(_SIZE.pack(v.nbytes) for v in views)
-    return [_HEAD.pack(len(data), len(views)) + sizes, data, *views]
+    return [header(len(data), [v.nbytes for v in views]), data, *views]
 
 
 def write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
@@ -81,15 +99,39 @@ class Frames:
         #: where small reads land (headers, small messages, several in one read)
         self._scratch = bytearray(SCRATCH)
         self._direct = False  # whether ``into`` last gave the body itself
+        self._offered = False  # whether ``arriving`` gave the message being read
 
     def into(self) -> memoryview:
-        """Where the next bytes read should go: the rest of a big message's body, or a scratch
-        buffer that ``filled`` then decodes."""
+        """Where the next bytes read should go: the rest of a big message's pickle, then of its
+        body (so ``arriving`` can offer it before its buffers come), or a scratch buffer that
+        ``filled`` then decodes."""
         body = self._body
         self._direct = body is not None and len(body) - self._filled > SCRATCH
-        if self._direct:
-            return memoryview(body)[self._filled :]  # type: ignore[arg-type]
-        return memoryview(self._scratch)
+        if body is None or not self._direct:
+            return memoryview(self._scratch)
+        end = self._sizes[0] if self._filled < self._sizes[0] else len(body)
+        return memoryview(body)[self._filled : end]
+
+    def arriving(self) -> Arriving | None:
+        """The message being read, once, when its pickle has come and its buffers (``RELAY_MIN``
+        or more) have not all come yet."""
+        body, sizes = self._body, self._sizes
+        if self._offered or body is None or len(body) - sizes[0] < RELAY_MIN:
+            return None
+        if not sizes[0] <= self._filled < len(body):
+            return None
+        self._offered = True
+        return Arriving(bytes(body[: sizes[0]]), sizes[1:])
+
+    def divert(self) -> tuple[memoryview, int]:
+        """Stop reading the message ``arriving`` offered: its buffers' bytes read so far, and
+        how many more the caller reads from the stream itself; the next bytes fed or filled
+        begin the next message."""
+        assert self._body is not None and self._offered
+        got = memoryview(self._body)[self._sizes[0] : self._filled]
+        left = len(self._body) - self._filled
+        self._body, self._sizes, self._filled = None, (), 0
+        return got, left
 
     def filled(self, n: int) -> list[Any]:
         """``n`` bytes were read into ``into()``'s buffer; the messages they complete."""
@@ -131,7 +173,7 @@ class Frames:
         ]
         self._sizes = (length, *sizes)
         self._body, self._filled = _allocate(sum(self._sizes)), 0
-        self._head = bytearray()
+        self._head, self._offered = bytearray(), False
         return view[take:]
 
     def _decode(self) -> Any:

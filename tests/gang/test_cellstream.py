@@ -53,7 +53,7 @@ class Agent:
         self.endpoint = self.server.endpoint
         self.port = self.endpoint.port
 
-    def run(self, payload: Any, run_id: int) -> asyncio.Future[Any]:
+    def run(self, payload: Any, run_id: int, sink: Any) -> asyncio.Future[Any]:
         if payload == "big":  # a cell whose value is a big array
             return asyncio.ensure_future(_now(self.big))
         if isinstance(payload, CellPayload):  # a cell with names, on a node without ranks
