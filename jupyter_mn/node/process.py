@@ -34,18 +34,16 @@ from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
 from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable
 from ..wire.rankwhere import RankWhere
 from ..wire.rankwire import RankReady, Reformed, StartFailed, Stop
-from ..wire.sharednames import send_files
 from .exits import describe_exit
 from .nodelink import NodeLink
 from .pdbrelay import PdbRelay
 from .pipes import PipeReader, read_frames
 from .ranksocket import RankStacks
+from .sending import OrderedSend
 from .valuerelay import Ahead, ReplyRelay
 
 STOP_GRACE_S = 3.0
 _SESSION_GRACE_S = 1.0
-#: Messages up to this size are written from the event loop (the socket buffer holds them).
-_INLINE_SEND = 64 * 1024
 #: The agent's environment may name another command for its cell ranks (see ``rank_command``).
 RANK_PYTHON = "JUPYTER_MN_RANK_PYTHON"
 _DEFAULT_COMMAND = [sys.executable, "-m", "jupyter_mn.rank.runtime"]
@@ -132,8 +130,6 @@ class RankHandle:
         self.killed_because = ""
         self.stopping = False
         self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
-        self._send_lock = asyncio.Lock()  # sends reach the rank in the order they were made
-        self._sending: set[asyncio.Task[bool]] = set()  # sends waiting for the lock, or a thread
         parent, child = socket.socketpair()
         child.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)  # the rank's value
         stacks_parent, stacks_child = socket.socketpair()
@@ -150,6 +146,7 @@ class RankHandle:
             child.close()
             stacks_child.close()
         self.conn = Connection(parent.detach())
+        self._sender = OrderedSend(self.conn)
         self.stacks = RankStacks(Connection(stacks_parent.detach()), self.proc, agent.node, rank)
         self.pipes.start(self.proc)
         self._frames = Frames()
@@ -242,35 +239,8 @@ class RankHandle:
         return await self.send_packed(pack(msg))
 
     def send_packed(self, data: bytes, files: Sequence[int] = ()) -> asyncio.Future[bool]:
-        """Send a ``pack``ed message in order, and ``files`` after it (a cell's shared names,
-        ``wire/sharednames.py``; the rank reads them after the message); the future says whether
-        it went. A small one, with no large one still being sent, goes before this returns (a
-        socket buffer takes it at once, so a cell's request reaches every rank before the loop
-        turns; a thread hop would cost ~2 ms a cell); a large one from a thread."""
-        if len(data) <= _INLINE_SEND and not self._sending:
-            sent = self._loop.create_future()
-            sent.set_result(self._write(data, files))
-            return sent
-        task = asyncio.ensure_future(self._send_in_order(data, files))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-        return task
-
-    def _write(self, data: bytes, files: Sequence[int] = ()) -> bool:
-        try:
-            self.conn.send_bytes(data)
-            if files:
-                send_files(self.conn.fileno(), files)
-        except (OSError, ValueError):
-            return False
-        return True
-
-    async def _send_in_order(self, data: bytes, files: Sequence[int]) -> bool:
-        async with self._send_lock:
-            if len(data) <= _INLINE_SEND:
-                return self._write(data, files)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(None, self._write, data, files)
+        """Send a ``pack``ed message, and ``files`` after it, in order (``OrderedSend``)."""
+        return self._sender.send(data, files)
 
     async def ready(self) -> RankReady:
         """The rank joined its group; a ``RendezvousError`` saying why when it could not."""

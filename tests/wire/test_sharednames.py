@@ -15,7 +15,14 @@ import pytest
 
 from jupyter_mn import Cluster
 from jupyter_mn.wire.payload import Captured, CellPayload, InFile
-from jupyter_mn.wire.sharednames import HeldNames, SharedNames, opened, received, send_files
+from jupyter_mn.wire.sharednames import (
+    HeldNames,
+    SharedNames,
+    close,
+    opened,
+    received,
+    send_files,
+)
 from tests.support.simulated import standin_env
 
 
@@ -46,6 +53,8 @@ def test_a_large_name_crosses_as_one_sealed_file_that_each_reader_maps_copy_on_w
     small[:] = 7
     again, small_again = (held.value(Captured(c.name, "digest", None)) for c in got.names)
     assert np.array_equal(again, big) and np.array_equal(small_again, np.arange(3))
+    for c in got.names:  # what a rank holds until its next value of the name
+        close(c)
     agent.close()
     rank.close()
 
