@@ -22,7 +22,7 @@ import mmap
 import os
 import pickle
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .payload import Captured, CellPayload, InFile
@@ -101,13 +101,7 @@ def opened(payload: CellPayload, kernel: int | None) -> CellPayload:
         for fd in mine.values():
             os.close(fd)
         raise
-    names = tuple(
-        c
-        if c.shared is None
-        else dataclasses.replace(c, shared=dataclasses.replace(c.shared, fd=mine[c.shared.fd]))
-        for c in payload.names
-    )
-    return dataclasses.replace(payload, names=names)
+    return _with_fds(payload, lambda shared: mine[shared.fd])
 
 
 def _seals(fd: int) -> int:
@@ -135,10 +129,15 @@ def received(fd: int, payload: CellPayload) -> CellPayload:
         for each in fds:
             os.close(each)
         raise ConnectionError(f"the agent sent {len(fds)} of the cell's {count} shared names")
+    return _with_fds(payload, lambda shared: fds[shared.index])
+
+
+def _with_fds(payload: CellPayload, fd: Callable[[InFile], int]) -> CellPayload:
+    """``payload`` with each shared name's descriptor ``fd`` gives for it."""
     names = tuple(
         c
         if c.shared is None
-        else dataclasses.replace(c, shared=dataclasses.replace(c.shared, fd=fds[c.shared.index]))
+        else dataclasses.replace(c, shared=dataclasses.replace(c.shared, fd=fd(c.shared)))
         for c in payload.names
     )
     return dataclasses.replace(payload, names=names)

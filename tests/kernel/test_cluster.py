@@ -15,7 +15,7 @@ from jupyter_mn.errors import CellError, SpecError
 from jupyter_mn.kernel.cell import CACHE_MIN_BYTES
 from jupyter_mn.views import TextView
 from jupyter_mn.wire.cellendpoint import CellEndpoint
-from tests.support.bigvalue import check_big_push, check_big_value
+from tests.support.bigvalue import MAPPED, check_big_push, check_big_value
 from tests.support.procs import open_files, ours, rank_processes, wait_gone
 
 ENV_CHECK = """
@@ -104,18 +104,6 @@ def test_a_big_notebook_array_over_tls_reaches_every_rank_in_one_copy_per_node(
         check_big_push(cluster, mib=16)
 
 
-MAPPED = """
-import os
-def _mapped(address):
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if start <= address < end:
-                return fields[4], " ".join(fields[5:])
-"""
-
-
 def test_a_pushed_array_is_one_copy_on_this_host_that_a_rank_writes_only_for_itself(gang_2x2):
     """The kernel's one memfd is mapped by every rank of the host's agents; a rank that writes
     to the array copies the pages it writes (its peers and the next cell see the notebook's)."""
@@ -124,7 +112,7 @@ def test_a_pushed_array_is_one_copy_on_this_host_that_a_rank_writes_only_for_its
     ns = {"arr": np.arange(4 << 20, dtype=np.int64)}  # 32 MiB
     gang_2x2.run(MAPPED).unwrap()
     where = gang_2x2.run("_mapped(arr.ctypes.data)", namespace=ns, return_all=True).unwrap()
-    assert len(set(map(tuple, where))) == 1 and where[0][1].startswith("/memfd:jupyter-mn-arr")
+    assert len(set(map(tuple, where))) == 1 and where[0][2].startswith("/memfd:jupyter-mn-arr")
     wrote = "if dist.get_rank() == 1:\n    arr[:3] = -1\nint(arr[:3].sum())"
     assert gang_2x2.run(wrote, namespace=ns, return_all=True).unwrap() == [3, -3, 3, 3]
     assert gang_2x2.run("int(arr[:3].sum())", namespace=ns, return_all=True).unwrap() == [3] * 4
@@ -138,7 +126,7 @@ def test_a_notebook_tensor_travels_as_its_memory_into_the_shared_copy(gang_2x2):
     ns = {"weights": torch.rand(2 << 20, generator=torch.Generator().manual_seed(4))}  # 8 MiB
     gang_2x2.run(MAPPED).unwrap()
     digest = "hashlib.sha256(weights.numpy()).hexdigest()"
-    cell = f"import hashlib\n_mapped(weights.data_ptr())[1], {digest}, type(weights).__name__"
+    cell = f"import hashlib\n_mapped(weights.data_ptr())[2], {digest}, type(weights).__name__"
     rows = gang_2x2.run(cell, namespace=ns, return_all=True).unwrap()
     assert {(path.split(" ")[0], kind) for path, _, kind in rows} == {
         ("/memfd:jupyter-mn-weights", "Tensor")

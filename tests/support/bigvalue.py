@@ -37,10 +37,9 @@ def check_big_value(cluster: Any, mib: int) -> None:
     assert got == result.pulled["digests"]
 
 
-#: Each rank's digest of the array it got, and the file its memory is a mapping of
-#: (``/proc/self/maps``: device, inode, path).
-_READ = """
-import hashlib, os
+#: A cell that defines ``_mapped(address)``: the file the rank's memory at ``address`` is a
+#: mapping of (``/proc/self/maps``: device, inode, path).
+MAPPED = """
 def _mapped(address):
     with open("/proc/self/maps") as maps:
         for line in maps:
@@ -48,6 +47,10 @@ def _mapped(address):
             start, end = (int(x, 16) for x in fields[0].split("-"))
             if start <= address < end:
                 return fields[3], fields[4], " ".join(fields[5:])
+"""
+#: Each rank's digest of the array it got, and the file its memory is a mapping of.
+_READ = f"""import hashlib, os
+{MAPPED}
 (int(os.environ["NODE_RANK"]), hashlib.sha256(pushed).hexdigest(), _mapped(pushed.ctypes.data))
 """
 
