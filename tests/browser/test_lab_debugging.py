@@ -33,7 +33,7 @@ def test_a_breakpoint_on_a_rank_is_answered_in_the_notebook(lab, page):
     expect(prompt).to_have_text("(Pdb rank 1) ", timeout=120_000)
     expect(page.locator(".jp-mn-state").first).to_contain_text("PAUSED at rank 1")
     answer(page, "p x")
-    output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea")
+    output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-Cell-outputArea")
     expect(output).to_contain_text("17", timeout=30_000)  # rank 1's own x, printed by its pdb
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "lab-breakpoint-prompt.png"))
