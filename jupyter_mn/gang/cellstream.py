@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..node.tlsbuffers import TlsBuffers
+from ..wire import valuefiles
 from ..wire.cellendpoint import CellEndpoint
 from ..wire.events import NodeReply, RankReply
 from ..wire.frames import Frames, encode
@@ -93,6 +94,8 @@ class _Channel:
         self._sending = threading.Lock()  # one request at a time
         self._tls: TlsBuffers | None = None
         self._records = bytearray(READ) if context is not None else bytearray()
+        #: an agent on this host sends a big value as a file (``wire/valuefiles.py``)
+        self.files = valuefiles.Inbound(sock) if sock.family == socket.AF_UNIX else None
         if context is not None:
             self._tls = TlsBuffers(context, server_side=False)
             self._handshake(self._tls)
@@ -126,7 +129,7 @@ class _Channel:
         over. Called when the socket is readable."""
         into = frames.into() if self._tls is None else memoryview(self._records)
         try:
-            n = self.sock.recv_into(into)
+            n = self.files.recv_into(into) if self.files is not None else self.sock.recv_into(into)
         except TimeoutError:  # readable, and yet nothing came within SEND_S
             return []
         if not n:
@@ -143,6 +146,8 @@ class _Channel:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        if self.files is not None:
+            self.files.close()
 
 
 def _same_user_here(sock: socket.socket) -> bool:
@@ -263,6 +268,8 @@ class CellStream:
                 run_id, value, error = message
                 if (came := ahead.pop(run_id, None)) is not None and error is None:
                     value = NodeReply.of(value).with_ahead(came)
+                if channel.files is not None and isinstance(value, NodeReply):
+                    value = valuefiles.mapped(value, channel.files)
                 with self._lock:
                     self._waiting[node] = max(self._waiting.get(node, 0) - 1, 0)
                 failed = RuntimeError(error) if error is not None else None  # agent.run raised

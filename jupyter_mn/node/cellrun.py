@@ -87,7 +87,8 @@ class CellRuns:
         self.run_id = run_id
         self.telemetry.cell(running=True)
         shared = SharedNames(payload)  # a large name: one copy on this node, which its ranks map
-        request = pack(RunCell(shared.payload))  # once for all: it may be large
+        by_file = sink is not None and sink.takes_files
+        request = pack(RunCell(shared.payload, by_file))  # once for all: it may be large
         ranks = list(self.ranks.handles)
         run = _Run(run_id, ranks, self.ranks.output, self._ended)
         ahead = Ahead(sink, run.ahead.add) if sink is not None else None

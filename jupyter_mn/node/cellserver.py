@@ -21,7 +21,8 @@ is neither encrypted whole nor copied whole into the transport's buffer first.
 
 A run may send a rank's big reply ahead of its node's, as the rank sends it (``relay``:
 ``valuerelay.py``); the connection holds back its other replies until that message is whole,
-so messages never interleave on the stream.
+so messages never interleave on the stream. To a kernel on this host a rank's big values come
+as files instead, which go on with the node's reply (``write_files``: ``wire/valuefiles.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..wire import sharednames
+from ..wire import sharednames, valuefiles
 from ..wire.cellendpoint import CellEndpoint
+from ..wire.events import NodeReply
 from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable, encode
 from ..wire.payload import CellPayload
 from .tlsbuffers import SLICE, TlsBuffers
@@ -145,6 +147,26 @@ class _Connection(asyncio.Protocol):
         self._pending.extend(views)
         self._queued += sum(v.nbytes for v in views)
         self._pump()
+
+    # ---- a reply with files: a kernel on this host (``wire/valuefiles.py``)
+    @property
+    def takes_files(self) -> bool:
+        return self.kernel_pid is not None
+
+    def write_files(self, parts: Sequence[bytes | memoryview], files: Sequence[int]) -> bool:
+        """Write a message with ``files`` (they go with its first bytes), if it can go now in
+        order: nothing else waits to be written. False: nothing went."""
+        transport = self.transport
+        if self._relaying or self._pending or transport.is_closing():
+            return False
+        if not self.takes_files or transport.get_write_buffer_size():
+            return False
+        try:
+            sent = valuefiles.send_now(transport.get_extra_info("socket").fileno(), parts[0], files)
+        except OSError:  # the socket is full (or the kernel has gone): the bytes go instead
+            return False
+        self._queue([memoryview(parts[0])[sent:], *parts[1:]])
+        return True
 
     # ---- a relayed message (``valuerelay.RelaySink``)
     def relay(self, head: bytes) -> bool:
@@ -267,8 +289,17 @@ class CellServer:
         if run.cancelled():  # closed: the connection goes too
             return
         failed = run.exception()
-        reply = (run_id, None, _said(failed)) if failed else (run_id, run.result(), None)
-        connection.write(encode(reply))
+        if failed:
+            connection.write(encode((run_id, None, _said(failed))))
+            return
+        node = run.result()
+        if isinstance(node, NodeReply) and (files := valuefiles.files_of(node)):
+            fits = len(files) <= valuefiles.MAX_FILES  # what the kernel's read makes room for
+            if fits and connection.write_files(encode((run_id, node, None)), files):
+                valuefiles.close(node)  # the kernel has its own now
+                return
+            node = valuefiles.inline(node)
+        connection.write(encode((run_id, node, None)))
 
     async def close(self, grace: float = 0.0) -> None:
         """Stop listening; give the runs in progress ``grace`` seconds to answer (the agent has

@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from ..rank import location
 from ..wire.frames import Frames
+from ..wire.valuefiles import Inbound
 from .lines import LineBuffer
 from .nodelink import NodeLink
 
@@ -152,13 +153,19 @@ class PipeReader:
 
 
 def read_frames(
-    loop: asyncio.AbstractEventLoop, conn: Connection, frames: Frames
+    loop: asyncio.AbstractEventLoop,
+    conn: Connection,
+    frames: Frames,
+    files: Inbound | None = None,
 ) -> list[Any] | None:
     """The messages that a read of a rank's socket ``conn`` completes, when ``loop`` found it
     readable (one read does not block); None at EOF, and ``loop`` stops watching it. The read goes
-    into ``frames``' own buffer: a big value's body is filled by the reads themselves."""
+    into ``frames``' own buffer: a big value's body is filled by the reads themselves. Files that
+    come with the bytes go to ``files`` (a socket that may carry them must be read so: a plain
+    read closes them)."""
     try:
-        n = os.readv(conn.fileno(), [frames.into()])
+        into = frames.into()
+        n = files.recv_into(into) if files is not None else os.readv(conn.fileno(), [into])
     except OSError:
         n = 0
     if not n:

@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import RendezvousError
 from ..rank import location
 from ..rank.env import CONTROL_FD, STACKS_FD
+from ..wire import valuefiles
 from ..wire.debugwire import DebugAnswer, DebugEnded, DebugPrompt
 from ..wire.events import DisplayOutput, RankError, RankReply, RankStatus
 from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable
@@ -126,8 +127,7 @@ class RankHandle:
         self._expecting: deque[tuple[int, Callable[[RankReply], None], Ahead | None]] = deque()
         self._dead = False  # its control socket ended: no reply will come
         self._answering: asyncio.Future[None] | None = None  # "lost" to those expecting one
-        #: why the agent killed it (shown with its exit status)
-        self.killed_because = ""
+        self.killed_because = ""  # why the agent killed it (shown with its exit status)
         self.stopping = False
         self._lost_report: asyncio.Future[None] | None = None  # of a death between cells
         parent, child = socket.socketpair()
@@ -150,9 +150,11 @@ class RankHandle:
         self.stacks = RankStacks(Connection(stacks_parent.detach()), self.proc, agent.node, rank)
         self.pipes.start(self.proc)
         self._frames = Frames()
+        self._control = socket.socket(fileno=os.dup(self.conn.fileno()))  # read with its files
+        self._files = valuefiles.Inbound(self._control)
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.conn.fileno(), self._read_control)
         watch = functools.partial(self._loop.add_reader, self.conn.fileno(), self._read_control)
+        watch()
         self._relay = ReplyRelay(self.conn.fileno(), self._frames, watch)
 
     def expect(
@@ -172,7 +174,7 @@ class RankHandle:
         if self._relay.active:
             messages = self._relay.read()
         else:
-            messages = read_frames(self._loop, self.conn, self._frames)
+            messages = read_frames(self._loop, self.conn, self._frames, self._files)
         if messages is not None:
             for msg in messages:
                 self._dispatch(msg)
@@ -196,7 +198,7 @@ class RankHandle:
             case RankReply() if self._expecting:
                 self.running = None
                 self.pdb.over("the cell ended")
-                self._expecting.popleft()[1](msg)
+                self._expecting.popleft()[1](valuefiles.attached(msg, self._files))
             case _:
                 self.messages.put_nowait(msg)
 
@@ -309,6 +311,8 @@ class RankHandle:
             if not conn.closed:
                 self._loop.remove_reader(conn.fileno())  # never a closed fd on the loop
                 conn.close()
+        self._files.close()
+        self._control.close()
         if not self._dead:  # its end was not read: the socket is closed now
             self._gone()
 

@@ -29,6 +29,11 @@ _ZEROS = bytes(CHUNK)
 class RelaySink(Protocol):
     """The kernel's connection, as a relay writes to it (``cellserver.py``)."""
 
+    @property
+    def takes_files(self) -> bool:
+        """Whether the kernel is on this host: a big value goes as a file instead
+        (``wire/valuefiles.py``)."""
+
     def relay(self, head: bytes) -> bool:
         """Begin a relayed message with ``head``; False when one is under way or the kernel
         has gone (the reply then goes with its node's)."""

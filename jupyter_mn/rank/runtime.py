@@ -11,6 +11,7 @@ in ``execute.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import sys
@@ -19,7 +20,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..wire import sharednames
+from ..wire import sharednames, valuefiles
 from ..wire.debugwire import DebugStart
 from ..wire.events import Preemption
 from ..wire.frames import encode, write_all
@@ -43,9 +44,10 @@ class _Control:
         self._lock = threading.Lock()
         self._back: list[Any] = []  # read by a pdb that waited for a line instead (debugger.py)
 
-    def send(self, msg: Any) -> None:
+    def send(self, msg: Any, by_file: bool = False) -> None:
+        """Send ``msg``; a reply's big values as files when ``by_file`` (``valuefiles.py``)."""
         with self._lock:
-            write_all(self.conn.fileno(), encode(msg))
+            valuefiles.send(self.conn.fileno(), msg, by_file)
 
     def recv(self) -> Any:
         """The next message from the agent (main thread only)."""
@@ -53,7 +55,9 @@ class _Control:
             return self._back.pop()
         msg = self.conn.recv()
         if isinstance(msg, RunCell):  # the files of its shared names follow it
-            msg = RunCell(sharednames.received(self.conn.fileno(), msg.payload))
+            msg = dataclasses.replace(
+                msg, payload=sharednames.received(self.conn.fileno(), msg.payload)
+            )
         return msg
 
     def push_back(self, msg: Any) -> None:
@@ -175,12 +179,12 @@ class _Rank:
         match msg:
             case DebugStart():
                 self.debugger.post_mortem(self.shell.failure)
-            case RunCell(payload=payload):
+            case RunCell(payload=payload, values_by_file=by_file):
                 reply = execute.run(
                     self.shell, payload, self.info, group, self.signals, self.debugger
                 )
                 flush_output()  # into the pipes: the agent reads them to empty at the reply
-                self.control.send(reply)
+                self.control.send(reply, by_file)
                 group.release()
             case LeaveGroup(generation=generation):
                 if generation == group.generation:  # a late request must not hit a new group

@@ -36,6 +36,7 @@ from typing import Any
 from jupyter_mn.rank.env import CONTROL_FD, STACKS_FD
 from jupyter_mn.rank.parent import exit_with_parent
 from jupyter_mn.rank.sync import flush_output
+from jupyter_mn.wire import valuefiles
 from jupyter_mn.wire.events import RankError, RankReply, RankStatus
 from jupyter_mn.wire.frames import encode, write_all
 from jupyter_mn.wire.rankwhere import RankWhere, WhereRequest
@@ -155,9 +156,9 @@ def main() -> None:
     conn = Connection(int(os.environ[CONTROL_FD]))
     lock = threading.Lock()
 
-    def send(msg: Any) -> None:
+    def send(msg: Any, by_file: bool = False) -> None:
         with lock:
-            write_all(conn.fileno(), encode(msg))
+            valuefiles.send(conn.fileno(), msg, by_file)
 
     exit_with_parent()
     cell = _Cell()
@@ -196,10 +197,10 @@ def main() -> None:
         except (EOFError, OSError):
             break
         match msg:
-            case RunCell(payload=payload):
+            case RunCell(payload=payload, values_by_file=by_file):
                 reply = run(received(conn.fileno(), payload), ns, cell, held)
                 flush_output()  # as a real rank: into the pipes before the reply
-                send(reply)
+                send(reply, by_file)
             case Reform():
                 send(Reformed(rank, True))
             case Stop():

@@ -28,6 +28,8 @@ class RunCell:
     """Agent → rank: run this cell (packed once for all the node's ranks: it may be large)."""
 
     payload: CellPayload
+    #: the kernel is on this host: a big value goes to it as a file (``valuefiles.py``)
+    values_by_file: bool = False
 
 
 @dataclass(frozen=True)

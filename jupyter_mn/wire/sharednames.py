@@ -16,12 +16,14 @@ Agent and ranks are always on one host (the ranks are the agent's children), on 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import fcntl
 import mmap
 import os
 import pickle
 import socket
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,17 +58,9 @@ class SharedNames:
         size = sum(memoryview(b).nbytes for b in c.buffers)
         if c.data is None or size < SHARE_MIN_BYTES:  # pickled in band by the message to ranks
             return dataclasses.replace(c, buffers=tuple(map(pickle.PickleBuffer, c.buffers)))
-        name = f"jupyter-mn-{c.name[:200]}"  # a memfd's name has at most 249 bytes
-        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd, parts = sealed(f"jupyter-mn-{c.name}", [memoryview(b) for b in c.buffers])
         self.fds.append(fd)
-        parts, offset = [], 0
-        for buffer in c.buffers:
-            view = memoryview(buffer).cast("B")
-            parts.append((offset, view.nbytes))
-            _write_at(fd, view, offset)
-            offset += -(-view.nbytes // _ALIGN) * _ALIGN
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)  # read-only for every rank, for good
-        shared = InFile(len(self.fds) - 1, tuple(parts), fd, os.fstat(fd).st_ino)
+        shared = InFile(len(self.fds) - 1, parts, fd, os.fstat(fd).st_ino)
         return dataclasses.replace(c, buffers=(), shared=shared)
 
     def close(self) -> None:
@@ -75,10 +69,68 @@ class SharedNames:
         self.fds = []
 
 
+def sealed(name: str, buffers: Sequence[memoryview]) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """A new memfd holding ``buffers``, sealed read-only for good, and each buffer's offset and
+    size in it (each starts aligned, so an array's elements stay aligned)."""
+    fd = os.memfd_create(os.fsencode(name)[:249], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        parts, offset = [], 0
+        for buffer in buffers:
+            view = buffer.cast("B")
+            parts.append((offset, view.nbytes))
+            _write_at(fd, view, offset)
+            offset += -(-view.nbytes // _ALIGN) * _ALIGN
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, tuple(parts)
+
+
 def _write_at(fd: int, view: memoryview, offset: int) -> None:
     while view.nbytes:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
+
+
+def is_sealed(fd: int) -> bool:
+    """Whether ``fd`` is a memfd sealed as ``sealed`` seals one (no one may change it)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS) == _SEALS
+    except OSError:  # not a file that takes seals
+        return False
+
+
+def mapped(fd: int, parts: Sequence[tuple[int, int]]) -> list[memoryview]:
+    """The ``parts`` of file ``fd`` on a fresh copy-on-write mapping: writable, and what is
+    written stays in this process. The mapping holds no descriptor (``mmap.mmap`` keeps a
+    duplicate for as long as it lives: a kernel holding a few hundred values would run out);
+    it is unmapped once nothing uses its memory."""
+    size = max((o + n for o, n in parts), default=0)
+    if not size:
+        return [memoryview(bytearray()) for _ in parts]
+    address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if address in (None, _MAP_FAILED):
+        error = ctypes.get_errno()
+        raise OSError(error, f"mapping a shared file: {os.strerror(error)}")
+    region = (ctypes.c_ubyte * size).from_address(address)
+    weakref.finalize(region, _libc.munmap, address, size)
+    view = memoryview(region).cast("B")
+    return [view[o : o + n] for o, n in parts]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def opened(payload: CellPayload, kernel: int | None) -> CellPayload:
@@ -93,7 +145,7 @@ def opened(payload: CellPayload, kernel: int | None) -> CellPayload:
     try:
         for theirs, inode in files.items():
             mine[theirs] = os.open(f"/proc/{kernel}/fd/{theirs}", os.O_RDONLY | os.O_CLOEXEC)
-            if _seals(mine[theirs]) != _SEALS:
+            if not is_sealed(mine[theirs]):
                 raise ValueError("a shared name's file is not a sealed memfd")
             if os.fstat(mine[theirs]).st_ino != inode:  # closed since, its number reused
                 raise ValueError("a shared name's file is no longer the kernel's")
@@ -102,13 +154,6 @@ def opened(payload: CellPayload, kernel: int | None) -> CellPayload:
             os.close(fd)
         raise
     return _with_fds(payload, lambda shared: mine[shared.fd])
-
-
-def _seals(fd: int) -> int:
-    try:
-        return fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError:  # not a file that takes seals
-        return 0
 
 
 def send_files(fd: int, files: Sequence[int]) -> None:
@@ -150,10 +195,7 @@ def loads(c: Captured) -> Any:
     if c.shared is None:  # small buffers (in band to the rank): copied, as a pickle's would be
         fresh = [bytes(b) if memoryview(b).readonly else bytearray(b) for b in c.buffers]
         return pickle.loads(c.data, buffers=fresh)
-    parts = c.shared.parts
-    size = max(o + n for o, n in parts)
-    mapped = memoryview(mmap.mmap(c.shared.fd, size, flags=mmap.MAP_PRIVATE))
-    return pickle.loads(c.data, buffers=[mapped[o : o + n] for o, n in parts])
+    return pickle.loads(c.data, buffers=mapped(c.shared.fd, c.shared.parts))
 
 
 def close(c: Captured) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import cloudpickle
 
+from .payload import InFile
 from .sizes import size_text
 
 #: ``bytes`` this long or longer travel out of band; shorter ones cost less inside the pickle.
@@ -54,14 +55,17 @@ class ValueTooLarge(Exception):
 
 @dataclass(frozen=True)
 class Pickled:
-    """A value pickled at protocol 5 with its buffers apart."""
+    """A value pickled at protocol 5 with its buffers apart: in memory, or in a file on its way
+    to a kernel on this host (``valuefiles.py``)."""
 
     data: bytes
     buffers: tuple[pickle.PickleBuffer, ...] = ()
+    file: InFile | None = None
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + sum(b.raw().nbytes for b in self.buffers)
+        in_file = sum(n for _, n in self.file.parts) if self.file is not None else 0
+        return len(self.data) + sum(b.raw().nbytes for b in self.buffers) + in_file
 
     def loads(self) -> Any:
         return _Unpickler(io.BytesIO(self.data), buffers=self.buffers).load()

@@ -8,7 +8,9 @@ import json
 import socket
 import time
 
+import psutil
 import pytest
+import torch
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import CellError, SpecError
@@ -184,6 +186,30 @@ def test_tensor_values_arrive_whole_in_every_dtype_and_layout(gang_2x2):
 
 def test_a_big_value_and_its_bytes_arrive_intact(gang_2x2):
     check_big_value(gang_2x2, mib=64)
+
+
+def test_a_big_value_on_this_host_is_one_file_the_kernel_maps_and_no_process_keeps_open(gang_2x2):
+    """On the kernel's host rank 0's big value (and a ``--pull``ed one) is written once, into a
+    sealed memfd its agent passes on and the kernel maps copy-on-write (``wire/valuefiles.py``):
+    the value's memory here is that file's, it is the kernel's to change, and the rank, the
+    agent and the kernel have all closed their descriptors of it."""
+    code = "import torch\nx = torch.arange(4 << 20, dtype=torch.int32)\npulled = x * 2\nx"
+    result = gang_2x2.run(code, pull=["pulled"])
+    value, pulled = result.unwrap(), result.pulled["pulled"]
+    assert torch.equal(value, torch.arange(4 << 20, dtype=torch.int32))
+    assert torch.equal(pulled, value * 2)
+    scope = {}
+    exec(MAPPED, scope)
+    for tensor in (value, pulled):
+        assert scope["_mapped"](tensor.data_ptr())[2].startswith("/memfd:jupyter-mn-value")
+    value.add_(1)  # copy-on-write: the kernel's own
+    held = [
+        (p.pid, path)
+        for p in [*ours(), psutil.Process()]
+        for path in open_files(p.pid)
+        if "jupyter-mn-value" in path
+    ]
+    assert not held
 
 
 def test_large_bytes_travel_out_of_band_and_come_back_as_they_were():

@@ -106,10 +106,10 @@ def node_of(rank: psutil.Process) -> psutil.Process:
     return next(p for p in above.children() if all(m in " ".join(p.cmdline()) for m in marks))
 
 
-def open_files() -> list[str]:
-    """What this process's descriptors name (the one that lists them is gone by its readlink)."""
+def open_files(pid: int | str = "self") -> list[str]:
+    """What process ``pid``'s descriptors name (one closed before its readlink is left out)."""
     paths = []
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(FileNotFoundError):
-            paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+            paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
     return paths
