@@ -67,25 +67,35 @@ def _reply(rng: np.random.Generator) -> tuple[RankReply, list[str]]:
     return reply, digests
 
 
+def _at_agent(
+    rank: socket.socket, agent_in: socket.socket, seed: int
+) -> tuple[RankReply, list[str]]:
+    """A big reply sent by file, as the agent reads it; the digests of its two big values."""
+    reply, digests = _reply(np.random.default_rng(seed))
+    valuefiles.send(rank.fileno(), reply, by_file=True)
+    inbound = valuefiles.Inbound(agent_in)
+    return valuefiles.attached(_read(agent_in, inbound), inbound), digests
+
+
+def _send_with(sock: socket.socket, message: object, files: list[int]) -> None:
+    """Write ``message`` on ``sock`` with ``files``, as the agent's connection does."""
+    parts = encode(message)
+    sent = valuefiles.send_now(sock.fileno(), parts[0], files)
+    parts[0] = parts[0][sent:]
+    for part in parts:
+        sock.sendall(part)
+
+
 def test_a_big_value_crosses_both_hops_as_a_file_the_kernel_maps_and_no_descriptor_stays(pairs):
     rank, agent_in, agent_out, kernel = pairs
     before = _memfds()
-    reply, digests = _reply(np.random.default_rng(3))
-
-    valuefiles.send(rank.fileno(), reply, by_file=True)
-    at_agent = valuefiles.Inbound(agent_in)
-    got = valuefiles.attached(_read(agent_in, at_agent), at_agent)
+    got, digests = _at_agent(rank, agent_in, 3)
     assert got.value.file is not None and got.pulled["p"].file is not None
     assert got.pulled["tiny"].file is None  # a small value stays in the message
     assert len(got.value.data) < 1000  # the pickle only: the bytes are in the file
 
     node = NodeReply(0, 0, (got,))
-    files = valuefiles.files_of(node)
-    sent = valuefiles.send_now(agent_out.fileno(), encode((7, node, None))[0], files)
-    rest = encode((7, node, None))
-    rest[0] = rest[0][sent:]
-    for part in rest:
-        agent_out.sendall(part)
+    _send_with(agent_out, (7, node, None), valuefiles.files_of(node))
     valuefiles.close(node)
 
     at_kernel = valuefiles.Inbound(kernel)
@@ -122,12 +132,8 @@ def test_the_agent_sends_bytes_when_the_files_cannot_go_with_its_reply(pairs):
     """``inline``: the agent's fallback maps the files and closes them; the bytes are the same."""
     rank, agent_in, _, _ = pairs
     before = _memfds()
-    reply, digests = _reply(np.random.default_rng(5))
-    valuefiles.send(rank.fileno(), reply, by_file=True)
-    inbound = valuefiles.Inbound(agent_in)
-    node = valuefiles.inline(
-        NodeReply(0, 0, (valuefiles.attached(_read(agent_in, inbound), inbound),))
-    )
+    got, digests = _at_agent(rank, agent_in, 5)
+    node = valuefiles.inline(NodeReply(0, 0, (got,)))
     assert _memfds() == before
     back = pickle.loads(pickle.dumps(node, protocol=5))  # as the stream's encode carries it
     assert hashlib.sha256(back.ranks[0].value.loads()["big"]).hexdigest() == digests[0]
@@ -147,12 +153,8 @@ def test_a_file_that_is_not_sealed_is_refused_by_the_kernel(pairs):
     reply = RankReply(
         0, RankStatus.OK, value=Pickled(data, file=InFile(0, ((0, MIB),), loose, inode))
     )
-    parts = encode((1, NodeReply(0, 0, (reply,)), None))
-    sent = valuefiles.send_now(agent_out.fileno(), parts[0], [loose])
+    _send_with(agent_out, (1, NodeReply(0, 0, (reply,)), None), [loose])
     os.close(loose)
-    parts[0] = parts[0][sent:]
-    for part in parts:
-        agent_out.sendall(part)
     before = _memfds()
     inbound = valuefiles.Inbound(kernel)
     _, node, _ = _read(kernel, inbound)
