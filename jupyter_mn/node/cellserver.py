@@ -35,7 +35,6 @@ import shutil
 import socket
 import ssl
 import struct
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ from ..wire.cellendpoint import CellEndpoint
 from ..wire.events import NodeReply
 from ..wire.frames import SOCKET_BUFFER, Frames, Undecodable, encode
 from ..wire.payload import CellPayload
+from . import socketdirs
 from .tlsbuffers import SLICE, TlsBuffers
 from .valuerelay import CHUNK, RelaySink
 
@@ -250,13 +250,13 @@ class CellServer:
 
     async def start(self, host: str, context: ssl.SSLContext | None) -> None:
         """Listen (at ``self.endpoint``): on ``host`` with ``context``'s TLS, and on an AF_UNIX
-        socket in a new directory of mode 0700 (``tempfile.mkdtemp``'s)."""
+        socket in a new directory of mode 0700 (``socketdirs.py``)."""
         loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: _Connection(self, context), host, 0)
         self._servers.append(server)
         port = int(server.sockets[0].getsockname()[1])
-        self._private = tempfile.mkdtemp(prefix="jupyter-mn-cells-")
-        path = os.path.join(self._private, "s")
+        self._private = socketdirs.made()
+        path = os.path.join(self._private, socketdirs.SOCKET)
         if len(os.fsencode(path)) > _MAX_PATH:  # a TMPDIR this deep: TCP alone
             self.endpoint = CellEndpoint(port)
             return

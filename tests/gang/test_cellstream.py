@@ -11,8 +11,12 @@ import os
 import pickle
 import queue
 import shlex
+import shutil
 import socket
 import stat
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +29,7 @@ from distributed.security import Security
 from jupyter_mn.gang import cellstream
 from jupyter_mn.gang.cellstream import CellStream, StreamLost
 from jupyter_mn.gang.inbox import Inbox, Reply
-from jupyter_mn.node import cellserver
+from jupyter_mn.node import cellserver, socketdirs
 from jupyter_mn.node.cellserver import CellServer
 from jupyter_mn.node.tlsbuffers import TlsBuffers
 from jupyter_mn.wire.cellendpoint import CellEndpoint
@@ -322,3 +326,53 @@ def test_the_agents_socket_is_in_a_directory_only_its_user_may_enter(agent):
         connect = f"import socket; socket.socket(socket.AF_UNIX).connect({agent.endpoint.path!r})"
         tried = user.sh(f"python3 -c {shlex.quote(connect)}", check=False)
         assert tried.returncode != 0 and "PermissionError" in tried.stderr
+
+
+#: An agent's cell server alone, in a process of its own: it prints its socket's path.
+_SERVER = """
+import asyncio
+from jupyter_mn.node.cellserver import CellServer
+async def serve():
+    server = CellServer(lambda *a: None)
+    await server.start("127.0.0.1", None)
+    print(server.endpoint.path, flush=True)
+    await asyncio.Event().wait()
+asyncio.run(serve())
+"""
+
+
+def _stale_socket(folder: str) -> None:
+    """A socket in ``folder`` that nobody listens on any more (as a killed agent leaves it)."""
+    with socket.socket(socket.AF_UNIX) as gone:
+        gone.bind(os.path.join(folder, socketdirs.SOCKET))
+
+
+def test_a_killed_agents_socket_directory_is_removed_by_the_next_agent_and_a_live_ones_kept(tls):
+    killed = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        path = killed.stdout.readline().strip()
+    finally:
+        killed.kill()
+        killed.wait()
+    assert os.path.exists(path)  # SIGKILL: it could not remove it
+    live = Agent(tls)
+    try:
+        assert not os.path.exists(os.path.dirname(path))
+        later = Agent(tls)  # its sweep leaves the live agent's socket alone
+        later.close()
+        with socket.socket(socket.AF_UNIX) as kernel:
+            kernel.connect(live.endpoint.path)
+    finally:
+        live.close()
+
+
+def test_the_sweep_leaves_another_users_socket_directories(agent):
+    with other_user() as user:
+        folder = tempfile.mkdtemp(prefix=socketdirs.PREFIX)
+        try:
+            _stale_socket(folder)
+            os.chown(folder, user.uid, user.gid)
+            socketdirs.sweep()
+            assert os.path.exists(os.path.join(folder, socketdirs.SOCKET))
+        finally:
+            shutil.rmtree(folder)
