@@ -107,9 +107,14 @@ def node_of(rank: psutil.Process) -> psutil.Process:
 
 
 def open_files(pid: int | str = "self") -> list[str]:
-    """What process ``pid``'s descriptors name (one closed before its readlink is left out)."""
-    paths = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    """What process ``pid``'s descriptors name (one closed before its readlink is left out;
+    none once the process has gone)."""
+    paths: list[str] = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return paths
+    for fd in fds:
         with contextlib.suppress(FileNotFoundError):
             paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
     return paths
