@@ -107,7 +107,7 @@ def test_a_big_value_crosses_both_hops_as_a_file_the_kernel_maps_and_no_descript
     assert [hashlib.sha256(value["big"]).hexdigest(), hashlib.sha256(pulled).hexdigest()] == digests
     assert value["small"].tolist() == [0, 1, 2, 3] and arrived.ranks[0].pulled["tiny"].loads() == 1
     value["big"][:] = 0  # copy-on-write: the value is the kernel's own to change
-    assert _memfds() == before  # every hop closed its descriptors; the mappings hold the pages
+    assert _memfds() <= before  # every hop closed its descriptors; the mappings hold the pages
 
 
 def test_without_by_file_or_when_small_a_reply_goes_as_bytes_and_no_file_is_made(pairs):
@@ -134,7 +134,7 @@ def test_the_agent_sends_bytes_when_the_files_cannot_go_with_its_reply(pairs):
     before = _memfds()
     got, digests = _at_agent(rank, agent_in, 5)
     node = valuefiles.inline(NodeReply(0, 0, (got,)))
-    assert _memfds() == before
+    assert _memfds() <= before
     back = pickle.loads(pickle.dumps(node, protocol=5))  # as the stream's encode carries it
     assert hashlib.sha256(back.ranks[0].value.loads()["big"]).hexdigest() == digests[0]
 
