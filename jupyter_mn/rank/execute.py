@@ -164,9 +164,7 @@ def dumps(obj: Any, what: str = "the value", limit: int | None = None) -> values
     Over ``limit`` bytes it raises ``values.ValueTooLarge`` naming ``what``, before that copy."""
     buffers: list[pickle.PickleBuffer] = []
     buf = io.BytesIO()
-    pickler = values.CpuPickler(buf, protocol=5, buffer_callback=buffers.append)
-    pickler.persistent_id = values.OutOfBand()
-    pickler.dump(obj)
+    values.CpuPickler(buf, protocol=5, buffer_callback=buffers.append).dump(obj)
     data = buf.getvalue()
     if limit is not None:
         values.check_size(what, buffers, data, limit)

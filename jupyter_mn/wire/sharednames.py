@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import values
 from .payload import Captured, CellPayload, InFile
 
 #: Names whose buffers come to this many bytes or more are shared; smaller ones cost less in the
@@ -194,8 +195,8 @@ def loads(c: Captured) -> Any:
     assert c.data is not None
     if c.shared is None:  # small buffers (in band to the rank): copied, as a pickle's would be
         fresh = [bytes(b) if memoryview(b).readonly else bytearray(b) for b in c.buffers]
-        return pickle.loads(c.data, buffers=fresh)
-    return pickle.loads(c.data, buffers=mapped(c.shared.fd, c.shared.parts))
+        return values.loads(c.data, fresh)
+    return values.loads(c.data, mapped(c.shared.fd, c.shared.parts))
 
 
 def close(c: Captured) -> None:

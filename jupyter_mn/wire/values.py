@@ -9,9 +9,10 @@ pickle (``Pickled``); they cross each hop out of band (``frames.py``), and the k
 tensor it makes does anyway.
 
 Large ``bytes`` and ``bytearray`` travel out of band too: the C pickler writes them into the
-pickle without asking ``reducer_override``, so the rank's pickler names them with
-``persistent_id`` (``OutOfBand``), and ``loads`` makes them again from their buffer (one copy,
-where inside the pickle they cost a copy per hop and per framing).
+pickle without asking ``reducer_override``, so ``CpuPickler`` names them with ``persistent_id``
+(``OutOfBand``), and ``loads`` makes them again from their buffer (one copy, where inside the
+pickle they cost a copy per hop and per framing): a value's, and a notebook name's, which the
+ranks of a host then share as an array's (``sharednames.py``).
 
 A value over ``CellPayload.max_value`` (``--max-value``) is refused on the rank by ``check_size``,
 before its read-only buffers are copied or anything is sent.
@@ -38,6 +39,10 @@ class CpuPickler(cloudpickle.Pickler):
     """cloudpickle with tensors as CPU bytes: a plain tensor as its memory (``reduce``), other
     kinds (parameters, sparse, quantized) as torch pickles them, from the CPU. A process that
     has not imported torch holds no tensor, and does not import torch for one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.persistent_id = OutOfBand()  # large bytes out of band too
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
@@ -68,7 +73,12 @@ class Pickled:
         return len(self.data) + sum(b.raw().nbytes for b in self.buffers) + in_file
 
     def loads(self) -> Any:
-        return _Unpickler(io.BytesIO(self.data), buffers=self.buffers).load()
+        return loads(self.data, self.buffers)
+
+
+def loads(data: bytes, buffers: Any) -> Any:
+    """What ``CpuPickler`` pickled as ``data`` and ``buffers``."""
+    return _Unpickler(io.BytesIO(data), buffers=buffers).load()
 
 
 class _OutOfBand:

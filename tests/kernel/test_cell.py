@@ -1,3 +1,4 @@
+import os
 import threading
 
 import pytest
@@ -74,6 +75,24 @@ def test_capture_sends_functions_and_classes_by_value():
     names, notes = Shipper().capture(compile_cell("f(C.v)"), ns)
     assert [c.name for c in names] == ["C", "f"] and notes == ()
     assert cloudpickle.loads(names[1].data)(2) == 6  # f and its global SCALE go by value
+
+
+def test_a_large_bytes_name_leaves_the_pickle_as_an_array_does_and_comes_back_as_bytes():
+    from jupyter_mn.wire import sharednames
+    from jupyter_mn.wire.payload import CellPayload
+    from jupyter_mn.wire.values import OUT_OF_BAND_BYTES
+
+    blob = os.urandom(4 * OUT_OF_BAND_BYTES)
+    (captured,), _ = Shipper().capture(compile_cell("len(blob)"), {"blob": blob})
+    assert len(captured.data) < 1000 and [memoryview(b).nbytes for b in captured.buffers] == [
+        len(blob)
+    ]
+    shared = sharednames.SharedNames(CellPayload("", 0, names=(captured,)))
+    try:  # as a rank of this host gets it: one file, mapped
+        back = sharednames.loads(shared.payload.names[0])
+    finally:
+        shared.close()
+    assert back == blob and type(back) is bytes
 
 
 def test_rank_defined_names_stay_rank_local_unless_pushed():

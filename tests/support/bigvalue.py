@@ -48,23 +48,29 @@ def _mapped(address):
             if start <= address < end:
                 return fields[3], fields[4], " ".join(fields[5:])
 """
-#: Each rank's digest of the array it got, and the file its memory is a mapping of.
+#: Each rank's digest of the array it got, and the file its memory is a mapping of; the type
+#: and digest of the ``bytes`` it got.
 _READ = f"""import hashlib, os
 {MAPPED}
-(int(os.environ["NODE_RANK"]), hashlib.sha256(pushed).hexdigest(), _mapped(pushed.ctypes.data))
+(int(os.environ["NODE_RANK"]), hashlib.sha256(pushed).hexdigest(), _mapped(pushed.ctypes.data),
+ type(blob).__name__, hashlib.sha256(blob).hexdigest())
 """
 
 
 def check_big_push(cluster: Any, mib: int) -> None:
-    """A ``mib`` MiB notebook array reaches every rank intact (checksummed there), and the ranks
-    of a node read one copy: the array lies in one and the same memfd for each of them."""
+    """A ``mib`` MiB notebook array and ``mib // 4`` MiB of ``bytes`` reach every rank intact
+    (checksummed there), and the ranks of a node read one copy of the array: it lies in one
+    and the same memfd for each of them."""
     import numpy as np
 
     pushed = np.random.default_rng(11).integers(0, 2**31, mib << 18, dtype=np.int32)
-    rows = cluster.run(_READ, namespace={"pushed": pushed}, return_all=True).unwrap()
-    assert {digest for _, digest, _ in rows} == {hashlib.sha256(pushed).hexdigest()}
+    blob = np.random.default_rng(12).bytes(mib << 18)
+    rows = cluster.run(_READ, namespace={"pushed": pushed, "blob": blob}, return_all=True)
+    rows = rows.unwrap()
+    assert {digest for _, digest, *_ in rows} == {hashlib.sha256(pushed).hexdigest()}
+    assert {tuple(row[3:]) for row in rows} == {("bytes", hashlib.sha256(blob).hexdigest())}
     files: dict[int, set[Any]] = {}
-    for node, _, mapped in rows:
+    for node, _, mapped, *_ in rows:
         files.setdefault(node, set()).add(mapped)
     assert all(len(mapping) == 1 for mapping in files.values()), files
     assert all(path.startswith("/memfd:jupyter-mn-pushed") for ((_, _, path),) in files.values())
