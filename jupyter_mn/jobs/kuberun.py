@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..gang.kubernetes.discovery import load_api
+from ..gang.kubernetes.manifests import container_security, pod_security
 from ..gang.kubernetes.rollout import api_errors
 from .podlog import PodLog
 from .podrunner import NOTEBOOK, RUN, RUN_DIR
@@ -65,9 +66,11 @@ def manifests(prepared: Prepared, namespace: str, image: str, account: str) -> l
                 "command": ["python", "-m", "jupyter_mn.jobs.podrunner"],
                 "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
                 "volumeMounts": [{"name": "run", "mountPath": MOUNT, "readOnly": True}],
+                "securityContext": container_security(rdma=False),
             }
         ],
         "volumes": [{"name": "run", "secret": {"secretName": name}}],
+        "securityContext": pod_security(rdma=False),  # as the agents': "restricted"
     }
     if account:
         pod["serviceAccountName"] = account

@@ -28,6 +28,7 @@ from jupyter_mn.gang.kubernetes.manifests import (
 from jupyter_mn.kernel.gangids import gang_id
 from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
+from tests.support.driverjob import driver_job
 from tests.support.kube.podsecurity import violations
 from tests.support.kube.schemas import KUEUE_JOB, validate
 
@@ -332,6 +333,12 @@ def test_pods_pass_restricted_pod_security_and_rdma_pods_baseline_plus_ipc_lock(
     assert violations(pod, "baseline") == [  # IPC_LOCK is the one exemption it needs
         "capabilities: containers[agent].securityContext.capabilities.add has ['IPC_LOCK']"
     ]
+
+
+def test_a_detached_runs_driver_pod_passes_restricted_pod_security(tmp_path):
+    pod = driver_job(tmp_path, "default")["spec"]["template"]
+    assert violations(pod, "restricted") == []
+    assert pod["spec"]["securityContext"]["runAsUser"] == AGENT_UID
 
 
 def test_the_pod_security_checker_rejects_what_the_standards_forbid():

@@ -22,6 +22,7 @@ from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.node.ports import is_free, listen_port
 from tests.support.bigvalue import check_big_push, check_big_value
+from tests.support.driverjob import driver_job
 from tests.support.kube import kueue, real
 from tests.support.kube.node import RDMA_RESOURCE
 from tests.support.kube.rest import RestError
@@ -240,6 +241,17 @@ def test_the_gangs_pods_are_admitted_where_pod_security_is_restricted(plane: Pla
     plane.control.rest.create("/api/v1/namespaces", namespace)
     spec = ClusterSpec(nodes=2, gpus=2, backend="kubernetes", kubernetes=KubeOptions(image="a:1"))
     job = build(spec, "jmn-5f3a9c2e", Target(37, "none", "restricted"))[0]
+    assert _dry_run(plane, _as_pod(job)) is None
+
+
+def test_a_detached_runs_driver_is_admitted_where_pod_security_is_restricted(
+    plane: Plane, tmp_path: Path
+) -> None:
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    namespace = {"metadata": {"name": "restricted-runs", "labels": labels}}
+    plane.control.rest.create("/api/v1/namespaces", namespace)
+    job = driver_job(tmp_path, "restricted-runs")
+    assert _dry_run(plane, job) is None
     assert _dry_run(plane, _as_pod(job)) is None
 
 

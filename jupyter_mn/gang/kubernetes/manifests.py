@@ -206,7 +206,7 @@ def _pod_spec(spec: ClusterSpec, gang_id: str, group: gangs.GangParts) -> dict[s
                 ]
             }
         },
-        "securityContext": _pod_security(spec.rdma),
+        "securityContext": pod_security(spec.rdma),
         "containers": [_container(spec, gang_id)],
         "volumes": _volumes(opts, names),
         **group.pod_spec,
@@ -239,7 +239,7 @@ def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
         # Ready = this pod's dask worker registered with the scheduler (the port opens then).
         "readinessProbe": {"tcpSocket": {"port": "ready"}, "periodSeconds": 2},
         "resources": _resources(spec),
-        "securityContext": _container_security(spec.rdma),
+        "securityContext": container_security(spec.rdma),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
@@ -252,7 +252,7 @@ def _container(spec: ClusterSpec, gang_id: str) -> dict[str, Any]:
     return container
 
 
-def _pod_security(rdma: bool) -> dict[str, Any]:
+def pod_security(rdma: bool) -> dict[str, Any]:
     """Admitted where the "restricted" Pod Security Standard is enforced; with ``--rdma``,
     "baseline" plus ``IPC_LOCK``.
 
@@ -267,7 +267,7 @@ def _pod_security(rdma: bool) -> dict[str, Any]:
     return {**pod, "runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID}
 
 
-def _container_security(rdma: bool) -> dict[str, Any]:
+def container_security(rdma: bool) -> dict[str, Any]:
     capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
     if rdma:
         capabilities["add"] = ["IPC_LOCK"]
