@@ -162,7 +162,8 @@ class _Connection(asyncio.Protocol):
         if not self.takes_files or transport.get_write_buffer_size():
             return False
         try:
-            sent = valuefiles.send_now(transport.get_extra_info("socket").fileno(), parts[0], files)
+            sock = transport.get_extra_info("socket").fileno()
+            sent = sharednames.send_files(sock, files, parts[0])
         except OSError:  # the socket is full (or the kernel has gone): the bytes go instead
             return False
         self._queue([memoryview(parts[0])[sent:], *parts[1:]])

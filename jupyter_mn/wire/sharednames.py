@@ -157,10 +157,12 @@ def opened(payload: CellPayload, kernel: int | None) -> CellPayload:
     return _with_fds(payload, lambda shared: mine[shared.fd])
 
 
-def send_files(fd: int, files: Sequence[int]) -> None:
-    """Pass ``files`` on the stream socket ``fd`` (one byte carries them), after its message."""
+def send_files(fd: int, files: Sequence[int], data: bytes | memoryview = b"\0") -> int:
+    """Pass ``files`` on the stream socket ``fd`` with ``data`` (by default one byte, after a
+    message); how much of ``data`` went (a non-blocking ``fd`` may take part of it, or raise
+    ``BlockingIOError``: then the files did not go)."""
     with socket.socket(fileno=os.dup(fd)) as sock:
-        socket.send_fds(sock, [b"\0"], list(files))
+        return socket.send_fds(sock, [data], list(files))
 
 
 def received(fd: int, payload: CellPayload) -> CellPayload:

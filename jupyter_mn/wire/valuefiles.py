@@ -5,7 +5,7 @@ kernel's); ipyparallel's crosses one socket. When a run comes from a kernel on t
 (its cell stream is AF_UNIX: ``node/cellserver.py``), the agent asks its ranks for files
 (``RunCell.values_by_file``): a rank writes each big pickled value of its reply (the cell's
 value, ``--pull`` names, ``--all``) into a sealed memfd (``sharednames.sealed``) and sends the
-files with the reply's first bytes (``SCM_RIGHTS``, ``send``); the agent takes them as it reads
+files with the reply's first bytes (``SCM_RIGHTS``: ``send``); the agent takes them as it reads
 (``Inbound``) and passes them on with its node's reply (``files_of``), and the kernel maps them
 copy-on-write (``mapped``). One copy in all, the rank's, and no bytes through a socket. Where
 the files cannot go on at once (the kernel's connection has bytes queued, or has gone), the agent
@@ -22,7 +22,7 @@ import dataclasses
 import os
 import pickle
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from . import sharednames
@@ -36,8 +36,7 @@ MIN_BYTES = RELAY_MIN
 #: A message carries at most this many files (Linux takes 253 in one; a reader makes room for
 #: these): the rest of its big values go as bytes.
 MAX_FILES = 64
-_INTS = array.array("i")
-_ANCILLARY = socket.CMSG_SPACE(MAX_FILES * _INTS.itemsize)
+_ANCILLARY = socket.CMSG_SPACE(MAX_FILES * array.array("i").itemsize)
 
 
 def _each(reply: RankReply, change: Callable[[Pickled], Pickled]) -> RankReply:
@@ -68,9 +67,7 @@ def send(fd: int, message: Any, by_file: bool = False) -> None:
     parts = encode(message)
     try:
         if files:
-            with socket.socket(fileno=os.dup(fd)) as sock:
-                sent = sock.sendmsg([parts[0]], [_rights(files)])
-            parts[0] = parts[0][sent:]
+            parts[0] = parts[0][sharednames.send_files(fd, files, parts[0]) :]
         write_all(fd, parts)
     finally:
         for each in files:  # the message holds them now
@@ -96,10 +93,6 @@ def _to_files(reply: RankReply) -> tuple[RankReply, list[int]]:
         for fd in fds:
             os.close(fd)
         raise
-
-
-def _rights(files: Sequence[int]) -> tuple[int, int, bytes]:
-    return socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", files).tobytes()
 
 
 # ---- the reader: the agent (a rank's control socket) and the kernel (its cell stream)
@@ -180,13 +173,6 @@ def close(node: NodeReply) -> None:
     """Close ``node``'s files (a reply that goes nowhere)."""
     for f in _files(node):
         os.close(f.fd)
-
-
-def send_now(fd: int, data: bytes | memoryview, files: Sequence[int]) -> int:
-    """Write the start of a message on the non-blocking socket ``fd`` with ``files``: how much
-    went (``BlockingIOError`` when none did, and the files did not go)."""
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        return sock.sendmsg([data], [_rights(files)])
 
 
 # ---- the kernel

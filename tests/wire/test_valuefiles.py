@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jupyter_mn.rank.execute import dumps
-from jupyter_mn.wire import valuefiles
+from jupyter_mn.wire import sharednames, valuefiles
 from jupyter_mn.wire.events import NodeReply, RankReply, RankStatus
 from jupyter_mn.wire.frames import Frames, encode
 
@@ -80,7 +80,7 @@ def _at_agent(
 def _send_with(sock: socket.socket, message: object, files: list[int]) -> None:
     """Write ``message`` on ``sock`` with ``files``, as the agent's connection does."""
     parts = encode(message)
-    sent = valuefiles.send_now(sock.fileno(), parts[0], files)
+    sent = sharednames.send_files(sock.fileno(), files, parts[0])
     parts[0] = parts[0][sent:]
     for part in parts:
         sock.sendall(part)
