@@ -6,6 +6,8 @@ they build them if needed and fail, never skip, when the control plane cannot st
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 import os
 import re
 import threading
@@ -24,7 +26,8 @@ from jupyter_mn.node.ports import is_free, listen_port
 from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.driverjob import driver_job
 from tests.support.kube import kueue, real
-from tests.support.kube.node import RDMA_RESOURCE
+from tests.support.kube.accounts import DOCUMENTED_ROLE, service_account_kubeconfig
+from tests.support.kube.node import RDMA_RESOURCE, NodeApi, Refused, _micro
 from tests.support.kube.rest import RestError
 from tests.support.polling import wait_until
 
@@ -435,11 +438,55 @@ def test_a_node_whose_kubelet_ends_by_itself_is_named_until_it_is_back(
     monkeypatch.setattr(plane.control.nodes.nodes["node-b"], "_sync", broken)
     found = eventually(plane.control.trouble, what="the ended kubelet named")
     assert found == ['node node-b: RuntimeError("the kubelet\'s loop broke")']
+    # its heartbeat ended with it: one left behind would renew the Lease beside the restarted
+    # kubelet's, and each would meet the other's writes as conflicts
+    assert plane.control.nodes.loops_of("node-b") == []
     monkeypatch.undo()
     plane.control.nodes.start("node-b")
     assert plane.control.trouble() == []
     core = client.CoreV1Api(plane.api)
     eventually(lambda: not core.read_node("node-b").spec.taints, what="node-b untainted again")
+
+
+def test_a_lease_renewal_that_meets_a_conflict_reads_the_lease_again_and_renews(
+    plane: Plane,
+) -> None:
+    """Another write lands between the kubelet's read of its Lease and its update (as a
+    renewal that timed out here but landed there does): the update meets 409 Conflict, and the
+    kubelet reads the Lease again and renews it, as a kubelet's lease controller does."""
+    assert plane.control.nodes is not None
+    node = plane.control.nodes.nodes["node-a"]
+    coordination = client.CoordinationV1Api(plane.api)
+    before = coordination.read_namespaced_lease("node-a", "kube-node-lease").spec.renew_time
+    api, injected, conflicts = node.api, [], []
+
+    class Racing(NodeApi):
+        """The node's API, with another writer between its first Lease read and its update."""
+
+        async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+            found = await super().get(kind, namespace, name)
+            if kind == "leases" and not injected:
+                injected.append(name)
+                landed = copy.deepcopy(found)  # the other write: a renewal of its own
+                landed["spec"]["renewTime"] = _micro(dt.datetime.now(dt.timezone.utc))
+                await super().put(kind, namespace, landed)
+            return found
+
+        async def put(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+            try:
+                return await super().put(kind, namespace, body)
+            except Refused as exc:
+                conflicts.append(exc.status)
+                raise
+
+    node.api = Racing(api.session)
+    try:
+        plane.control.nodes.call(node._renew())
+    finally:
+        node.api = api
+    assert injected and set(conflicts) == {409}, conflicts
+    after = coordination.read_namespaced_lease("node-a", "kube-node-lease").spec.renew_time
+    assert after > before
 
 
 @pytest.mark.slow  # the API server's own restart takes ~15 s on 2 cores
@@ -470,59 +517,6 @@ def test_after_an_api_server_restart_everything_reconnects_and_a_gang_comes_up(
         provisioner.release()
 
 
-#: The Role docs/backends.md lists ("Permissions"), rule by rule.
-DOCUMENTED_ROLE = [
-    {
-        "apiGroups": ["batch"],
-        "resources": ["jobs"],
-        "verbs": ["create", "get", "list", "patch", "delete"],
-    },
-    {
-        "apiGroups": [""],
-        "resources": ["services", "secrets"],
-        "verbs": ["create", "list", "delete"],
-    },
-    {
-        "apiGroups": ["networking.k8s.io"],
-        "resources": ["networkpolicies"],
-        "verbs": ["create", "list", "delete"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]},
-    {
-        "apiGroups": ["coordination.k8s.io"],
-        "resources": ["leases"],
-        "verbs": ["create", "get", "patch", "delete"],
-    },
-    {
-        "apiGroups": ["scheduling.k8s.io"],
-        "resources": ["podgroups", "workloads"],
-        "verbs": ["create", "get", "delete"],
-    },
-    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": ["list"]},
-]
-
-
-def _service_account_kubeconfig(plane: Plane, name: str, rules: list[dict[str, Any]]) -> Path:
-    """A ServiceAccount bound to a Role of ``rules`` in ``default``; a kubeconfig whose only
-    credential is its token (as a notebook's pod has)."""
-    rest, base = plane.control.rest, "/apis/rbac.authorization.k8s.io/v1/namespaces/default"
-    rest.create("/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": name}})
-    rest.create(f"{base}/roles", {"metadata": {"name": name}, "rules": rules})
-    binding = {
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}],
-    }
-    rest.create(f"{base}/rolebindings", binding)
-    token = rest.create(
-        f"/api/v1/namespaces/default/serviceaccounts/{name}/token",
-        {"spec": {"expirationSeconds": 3600}},
-    )["status"]["token"]
-    path = plane.control.root / f"{name}.kubeconfig"
-    return real.kubeconfig(path, plane.control.server, plane.control.ca, token)
-
-
 @pytest.mark.filterwarnings("error")  # release warns when it could not delete
 def test_the_documented_role_is_enough_for_every_policy(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
@@ -531,7 +525,7 @@ def test_the_documented_role_is_enough_for_every_policy(
 
     from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
 
-    config_path = _service_account_kubeconfig(plane, "notebook", DOCUMENTED_ROLE)
+    config_path = service_account_kubeconfig(plane.control, "notebook", DOCUMENTED_ROLE)
     monkeypatch.setenv("KUBECONFIG", str(config_path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     policies = ["none", "native"] + (["kueue"] if plane.control.with_kueue else [])
@@ -548,7 +542,7 @@ def test_the_documented_role_is_enough_for_every_policy(
             assert sorted(pods) == [0, 1], policy
         finally:
             provisioner.release()
-        eventually(lambda p=policy: _left(plane, f"jmn-rbac{p}") == [], what=f"{policy} gone")
+        gone(plane, f"jmn-rbac{policy}", f"{policy} gone")
 
 
 @pytest.mark.parametrize(
@@ -580,7 +574,7 @@ def test_a_missing_rule_is_named_and_nothing_is_left(
     ]
     rules = [r for r in rules if r["verbs"]]  # a rule left with no verb is invalid
     name = f"less-{rule}-{verb}"
-    monkeypatch.setenv("KUBECONFIG", str(_service_account_kubeconfig(plane, name, rules)))
+    monkeypatch.setenv("KUBECONFIG", str(service_account_kubeconfig(plane.control, name, rules)))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     spec = ClusterSpec(
         nodes=2,
@@ -596,7 +590,7 @@ def test_a_missing_rule_is_named_and_nothing_is_left(
     finally:
         provisioner.release()
     assert time.monotonic() - start < 30
-    eventually(lambda: _left(plane, f"jmn-{name}") == [], what="the gang's objects gone")
+    gone(plane, f"jmn-{name}")
 
 
 #: Where the objects of a gang can be (every kind the backend creates).
@@ -610,6 +604,16 @@ _LEFT = [
     "/apis/scheduling.k8s.io/v1beta1/namespaces/default/workloads",
     "/apis/scheduling.k8s.io/v1beta1/namespaces/default/podgroups",
 ]
+
+
+#: Seconds within which a released gang's objects are gone: its pods' grace period (the ranks'
+#: SIGTERM notice, which a loaded machine can use up), and the garbage collector's turn.
+GONE_S = ClusterSpec().kill_after + 30
+
+
+def gone(plane: Plane, gang: str = "", what: str = "the gang's objects gone") -> None:
+    """Wait until nothing of ``gang`` (default: of any gang) is left."""
+    eventually(lambda: _left(plane, gang) == [], GONE_S, what)
 
 
 def _left(plane: Plane, gang: str = "") -> list[str]:
@@ -653,7 +657,7 @@ def test_env_values_reach_the_agents_from_the_secret_that_the_garbage_collector_
         client.BatchV1Api(plane.api).delete_namespaced_job(
             gang, "default", propagation_policy="Background"
         )
-        eventually(lambda: _left(plane, gang) == [], what="the Job's dependents collected")
+        gone(plane, gang, "the Job's dependents collected")
     finally:
         provisioner.release()
 
@@ -736,4 +740,4 @@ def test_a_cell_on_two_nodes_of_two_ranks_returns_rank_0s_value(
         check_big_value(cluster, mib=16)
         check_big_push(cluster, mib=16)
     assert value == (6.0, 0, 4, "kubernetes")
-    eventually(lambda: _left(plane) == [], what="the gang's objects gone")
+    gone(plane)

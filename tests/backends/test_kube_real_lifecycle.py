@@ -19,7 +19,7 @@ from jupyter_mn.kernel.kubespec import KubeOptions
 from jupyter_mn.kernel.spec import ClusterSpec
 from jupyter_mn.wire.events import PreemptCause
 from tests.backends import test_kube_real as base
-from tests.backends.test_kube_real import Plane, _dask_port, _left, eventually
+from tests.backends.test_kube_real import Plane, _dask_port, _left, eventually, gone
 from tests.support.kube import kueue
 from tests.support.preempting import PreemptAt
 
@@ -151,7 +151,7 @@ def test_kueue_preempts_the_gang_for_a_higher_priority_job_and_retries_resume_it
     resumed = {line for line in watch.lines if line.startswith("resumed from step")}
     assert len(resumed) == 1 and int(resumed.pop().split()[-1]) > 20, watch.lines
     assert result.value == 399
-    eventually(lambda: _left(plane) == [], what="the gangs' objects gone")
+    gone(plane, what="the gangs' objects gone")
     plane.control.rest.request(
         "DELETE", "/apis/batch/v1/namespaces/default/jobs/urgent?propagationPolicy=Background"
     )
@@ -199,7 +199,7 @@ def test_down_deletes_the_gang_and_a_killed_kernels_gang_ends_by_itself_and_gc_r
     (gang,) = {job["metadata"]["labels"][GANG_LABEL] for job in jobs["items"]}
     report = collect(registry, keep_s=1e9)
     assert any(f"{gang}: deleted" in line for line in report), report
-    eventually(lambda: _left(plane) == [], what="the dead kernel's gang gone")
+    gone(plane, what="the dead kernel's gang gone")
 
 
 @pytest.mark.slow  # a real kernel waiting on Kueue: ~20 s on 2 cores
@@ -229,6 +229,6 @@ def test_ctrl_c_while_the_gang_waits_for_quota_leaves_no_object(
         assert interrupted, reply.stdout
         assert reply.ename == "KeyboardInterrupt" or "nterrupt" in reply.ename, reply.error_text
         assert time.monotonic() - interrupted[0] < 30
-        eventually(lambda: _left(plane) == [], what="the waiting gang's objects gone")
+        gone(plane, what="the waiting gang's objects gone")
     finally:
         kernel.shutdown()

@@ -39,11 +39,28 @@ RDMA_RESOURCE = KubeOptions.rdma_resource
 #: How often a node renews its Lease and reconciles its pods.
 RENEW_S = 2.0
 TICK_S = 0.1
+#: Tries of one renewal that meets conflicts (the kubelet's ``maxUpdateRetries``).
+LEASE_TRIES = 5
 
 
 def _micro(moment: dt.datetime) -> str:
     """A MicroTime, the format Lease times must have (RFC 3339 with microseconds)."""
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def first_to_end(*loops: Coroutine[Any, Any, None]) -> None:
+    """Run ``loops`` together until one ends, raising its error; the others are cancelled with
+    it, so that none runs on (as ``gather`` would leave them: a heartbeat left behind renews
+    the Lease beside the restarted kubelet's, each meeting the other's writes as conflicts)."""
+    tasks = [asyncio.ensure_future(loop) for loop in loops]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        task.result()
 
 
 class Refused(RuntimeError):
@@ -161,7 +178,7 @@ class RealNode:
             try:
                 await self._register()
                 ready.set()
-                await asyncio.gather(self._heartbeat(), self._pods())
+                await first_to_end(self._heartbeat(), self._pods())
             finally:
                 await self.endpoint.stop()
                 await asyncio.to_thread(self.kubelet.shutdown)
@@ -270,32 +287,42 @@ class RealNode:
         await self._renew()
 
     async def _renew(self) -> None:
-        """Create or renew the Lease (the heartbeat the node lifecycle controller reads)."""
-        moment = _micro(dt.datetime.now(dt.timezone.utc))
-        try:
-            lease = await self.api.get("leases", "kube-node-lease", self.name)
-        except Refused as exc:
-            if exc.status != 404:
-                raise
-            owner = {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": self._uid}
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": self.name,
-                    "namespace": "kube-node-lease",
-                    "ownerReferences": [owner],
-                },
-                "spec": {
-                    "holderIdentity": self.name,
-                    "leaseDurationSeconds": 40,
-                    "renewTime": moment,
-                },
-            }
-            await self.api.post("leases", "kube-node-lease", body)
-            return
-        lease["spec"]["renewTime"] = moment
-        await self.api.put("leases", "kube-node-lease", lease)
+        """Create or renew the Lease (the heartbeat the node lifecycle controller reads) as a
+        kubelet's lease controller does: from the latest read, and on a conflict (a write since
+        that read, such as a renewal that timed out here but landed there) read it again and
+        retry, up to ``LEASE_TRIES`` times."""
+        for attempt in range(1, LEASE_TRIES + 1):
+            try:
+                lease = await self.api.get("leases", "kube-node-lease", self.name)
+            except Refused as exc:
+                if exc.status != 404:
+                    raise
+                await self.api.post("leases", "kube-node-lease", self._lease())
+                return
+            lease["spec"]["renewTime"] = _micro(dt.datetime.now(dt.timezone.utc))
+            try:
+                await self.api.put("leases", "kube-node-lease", lease)
+                return
+            except Refused as exc:
+                if exc.status != 409 or attempt == LEASE_TRIES:
+                    raise
+
+    def _lease(self) -> dict[str, Any]:
+        owner = {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": self._uid}
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "namespace": "kube-node-lease",
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "holderIdentity": self.name,
+                "leaseDurationSeconds": 40,
+                "renewTime": _micro(dt.datetime.now(dt.timezone.utc)),
+            },
+        }
 
     async def _heartbeat(self) -> None:
         while True:
@@ -324,7 +351,8 @@ class RealNode:
 
     async def _guarded(self, step: Coroutine[Any, Any, None]) -> None:
         """One step of a loop: a refusal is recorded; a Secret not readable yet, a lost
-        connection, 5xx and 429 (the API server restarting or busy) are retried next time."""
+        connection, a timed-out request, 5xx and 429 (the API server restarting or busy) are
+        retried next time."""
         try:
             await step
         except NotYet:
@@ -332,7 +360,7 @@ class RealNode:
         except Refused as exc:
             if exc.status < 500 and exc.status != 429:  # else the server's trouble: retry
                 self.errors.append(str(exc))
-        except aiohttp.ClientError:
+        except (aiohttp.ClientError, TimeoutError):
             pass
 
     async def _sync(self) -> None:
@@ -380,6 +408,25 @@ class Nodes:
             for name, task in self._tasks.items()
             if task.done()
         ]
+
+    def call(self, step: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
+        """Run ``step`` on the nodes' loop (where their kubelets run) and return its result."""
+        return asyncio.run_coroutine_threadsafe(step, self._loop).result(timeout)
+
+    def loops_of(self, name: str) -> list[str]:
+        """The loops still running for node ``name`` (their coroutines' names): none once its
+        kubelet has ended, as a stopped kubelet renews no Lease and syncs no pod."""
+
+        async def running() -> list[str]:
+            node = self.nodes[name]
+            return sorted(
+                t.get_coro().__qualname__
+                for t in asyncio.all_tasks()
+                if (frame := getattr(t.get_coro(), "cr_frame", None)) is not None
+                and frame.f_locals.get("self") is node
+            )
+
+        return self.call(running())
 
     def start(self, *names: str) -> None:
         """Start (or restart: the kubelet finds its Node) these nodes; return once registered."""

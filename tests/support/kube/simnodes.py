@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from tests.support.kube.control import condition, container_status, now
-from tests.support.kube.node import NodeApi, Refused, _micro
+from tests.support.kube.node import NodeApi, Refused, _micro, first_to_end
 
 #: The kubelet's defaults: Lease renewed every 10 s, Node status reported every 5 min.
 LEASE_RENEW_S = 10.0
@@ -56,7 +56,7 @@ class SimulatedNodes:
             self.api = NodeApi(s)
             await asyncio.gather(*(self._register(n) for n in self.gpus))
             ready.set()
-            await asyncio.gather(self._leases_loop(), self._status_loop(), self._pods())
+            await first_to_end(self._leases_loop(), self._status_loop(), self._pods())
 
     # ---- Nodes and Leases
     def _status(self, name: str) -> dict[str, Any]:
