@@ -259,7 +259,12 @@ def _printable(text: str) -> str:
 def _add_request(sub: Any, action: str, help: str) -> None:
     p = sub.add_parser(action, help=help)
     p.add_argument("job", help="job id, unique id prefix or name")
-    p.add_argument("--wait", type=_seconds, default=30.0, help="seconds to wait (default 30)")
+    p.add_argument(
+        "--wait",
+        type=_seconds,
+        help="seconds to wait for the kernel's answer (default 30); for a run in a driver pod,"
+        " until nothing of it is left (default: until its driver is told)",
+    )
     p.set_defaults(func=_request)
 
 
@@ -283,11 +288,21 @@ def _request(args: argparse.Namespace) -> int:
     registry = Registry()
     job = registry.resolve(args.job)
     slurm_run = job.submitted and job.backend == "slurm"
+    before = job.state
     if args.command == "cancel" and (stopped := stop_unanswered(registry, job, args.wait)):
         print(f"{job.id}: {stopped.state}")
+        if stopped.in_cluster and args.wait is None and before != stopped.state == "CANCELLED":
+            from .jobs.kuberun import GRACE_S
+
+            print(
+                f"its driver pod is stopping: it interrupts the cell and releases its gangs"
+                f" within {GRACE_S} s (--wait S waits until nothing of the run is left)",
+                file=sys.stderr,
+            )
         return 0
+    wait = 30.0 if args.wait is None else args.wait
     request = registry.request(job.id, args.command, "cli")
-    deadline = time.monotonic() + args.wait
+    deadline = time.monotonic() + wait
     outcome = registry.outcome(request)
     ends = args.command == "release" or job.submitted  # a submitted run ends when cancelled
     while outcome is None or (ends and not registry.job(job.id).finished):
@@ -297,10 +312,10 @@ def _request(args: argparse.Namespace) -> int:
                 from .jobs.slurmrun import cancel_job
 
                 cancel_job(job)
-                print(f"{job.id}: no answer within {args.wait:g} s; its Slurm job is cancelled")
+                print(f"{job.id}: no answer within {wait:g} s; its Slurm job is cancelled")
                 return 0
             print(
-                f"{job.id}: no confirmation within {args.wait:g} s ({outcome or 'not answered'};"
+                f"{job.id}: no confirmation within {wait:g} s ({outcome or 'not answered'};"
                 f" state {state})",
                 file=sys.stderr,
             )

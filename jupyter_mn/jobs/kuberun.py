@@ -5,8 +5,9 @@ names (its only credential: the Role docs/backends.md lists); its cells make the
 inside the cluster. The notebook and the run's row travel in a Secret owned by the Job, so the
 garbage collector removes it with the Job. Everything the submitter learns afterwards comes from
 the API server: the Job's status and the driver's log (``podlog.py``), read by ``refresh``
-(``jupyter mn list``), ``fetch``, ``follow`` (``logs -f``); ``cancel`` deletes the Job in the
-foreground: the pod hears SIGTERM and releases its gangs, which it also owns (ownerReference).
+(``jupyter mn list``), ``fetch``, ``follow`` (``logs -f``); ``cancel`` deletes the Job and
+answers once the driver is told: the cluster removes the rest (the pod hears SIGTERM and
+releases its gangs, which it also owns by ownerReference).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ RUN_LABEL = "jupyter-mn.io/run"
 MOUNT = "/etc/jupyter-mn/run"
 #: Seconds the driver has, once its Job is deleted, to stop its cell and release its gangs.
 GRACE_S = 60
+#: Seconds ``cancel`` waits at most for the driver to be told (its pod terminating).
+TOLD_S = 10.0
 #: (connect, read) seconds of ``logs -f``: a cell may print nothing for hours; like ``kubectl
 #: logs -f`` it waits for the next line (the client refuses an unbounded read).
 FOLLOW_TIMEOUT_S = (10.0, 24 * 3600.0)
@@ -228,31 +231,83 @@ def follow(job: JobModel, tail: int, write: Callable[[str], None]) -> None:
         api.close()
 
 
-def cancel(registry: Registry, job: JobModel, wait: float) -> JobModel:
-    """Delete the driver's Job in the foreground and wait until it is gone (its pod, Secret
-    and, through the pod, its gangs go first); a run still going is then CANCELLED."""
+def cancel(registry: Registry, job: JobModel, wait: float | None) -> JobModel:
+    """Delete the driver's Job and let the cluster remove the rest: the garbage collector
+    deletes the driver pod (SIGTERM: it interrupts its cell and shuts its kernel down, which
+    releases its gangs, within ``GRACE_S``) and the run's Secret; the gangs' Jobs go with the pod
+    they are owned by. Returns once the driver has been told (its pod terminating or gone, at
+    most ``TOLD_S``), or with ``wait`` once nothing of the run is left (``RegistryError``
+    naming what is, after ``wait`` seconds). A run still going is then CANCELLED."""
 
-    def delete(client: Any, api: Any) -> None:
-        batch = client.BatchV1Api(api)
+    def stop(client: Any, api: Any) -> list[str]:
+        objects = RunObjects(client, api, job)
+        objects.read()  # the driver pods' uids, before the Job that names them is gone
         try:
-            batch.delete_namespaced_job(
-                name_of(job.id), job.namespace, propagation_policy="Foreground"
+            client.BatchV1Api(api).delete_namespaced_job(
+                name_of(job.id), job.namespace, propagation_policy="Background"
             )
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
-        deadline = time.monotonic() + wait
-        while batch.list_namespaced_job(
-            job.namespace, label_selector=f"{RUN_LABEL}={job.id}"
-        ).items:
+        deadline = time.monotonic() + (TOLD_S if wait is None else wait)
+        while not (objects.told() if wait is None else not objects.read()):
             if time.monotonic() > deadline:
-                raise RegistryError(f"{job.id}: its driver Job is still there after {wait:g} s")
-            time.sleep(0.2)  # the garbage collector deletes its pod, then the Job
+                break
+            time.sleep(0.2)
+        return [] if wait is None else objects.read()
 
     job = refresh(registry, job)
-    _with_api(f"deleting run {job.id}'s driver Job", delete)
+    left = _with_api(f"deleting run {job.id}'s driver Job", stop)
     if RunState(job.state) not in RUN_ENDED:  # an ended run keeps its state; its log is gone
         job.state, job.ended = RunState.CANCELLED.value, time.time()
         job.detail = f"cancelled at cell {job.cells} of {job.cells_total}"
         registry.save(job)
+    if left:
+        raise RegistryError(f"{job.id}: after {wait:g} s, still there: {', '.join(left)}")
     return job
+
+
+class RunObjects:
+    """What of a run exists, found by uid rather than by a label anyone may set: its Job (by
+    name), the driver pods that Job controls, its Secret, and the gangs' Jobs those pods own
+    with their pods. Uids seen once are kept, so a gang is found after its driver is gone."""
+
+    def __init__(self, client: Any, api: Any, job: JobModel) -> None:
+        self.batch, self.core = client.BatchV1Api(api), client.CoreV1Api(api)
+        self.ApiException = client.ApiException
+        self.job, self.name = job, name_of(job.id)
+        self.owners: set[str] = set()  # the run Job's uid, and its driver pods'
+        self._drivers: list[Any] = []
+
+    def read(self) -> list[str]:
+        """Every object of the run that still exists, as ``kind/name``."""
+        namespace = self.job.namespace
+        jobs = self.batch.list_namespaced_job(namespace).items
+        run = [j for j in jobs if j.metadata.name == self.name]
+        self.owners |= {j.metadata.uid for j in run}
+        self._drivers = self._pods_of(self.owners)
+        self.owners |= {p.metadata.uid for p in self._drivers}
+        gangs = [
+            j for j in jobs if any(o.uid in self.owners for o in j.metadata.owner_references or [])
+        ]
+        pods = self._drivers + self._pods_of({j.metadata.uid for j in gangs})
+        found = [f"jobs/{j.metadata.name}" for j in run + gangs]
+        found += [f"pods/{p.metadata.name}" for p in pods]
+        try:
+            self.core.read_namespaced_secret(self.name, namespace)
+            found.append(f"secrets/{self.name}")
+        except self.ApiException as exc:
+            if exc.status != 404:
+                raise
+        return found
+
+    def told(self) -> bool:
+        """Whether every driver pod is terminating (its SIGTERM sent) or gone."""
+        self._drivers = self._pods_of(self.owners)
+        return all(p.metadata.deletion_timestamp for p in self._drivers)
+
+    def _pods_of(self, jobs: set[str]) -> list[Any]:
+        if not jobs:
+            return []
+        selector = f"batch.kubernetes.io/controller-uid in ({','.join(sorted(jobs))})"
+        return self.core.list_namespaced_pod(self.job.namespace, label_selector=selector).items

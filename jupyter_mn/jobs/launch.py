@@ -18,10 +18,10 @@ def launch(prepared: Prepared, registry: Registry) -> JobModel:
     return start(prepared, registry)
 
 
-def stop_unanswered(registry: Registry, job: JobModel, wait: float) -> JobModel | None:
+def stop_unanswered(registry: Registry, job: JobModel, wait: float | None) -> JobModel | None:
     """Cancel a run that has no runner to answer a request: one in a driver pod (its Job is
-    deleted) or one still queued in Slurm (its job is cancelled). None for any other job: its
-    kernel or runner answers the request."""
+    deleted; with ``wait``, until nothing of it is left) or one still queued in Slurm (its job
+    is cancelled). None for any other job: its kernel or runner answers the request."""
     if job.in_cluster:
         from . import kuberun
 

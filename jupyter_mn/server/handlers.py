@@ -33,8 +33,6 @@ from ..jobs.registry import JobModel, JobNotFound, Registry, RegistryError
 
 #: How long a cancel/release POST waits for the kernel's answer before replying 202.
 ANSWER_WAIT_S = 3.0
-#: How long a cancel waits for a driver pod's Job to be gone (``kuberun.cancel``).
-STOP_WAIT_S = 90.0
 MAX_TAIL = 5000
 T = TypeVar("T")
 
@@ -160,7 +158,7 @@ class ActionHandler(JobAPI):
         job = await self._job(job_id)
         if action == "cancel":
             try:
-                stopped = await self._off_loop(stop_unanswered, self.registry, job, STOP_WAIT_S)
+                stopped = await self._off_loop(stop_unanswered, self.registry, job, None)
             except JupyterMNError as exc:
                 raise web.HTTPError(409, str(exc)) from None
             if stopped is not None:

@@ -15,13 +15,14 @@ from typing import Any
 import nbformat
 import pytest
 
-from jupyter_mn.jobs.kuberun import RUN_LABEL
+from jupyter_mn.jobs.kuberun import GRACE_S, RUN_LABEL
 from jupyter_mn.jobs.registry import JobModel
 from tests.backends import test_kube_real as base
-from tests.backends.test_kube_real import CELL, DOCUMENTED_ROLE, Plane, _dask_port, _left
+from tests.backends.test_kube_real import CELL, Plane, _dask_port, gone
 from tests.support.kube import sandbox
+from tests.support.kube.accounts import DOCUMENTED_ROLE, service_account_kubeconfig
 from tests.support.polling import wait_until
-from tests.support.runs import JUPYTER_MN, submit_in_a_shell
+from tests.support.runs import JUPYTER_MN, mn, submit_in_a_shell
 
 #: the same fixtures: one control plane for this module's tests, refusals failing a test
 plane, no_refusals = base.plane, base.no_refusals
@@ -45,12 +46,6 @@ def cli_env(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("KUBECONFIG", str(plane.control.kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     return dict(os.environ)
-
-
-def mn(*args: str, cwd: Path | None = None, ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*JUPYTER_MN, *args], capture_output=True, text=True, timeout=90, cwd=cwd)
-    assert proc.returncode == 0 or not ok, proc.stderr
-    return proc
 
 
 def job(job_id: str) -> JobModel:
@@ -81,7 +76,7 @@ def outputs(cell: Any) -> str:
 
 def driver_account(plane: Plane, name: str, rules: list[dict[str, Any]]) -> list[str]:
     """A ServiceAccount bound to a Role of ``rules``; the submit flags that make it the driver's."""
-    base._service_account_kubeconfig(plane, name, rules)
+    service_account_kubeconfig(plane.control, name, rules)
     return ["--backend", "kubernetes", "--image", "agent:1", "--service-account", name]
 
 
@@ -127,8 +122,9 @@ def test_a_submitted_notebook_runs_its_2x2_cell_in_cluster_after_its_shell_is_ki
     assert outputs(cells[0]) == "first True\n"
     assert "(6.0, 0, 4, 'kubernetes')" in outputs(cells[1])
     assert outputs(cells[2]) == "third\n"
-    wait_until(lambda: _left(plane) == [], 60, "the gang's objects gone")
-    assert mn("cancel", job_id).stdout == f"{job_id}: SUCCEEDED\n"  # its Job and log deleted
+    gone(plane)
+    wait = str(GRACE_S)  # its Job and log deleted, and nothing of the run left
+    assert mn("cancel", job_id, "--wait", wait).stdout == f"{job_id}: SUCCEEDED\n"
     assert run_objects(plane, job_id) == []
 
 
@@ -154,10 +150,14 @@ def test_cancel_mid_cell_leaves_no_job_pod_or_secret(
         "pending",
     ]
     assert outputs(cells[0]) == "first cell done\n"
-    assert mn("cancel", job_id, "--wait", "90").stdout == f"{job_id}: CANCELLED\n"
-    assert run_objects(plane, job_id) == []
-    wait_until(lambda: _left(plane) == [], 60, "the gang's objects gone")
+    cancel = mn("cancel", job_id)  # answers once the driver is told; the cluster does the rest
+    assert cancel.stdout == f"{job_id}: CANCELLED\n"
+    assert "its driver pod is stopping" in cancel.stderr, cancel.stderr
     assert job(job_id).state == "CANCELLED"
+    # nothing of the run left within the driver pod's grace period (and the gangs' own)
+    assert mn("cancel", job_id, "--wait", str(2 * GRACE_S)).stdout == f"{job_id}: CANCELLED\n"
+    assert run_objects(plane, job_id) == []
+    gone(plane)
 
 
 @pytest.mark.slow
@@ -176,6 +176,6 @@ def test_a_rule_missing_from_the_drivers_role_fails_the_run_naming_it(
     assert run.state == "FAILED"
     assert 'cannot create resource "services"' in (run.error or ""), run
     assert "system:serviceaccount:default:driver-less" in (run.error or ""), run
-    wait_until(lambda: _left(plane) == [], 60, "nothing of the gang left")
-    assert mn("cancel", job_id).stdout == f"{job_id}: FAILED\n"
+    gone(plane, what="nothing of the gang left")
+    assert mn("cancel", job_id, "--wait", str(GRACE_S)).stdout == f"{job_id}: FAILED\n"
     assert run_objects(plane, job_id) == []

@@ -17,14 +17,7 @@ from jupyter_mn.jobs.registry import JobModel, Registry
 from tests.support.kernels import Kernel, Reply
 from tests.support.polling import wait_until
 from tests.support.procs import ours, rank_processes, running
-from tests.support.runs import JUPYTER_MN
-
-
-def mn(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*JUPYTER_MN, *args], capture_output=True, text=True, timeout=60)
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+from tests.support.runs import JUPYTER_MN, mn
 
 
 def job_named(name: str) -> JobModel:
@@ -89,7 +82,7 @@ def test_logs_escape_what_a_terminal_would_obey(kernel):
     ],
 )
 def test_bad_references_get_a_short_error_and_status_2(kernel, args, message):
-    proc = mn(*args, check=False)
+    proc = mn(*args, ok=False)
     assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
     assert len(proc.stderr.splitlines()) == 1
 
@@ -130,7 +123,7 @@ def test_release_frees_the_gang_and_ends_a_follower(kernel):
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
     assert pids and not alive
     assert Registry().job(job.id).state == "CLOSED"
-    proc = mn("release", job.id, check=False)
+    proc = mn("release", job.id, ok=False)
     assert proc.returncode == 2 and "is CLOSED: nothing to release" in proc.stderr
     assert "released from jupyter mn" in kernel.run("%cluster status").result
 

@@ -19,7 +19,7 @@ from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import JobModel
 from jupyter_mn.wire.events import HoursUnit
 from tests.support.polling import wait_until
-from tests.support.runs import JUPYTER_MN, submit_in_a_shell
+from tests.support.runs import JUPYTER_MN, mn, submit_in_a_shell
 
 #: A submitted run starts a kernel and a gang, under whatever else this machine runs.
 RUN_S = 240
@@ -33,12 +33,6 @@ def notebook(path: Path, *cells: str) -> Path:
     nb = nbformat.v4.new_notebook(cells=[parameters, *map(nbformat.v4.new_code_cell, rest)])
     nbformat.write(nb, path)
     return path
-
-
-def mn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*JUPYTER_MN, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
-    assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def submit(*args: str) -> str:
