@@ -32,8 +32,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from tests.support.kube import real
 
 NODES, GPUS = 256, 8

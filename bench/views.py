@@ -12,7 +12,7 @@ import statistics
 import time
 
 from jupyter_mn import Cluster
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.views import TextView
 from jupyter_mn.views.cellstate import HISTORY
 from jupyter_mn.views.glance import gpu_html

@@ -13,8 +13,8 @@ from .wire.version import __version__ as __version__
 
 _LAZY = {
     "Cluster": ("kernel.cluster", "Cluster"),
-    "ClusterSpec": ("kernel.spec", "ClusterSpec"),
-    "CellResult": ("kernel.result", "CellResult"),
+    "ClusterSpec": ("model.spec", "ClusterSpec"),
+    "CellResult": ("model.result", "CellResult"),
     "cluster_info": ("rank.info", "cluster_info"),
     "ClusterInfo": ("rank.info", "ClusterInfo"),
 }

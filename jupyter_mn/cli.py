@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 def _seconds(text: str) -> float:
     """An argparse type: a finite number ≥ 0 (``float`` alone lets ``nan`` and ``inf`` through)."""
-    from .kernel.specvalues import is_number
+    from .model.specvalues import is_number
 
     try:
         value = float(text)
@@ -35,7 +35,7 @@ def _add_config(sub: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from .kernel.spec import ClusterSpec, masked_env
+    from .model.spec import ClusterSpec, masked_env
 
     spec = ClusterSpec.build()
     print(json.dumps({**dataclasses.asdict(spec), "env": masked_env(spec.env)}, indent=2))
@@ -43,7 +43,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _add_manifests(sub: Any) -> None:
-    from .kernel.kubespec import add_flags
+    from .model.kubespec import add_flags
 
     p = sub.add_parser(
         "manifests", help="print the Kubernetes objects a gang would be made of (a dry run)"
@@ -60,8 +60,8 @@ def _add_manifests(sub: Any) -> None:
 
 def _manifests(args: argparse.Namespace) -> int:
     from .gang.kubernetes.discovery import dry_run
-    from .kernel.kubespec import from_args
-    from .kernel.spec import ClusterSpec, parse_env_pairs
+    from .model.kubespec import from_args
+    from .model.spec import ClusterSpec, parse_env_pairs
 
     spec = ClusterSpec.build(
         {
@@ -91,8 +91,8 @@ def _add_list(sub: Any) -> None:
 def _list(args: argparse.Namespace) -> int:
     import time
 
-    from .jobs import usage
     from .jobs.registry import Registry
+    from .model import usage
 
     registry = Registry()
     jobs = [_refreshed(registry, job) for job in registry.jobs()]
@@ -149,8 +149,8 @@ def _add_usage(sub: Any) -> None:
 def _usage(args: argparse.Namespace) -> int:
     import time
 
-    from .jobs import usage
     from .jobs.registry import Registry
+    from .model import usage
 
     since = time.time() - usage.parse_since(args.since) if args.since is not None else 0.0
     jobs = Registry().jobs()
@@ -336,7 +336,7 @@ def _request(args: argparse.Namespace) -> int:
 
 # ---- detached runs (jobs/submit.py, jobs/runner.py)
 def _add_submit(sub: Any) -> None:
-    from .kernel.flags import add_spec_flags
+    from .model.flags import add_spec_flags
 
     p = sub.add_parser(
         "submit",
@@ -363,8 +363,8 @@ def _submit(args: argparse.Namespace) -> int:
     from .jobs.launch import launch
     from .jobs.registry import Registry
     from .jobs.submit import prepare
-    from .kernel.credentials import mask_argv
-    from .kernel.flags import spec_flags
+    from .model.credentials import mask_argv
+    from .model.flags import spec_flags
 
     prepared = prepare(
         args.notebook,
@@ -429,7 +429,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _add_doctor(sub: Any) -> None:
-    from .kernel.flags import add_spec_flags
+    from .model.flags import add_spec_flags
 
     p = sub.add_parser(
         "doctor",
@@ -443,8 +443,8 @@ def _doctor(args: argparse.Namespace) -> int:
     """Claim the nodes, print the doctor's table, release them; status 1 when a check fails."""
     from .doctor import doctor
     from .kernel.cluster import Cluster
-    from .kernel.flags import spec_flags
-    from .kernel.spec import ClusterSpec
+    from .model.flags import spec_flags
+    from .model.spec import ClusterSpec
     from .views import TextView
 
     with Cluster(ClusterSpec.build(spec_flags(args))) as cluster:

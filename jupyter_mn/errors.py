@@ -72,7 +72,7 @@ class Stopped(JupyterMNError):
 
 class CellError(JupyterMNError):
     """The cell failed on at least one rank; carries the root-cause rank and its traceback, and
-    ``result``: the cell's ``CellResult`` (``kernel/result.py``, which builds this error: typed
+    ``result``: the cell's ``CellResult`` (``model/result.py``, which builds this error: typed
     ``Any`` here, since every process imports this module and none but the kernel that one)."""
 
     def __init__(

@@ -31,6 +31,9 @@ package's ``__init__`` that runs because a submodule is imported is not counted 
    no function over ``MAX_FUNCTION_LINES`` in the node and rank sides, except those in
    ``OVERLONG``, which must shrink below it and leave the list.
 
+6. Packages import downward only, in the order ``LAYERS`` gives (docs/architecture.md): every
+   import counts, type-only and function-local ones too; a package no layer names is reported.
+
 Besides the source, what crosses processes pickled is checked: the modules that unpickling each
 message imports are ones its receiving side may import (``SHARED``, and the rank or node side's
 own packages).
@@ -58,6 +61,19 @@ MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 55
 #: Functions known to be longer (module.function), each to be split and then removed from here.
 OVERLONG = frozenset({"jupyter_mn.rank.env.rank_env", "jupyter_mn.rank.checkpoint.save"})
+#: ``jupyter_mn``'s packages from the top down (a top-level module counts as one, ``""`` is the
+#: package's front): each imports only its own modules and those of the layers below its own.
+LAYERS = (
+    ("cli", "server", "", "nccl", "checkpoint"),
+    ("kernel",),
+    ("jobs",),
+    ("views", "doctor"),
+    ("gang",),
+    ("node",),
+    ("rank",),
+    ("model",),
+    ("wire", "errors"),
+)
 #: Each side, and the packages it may import.
 SIDES = {
     "jupyter_mn.node": ("jupyter_mn.node", "jupyter_mn.rank"),
@@ -350,6 +366,28 @@ def upward_imports(
     return found
 
 
+def layer_breaches(scans: list[ModuleScan], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Imports of a package in the same layer or above (type-only and function-local ones
+    too), and modules of packages no layer names."""
+    depth = {package: level for level, names in enumerate(layers) for package in names}
+
+    def package(module: str) -> str:
+        return module.partition(".")[2].partition(".")[0]
+
+    found = []
+    for s in scans:
+        source = package(s.name)
+        if source not in depth:
+            found.append(f"{s.file}: package {source!r} is in no layer")
+            continue
+        found += [
+            f"{s.file}:{i.line}: {s.name} ({source}) imports {i.target} ({target}), not below it"
+            for i in s.imports
+            if (target := package(i.target)) != source and depth.get(target, -1) <= depth[source]
+        ]
+    return found
+
+
 def private_uses(scans: list[ModuleScan]) -> list[str]:
     """Every private name used across modules, in file order."""
     definers: dict[str, list[str]] = {}
@@ -426,6 +464,11 @@ def test_the_node_and_rank_sides_import_nothing_of_the_kernel_side(package):
     assert not offenders, "\n".join(offenders)
 
 
+def test_packages_import_only_the_layers_below_their_own(package):
+    offenders = layer_breaches(package, LAYERS)
+    assert not offenders, "\n".join(offenders)
+
+
 def pickled_modules(obj: object) -> set[str]:
     """The ``jupyter_mn`` modules that unpickling ``obj`` imports (protocol 2 names each class
     with a GLOBAL: "module name")."""
@@ -443,7 +486,7 @@ def sent_to_the_nodes() -> list[object]:
     from jupyter_mn.gang import make_gang
     from jupyter_mn.gang.nodelaunch import launch_for
     from jupyter_mn.kernel.cell import Shipper, compile_cell
-    from jupyter_mn.kernel.spec import ClusterSpec
+    from jupyter_mn.model.spec import ClusterSpec
     from jupyter_mn.wire.launchspec import Script
     from jupyter_mn.wire.payload import CellPayload
 
@@ -571,9 +614,9 @@ def test_the_op_and_class_checks_see_offenders(tmp_path):
 
 
 def test_the_pickle_check_sees_a_kernel_side_class():
-    from jupyter_mn.kernel.spec import ClusterSpec
+    from jupyter_mn.model.spec import ClusterSpec
 
-    assert "jupyter_mn.kernel.spec" in pickled_modules({"spec": ClusterSpec()})
+    assert "jupyter_mn.model.spec" in pickled_modules({"spec": ClusterSpec()})
 
 
 def test_no_private_name_is_used_across_modules(package):
@@ -615,6 +658,13 @@ def test_the_checker_reports_cycles_upward_imports_and_private_names(tmp_path):
     ]
     assert upward_imports(scans, {"pkg.sub": ("pkg.sub",)}, ("pkg.e",)) == [
         "pkg/sub/leaf.py:1: pkg.sub.leaf (the pkg.sub side) imports pkg.a"
+    ]
+    assert layer_breaches(scans, (("", "a"), ("b",), ("sub",), ("c", "d"), ("e",))) == [
+        "pkg/b.py:2: pkg.b (b) imports pkg.a (a), not below it",
+        "pkg/c.py:3: pkg.c (c) imports pkg.d (d), not below it",
+        "pkg/d.py:2: pkg.d (d) imports pkg.c (c), not below it",
+        "pkg/f.py: package 'f' is in no layer",
+        "pkg/sub/leaf.py:1: pkg.sub.leaf (sub) imports pkg.a (a), not below it",
     ]
     assert private_uses(scans) == [
         "pkg/b.py:2: imports private _x from pkg.a",

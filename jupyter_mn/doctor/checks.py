@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..kernel.spec import ClusterSpec
+    from ..model.spec import ClusterSpec
 
 GIB = 1 << 30
 

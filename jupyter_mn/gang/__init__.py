@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..kernel.spec import ClusterSpec
+from ..model.spec import ClusterSpec
 from .base import Gang
 from .core import GangCore, Provisioner
 from .lifecycle import GangStatus

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from ..errors import JoinTimeout, JupyterMNError, RendezvousError, SchedulingError
-from ..kernel.spec import ClusterSpec
-from ..kernel.workdir import Selection
+from ..model.spec import ClusterSpec
+from ..model.workdir import Selection
 from ..wire.events import Note, OnEvent
 from ..wire.rankwire import RankReady
 from .core import GangCore, Provisioner

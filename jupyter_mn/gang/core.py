@@ -17,9 +17,9 @@ import time
 from typing import Any, Protocol
 
 from ..errors import JupyterMNError
-from ..jobs.usage import Meter
-from ..kernel.gangids import gang_id
-from ..kernel.spec import ClusterSpec
+from ..model.gangids import gang_id
+from ..model.spec import ClusterSpec
+from ..model.usage import Meter
 from ..wire.events import GangState, OnEvent, Preemption
 from ..wire.rankwire import RankReady
 from .agents import NodeAgents
@@ -79,7 +79,7 @@ class GangCore:
         self.watcher: OnEvent | None = None
         #: set once teardown begins: the heartbeat stops
         self.closing = threading.Event()
-        #: GPU-hours: nodes × GPUs × seconds from provisioning to release (``jobs/usage.py``)
+        #: GPU-hours: nodes × GPUs × seconds from provisioning to release (``model/usage.py``)
         self.usage = Meter(spec.world_size, lambda: "cuda" in self.device or not self.ranks)
         self._closer: threading.Thread | None = None
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SchedulingError, SpecError
-from ..kernel.spec import ClusterSpec
+from ..model.spec import ClusterSpec
 from ..node.workerfuncs import identity, ignore_sigint, worker_facts
 from ..wire.events import Note, OnEvent
 from ..wire.version import __version__

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from IPython.core.error import StdinNotImplementedError
 
 from ..errors import DebugUnavailable
-from ..kernel.result import LOST, OK, CellResult
+from ..model.result import LOST, OK, CellResult
 from ..wire.debugwire import DebugAnswer, DebugEnded, DebugLine, DebugPrompt, DebugStart
 from .core import GangCore
 

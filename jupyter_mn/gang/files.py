@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import FilesNotSent
-from ..kernel.spec import ClusterSpec
-from ..kernel.workdir import SMALL_FILE, Digests, Selection, for_spec
+from ..model.spec import ClusterSpec
+from ..model.workdir import SMALL_FILE, Digests, Selection, for_spec
 from ..wire.manifest import FileEntry, FileUpdate, changes
 from ..wire.sizes import size_text
 from .core import GangCore

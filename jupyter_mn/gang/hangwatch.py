@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..kernel.verdict import explain
+from ..model.verdict import explain
 from ..wire.events import Hung
 from ..wire.rankwhere import RankWhere
 from .inbox import Message

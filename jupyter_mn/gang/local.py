@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from ..errors import SchedulingError
-from ..kernel.spec import ClusterSpec
+from ..model.spec import ClusterSpec
 from ..node import template
 from ..node.daskconfig import DASK_CONFIG
 from ..node.process import rank_command

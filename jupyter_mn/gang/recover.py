@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import RendezvousError
-from ..kernel.spec import ClusterSpec
+from ..model.spec import ClusterSpec
 from .core import GangCore
 
 #: Seconds allowed on top of ``start_timeout`` (restarted ranks import torch before they join).

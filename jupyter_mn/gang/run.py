@@ -23,11 +23,11 @@ import time
 from typing import Any
 
 from ..errors import NodeUnreachable, TransportError
-from ..jobs.usage import hours
-from ..kernel.credentials import holds_secret
-from ..kernel.result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
-from ..kernel.spec import ClusterSpec
-from ..kernel.verdict import Verdict, explain
+from ..model.credentials import holds_secret
+from ..model.result import ERROR, INTERRUPTED, LOST, CellResult, PreemptionOutcome, RankOutcome
+from ..model.spec import ClusterSpec
+from ..model.usage import hours
+from ..model.verdict import Verdict, explain
 from ..wire.events import (
     CellDone,
     NodeReply,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SpecError
-from ..kernel.result import LOST, CellResult
+from ..model.result import LOST, CellResult
 from ..node.workerfuncs import find_script, has_package
 from ..wire.events import OnEvent, RankState, RunStarted
 from ..wire.launchspec import Script

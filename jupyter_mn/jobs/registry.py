@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JupyterMNError
+from ..model.usage import job_hours
 from .netfs import on_network_fs
 from .runstate import RUN_ENDED, RunState
-from .usage import job_hours
 
 log = logging.getLogger(__name__)
 #: How often a kernel writes its live jobs' heartbeat into the registry; a live job whose kernel
@@ -120,7 +120,7 @@ class JobModel:
     up: float | None = None
     #: ``HoursUnit``'s value: GPU-hours, or rank-hours for CPU ranks
     unit: str = ""
-    #: nodes × GPUs × seconds held, in hours (``jobs/usage.py``; a live job's, filled when read;
+    #: nodes × GPUs × seconds held, in hours (``model/usage.py``; a live job's, filled when read;
     #: a submitted run's: its gangs' total in ``unit``, once it has ended)
     gpu_hours: float = 0.0
     #: a submitted run (``jupyter mn submit``): the executed notebook it writes, cell by cell

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import usage
+from ..model import usage
 from .registry import JobModel
 
 #: The executed notebook's metadata key.

@@ -27,7 +27,7 @@ from .registry import JobModel, Registry, open_private
 from .runstate import RunState
 
 if TYPE_CHECKING:
-    from ..kernel.spec import ClusterSpec
+    from ..model.spec import ClusterSpec
 
 #: Slurm's count of the job's requeues, in the batch step's environment (unset: none yet)
 RESTARTS_VAR = "SLURM_RESTART_COUNT"

@@ -3,7 +3,7 @@
 Everything a user can get wrong is checked here, before anything starts: the notebook, its
 parameters (papermill's reading of its ``parameters`` cell), the flags (a ``ClusterSpec`` built
 from them) and the kernel. The flags travel as ``JUPYTER_MN_*`` variables in the run's
-environment, the layer every cell's spec is built over (``kernel/spec.py``), so a cell's own
+environment, the layer every cell's spec is built over (``model/spec.py``), so a cell's own
 flags win. The run is ``runner.py``, in a session of its own (``--backend slurm``: the batch
 step of one Slurm job, ``slurmrun.py``): it outlives the terminal, the shell and the Jupyter
 server that submitted it. It is recorded in the registry before it reads its ``Submission``, so
@@ -81,8 +81,8 @@ def prepare(
     launcher: str,
 ) -> Prepared:
     """Check everything and build the run's row; raises ``SpecError`` with a one-line reason."""
-    from ..kernel.gangids import gang_id
-    from ..kernel.spec import ClusterSpec
+    from ..model.gangids import gang_id
+    from ..model.spec import ClusterSpec
 
     path, cells = _notebook(notebook)
     _parameters(path, cells, parameters)
@@ -182,7 +182,7 @@ def defaults_environ(flags: Mapping[str, Any]) -> dict[str, str]:
     defaults; a value the variables cannot carry (a comma inside an ``--env`` value) is refused,
     since the cells would run with another. They are read together, as the cells read them
     (``--backend kubernetes`` needs its ``--image``)."""
-    from ..kernel.spec import ClusterSpec, from_environ
+    from ..model.spec import ClusterSpec, from_environ
 
     wanted = ClusterSpec.build(flags)
     each = {name: _variables(name, value) for name, value in flags.items()}
@@ -207,7 +207,7 @@ def defaults_environ(flags: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _variables(name: str, value: Any) -> dict[str, str]:
-    from ..kernel.spec import ENV_PREFIX
+    from ..model.spec import ENV_PREFIX
 
     if name in _OPTION_PREFIXES:
         prefix = _OPTION_PREFIXES[name]
@@ -308,7 +308,7 @@ def notebook_form(notebook: str) -> NotebookForm:
 
     from IPython.core.error import UsageError
 
-    from ..kernel.flags import cell_parser, spec_flags
+    from ..model.flags import cell_parser, spec_flags
 
     path, cells = _notebook(notebook)
     found = [c for c in cells if "parameters" in _tags(c)]

@@ -1,2 +1,2 @@
-"""The notebook kernel's side: the magics and the ``Cluster`` API, the spec a gang is made
-from, a cell's payload and result, and the hang verdict."""
+"""The notebook kernel's side: the magics and the ``Cluster`` API, a cell's payload and its
+views, background cells and the job record."""

@@ -30,9 +30,9 @@ from ..views.text import TextView
 
 if TYPE_CHECKING:
     from ..gang import Gang
+    from ..model.result import CellResult
+    from ..model.spec import ClusterSpec
     from ..wire.events import OnEvent, Stacks
-    from .result import CellResult
-    from .spec import ClusterSpec
 
 #: Lines a handle's ``output`` keeps (about 1 MB of typical lines).
 OUTPUT_LINES = 10_000

@@ -28,9 +28,9 @@ import cloudpickle
 from IPython.core.inputtransformer2 import TransformerManager
 
 from ..errors import CaptureError, SpecError
+from ..model.credentials import holds_secret
 from ..wire.payload import Captured
 from ..wire.values import CpuPickler
-from .credentials import holds_secret
 
 #: Names every rank defines itself; never shipped from the notebook.
 RANK_NAMES = frozenset({"torch", "dist", "cluster_info"})

@@ -20,13 +20,13 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..model.result import CellResult
+from ..model.spec import ClusterSpec, check_seconds, check_seed
+from ..model.verdict import explain
 from ..wire.events import OnEvent, Stacks
 from ..wire.payload import CellPayload
 from .clusterstate import ClusterState
-from .result import CellResult
 from .retries import with_retries
-from .spec import ClusterSpec, check_seconds, check_seed
-from .verdict import explain
 from .warmgang import WarmGang, claim_nodes
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 
+from ..model.spec import ClusterSpec
 from .jobslot import JobSlot
 from .shippednames import RankNames
-from .spec import ClusterSpec
 
 
 class ClusterState:

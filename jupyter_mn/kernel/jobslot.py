@@ -17,8 +17,8 @@ from .background import BackgroundCell, CellOwner
 from .cell import compile_cell
 
 if TYPE_CHECKING:
+    from ..model.result import CellResult
     from ..wire.events import OnEvent
-    from .result import CellResult
 
 
 class JobSlot:

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..jobs.usage import cap_seconds, text
+from ..model.usage import cap_seconds, text
 from .deadline import Deadline
 
 if TYPE_CHECKING:
-    from ..jobs.usage import Meter
-    from .spec import ClusterSpec
+    from ..model.spec import ClusterSpec
+    from ..model.usage import Meter
 
 
 class GangLifetime:

@@ -19,9 +19,9 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import publish_display_data
 from traitlets import Bool, Dict, Float, Integer, Unicode
 
-from .flags import add_spec_flags, cell_parser, spec_from_flags, verb_parser
+from ..model.flags import add_spec_flags, cell_parser, spec_from_flags, verb_parser
+from ..model.spec import ENV_PREFIX, ClusterSpec, cap_fields, gang_fields, spec_fields
 from .node_magics import node_verbs
-from .spec import ENV_PREFIX, ClusterSpec, cap_fields, gang_fields, spec_fields
 
 if TYPE_CHECKING:
     from .background import BackgroundCell

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .flags import Argument, add_spec_flags, verb_parser
-from .spec import ClusterSpec
+from ..model.flags import Argument, add_spec_flags, verb_parser
+from ..model.spec import ClusterSpec
 
 if TYPE_CHECKING:
     from IPython.core.magic_arguments import MagicArgumentParser

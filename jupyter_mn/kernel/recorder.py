@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..jobs.joblogs import JobLogWriter
 from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
-from ..jobs.usage import job_hours
+from ..model.kernelid import current_kernel_id
+from ..model.usage import job_hours
 from ..rank.env import JOB
 from ..wire.events import (
     CellDone,
@@ -36,7 +37,6 @@ from ..wire.events import (
     RunStarted,
     TransportReport,
 )
-from .kernelid import current_kernel_id
 
 if TYPE_CHECKING:
     from ..gang import Gang
@@ -351,7 +351,7 @@ def _launcher() -> str:
     the registry is shown by ``jupyter mn list``, the REST API and the panel."""
     import psutil
 
-    from .credentials import mask_argv
+    from ..model.credentials import mask_argv
 
     with contextlib.suppress(psutil.Error):
         parent = psutil.Process().parent()

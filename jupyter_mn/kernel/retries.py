@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..model.result import LOST, CellResult
 from ..wire.events import Note, OnEvent
-from .result import LOST, CellResult
 
 
 def with_retries(

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SpecError
 
 if TYPE_CHECKING:
-    from .result import CellResult
-    from .spec import ClusterSpec
+    from ..model.result import CellResult
+    from ..model.spec import ClusterSpec
 
 _FN, _ARGS, _KWARGS = "_jupyter_mn_fn", "_jupyter_mn_args", "_jupyter_mn_kwargs"
 #: The cell every rank runs: its value (rank 0's) is the function's return value.

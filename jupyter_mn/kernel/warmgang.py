@@ -13,10 +13,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..model.spec import ClusterSpec
+from ..model.workdir import for_spec
 from .clusterstate import ClusterState
 from .lifetime import GangLifetime
-from .spec import ClusterSpec
-from .workdir import for_spec
 
 if TYPE_CHECKING:
     from ..gang.base import Gang, Preflight

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..kernel.spec import ClusterSpec
+from ..model.spec import ClusterSpec
 from .displays import RankDisplays
 from .text import TextView
 

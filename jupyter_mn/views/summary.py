@@ -7,7 +7,7 @@ line, the per-rank table and straggler hints.
 
 from __future__ import annotations
 
-from ..jobs import usage
+from ..model import usage
 from ..wire.events import CellDone, GpuSample, TransportReport, number_ranges
 from ..wire.plural import counted
 from .cellstate import CellState

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..kernel.spec import ClusterSpec
+from ..model.spec import ClusterSpec
 from ..wire.events import (
     CellDone,
     Displays,

@@ -36,8 +36,8 @@ import ipywidgets as W
 import traitlets
 from IPython.display import display
 
-from ..kernel.kernelid import current_kernel_id
-from ..kernel.spec import ClusterSpec
+from ..model.kernelid import current_kernel_id
+from ..model.spec import ClusterSpec
 from ..wire.events import CellOutcome, Displays, GangState, GangStatus
 from ..wire.plural import counted
 from .cellstate import CellState

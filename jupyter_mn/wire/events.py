@@ -266,7 +266,7 @@ class CellDone:
     #: page reloaded while the cell ran
     value: str = ""
     outcome: CellOutcome = CellOutcome.DONE
-    #: nodes × GPUs × this cell's seconds, and the gang's count so far (``jobs/usage.py``)
+    #: nodes × GPUs × this cell's seconds, and the gang's count so far (``model/usage.py``)
     hours: float = 0.0
     gang_hours: float = 0.0
     unit: HoursUnit = HoursUnit.GPU

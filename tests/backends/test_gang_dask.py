@@ -27,7 +27,7 @@ from jupyter_mn.gang.dask import (
     silent_workers,
 )
 from jupyter_mn.gang.shell import run_on_nodes
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.wire.events import Note
 from tests.kernel.test_cluster import ENV_CHECK
 from tests.support.bigvalue import check_big_push, check_big_value

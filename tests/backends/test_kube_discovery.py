@@ -19,8 +19,8 @@ from jupyter_mn.gang.kubernetes.discovery import (
     parse_version,
     plan,
 )
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from tests.support.kube.cluster import FakeCluster
 
 VOLCANO = {"scheduling.volcano.sh/v1beta1/podgroups": "PodGroup"}

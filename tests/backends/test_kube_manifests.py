@@ -25,9 +25,9 @@ from jupyter_mn.gang.kubernetes.manifests import (
     build,
     selector,
 )
-from jupyter_mn.kernel.gangids import gang_id
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.gangids import gang_id
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from tests.support.driverjob import driver_job
 from tests.support.kube.podsecurity import violations
 from tests.support.kube.schemas import KUEUE_JOB, validate

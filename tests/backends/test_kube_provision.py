@@ -22,8 +22,8 @@ from jupyter_mn.gang.kubernetes.manifests import COMPLETION_INDEX, GANG_LABEL, N
 from jupyter_mn.gang.kubernetes.provision import KubernetesProvisioner
 from jupyter_mn.jobs.gc import collect as reap
 from jupyter_mn.jobs.registry import ORPHANED, JobModel, NodeModel, Registry
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.wire.events import NodesWaiting
 from tests.support.kube.cluster import NAMESPACE, FakeCluster
 

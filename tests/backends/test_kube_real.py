@@ -20,8 +20,8 @@ import pytest
 
 from jupyter_mn.gang.kubernetes.gangs import Target
 from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER, build
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.node.ports import is_free, listen_port
 from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.driverjob import driver_job

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from jupyter_mn.gang.kubernetes.manifests import GANG_LABEL, MANAGED_BY, MANAGER
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.wire.events import PreemptCause
 from tests.backends import test_kube_real as base
 from tests.backends.test_kube_real import Plane, _dask_port, _left, eventually, gone

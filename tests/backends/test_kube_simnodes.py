@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from tests.backends.test_kube_real import _binaries, eventually
 from tests.support.kube import real
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.views import TextView
 from jupyter_mn.views.widget import ClusterWidget
 from jupyter_mn.wire.events import GangState, NodesWaiting

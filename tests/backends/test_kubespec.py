@@ -7,9 +7,9 @@ import argparse
 import pytest
 
 from jupyter_mn.errors import SpecError
-from jupyter_mn.kernel import kubespec
-from jupyter_mn.kernel.kubespec import KubeOptions, Volume, parse_toleration
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model import kubespec
+from jupyter_mn.model.kubespec import KubeOptions, Volume, parse_toleration
+from jupyter_mn.model.spec import ClusterSpec
 
 
 @pytest.mark.parametrize(

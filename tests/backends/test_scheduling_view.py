@@ -15,7 +15,7 @@ import pytest
 FIRST_CELL = """
 import json, os, sys
 from jupyter_mn import Cluster
-from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.model.kubespec import KubeOptions
 
 OPTIONS = {
     "local": {},

@@ -10,9 +10,9 @@ import pytest
 from jupyter_mn.errors import SpecError
 from jupyter_mn.gang.slurm.provision import dry_run, job_environ, output_dir, write_tls
 from jupyter_mn.gang.slurm.sbatch import Batch, batch_script, gres, srun_argv
-from jupyter_mn.kernel.flags import cell_parser, spec_from_flags
-from jupyter_mn.kernel.slurmspec import SlurmOptions, from_environ
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.flags import cell_parser, spec_from_flags
+from jupyter_mn.model.slurmspec import SlurmOptions, from_environ
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.node.slurm import read_tls
 
 

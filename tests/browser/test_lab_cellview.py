@@ -65,7 +65,7 @@ def test_every_ranks_lines_are_in_view_while_the_cell_runs_and_nodes_filter_them
 
 
 REPLAY = """from jupyter_mn.wire.events import from_msg
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.views.widget import ClusterWidget
 import json
 widget = ClusterWidget(ClusterSpec(nodes=2, gpus=2), title="replayed")

@@ -155,7 +155,7 @@ def sample_events() -> list[dict]:
 
 
 REPLAY = """from jupyter_mn.wire.events import from_msg
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.views.widget import ClusterWidget
 import json
 widget = ClusterWidget(ClusterSpec(nodes=2, gpus=4, rdma=True), title="SAMPLE DATA")

@@ -15,8 +15,8 @@ import nbformat
 import psutil
 import pytest
 
-from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import JobModel
+from jupyter_mn.model import usage
 from jupyter_mn.wire.events import HoursUnit
 from tests.support.polling import wait_until
 from tests.support.runs import JUPYTER_MN, mn, submit_in_a_shell

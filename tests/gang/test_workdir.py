@@ -16,7 +16,7 @@ import pytest
 
 from jupyter_mn import Cluster
 from jupyter_mn.errors import JupyterMNError, SpecError
-from jupyter_mn.kernel.workdir import SMALL_FILE, Digests, select
+from jupyter_mn.model.workdir import SMALL_FILE, Digests, select
 from jupyter_mn.node import files as node_files
 from jupyter_mn.node.files import NodeFiles, sees
 from jupyter_mn.rank.reload import Reloader
@@ -95,7 +95,7 @@ def test_a_missing_directory_and_an_unreadable_file_are_spec_errors(tmp_path):
         make(root, {"model.py": "", "secret.py": ""})
         (root / "secret.py").chmod(0)
         nobody = "os.setgid(65534); os.setuid(65534)\n" if os.geteuid() == 0 else ""
-        code = "import os\nfrom jupyter_mn.kernel.workdir import select\n"
+        code = "import os\nfrom jupyter_mn.model.workdir import select\n"
         code += f"{nobody}select({str(root)!r})"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert "secret.py: cannot be read" in done.stderr

@@ -13,8 +13,8 @@ from jupyter_mn import Cluster
 from jupyter_mn.checkpoint import latest
 from jupyter_mn.errors import Preempted
 from jupyter_mn.gang.kubernetes.podstate import node_index
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from tests.hosts.test_hosts_dask import CHECK
 from tests.hosts.test_hosts_slurm import SAVES_WHEN_PREEMPTED
 from tests.support.hosts import HostNet

@@ -27,8 +27,8 @@ from jupyter_mn.gang.slurm.provision import dry_run, output_dir
 from jupyter_mn.gang.slurm.sbatch import STEP_MODULE
 from jupyter_mn.jobs.gc import collect
 from jupyter_mn.jobs.registry import ORPHAN_AFTER_S, Registry
-from jupyter_mn.kernel.slurmspec import SlurmOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.slurmspec import SlurmOptions
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.wire.events import NodesWaiting
 from tests.e2e.test_detached_runs import (
     TRAIN,

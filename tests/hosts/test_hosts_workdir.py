@@ -21,8 +21,8 @@ from jupyter_mn import Cluster
 from jupyter_mn.errors import FilesNotSent, SpecError
 from jupyter_mn.gang.lifecycle import GangStatus
 from jupyter_mn.gang.script import run_script
-from jupyter_mn.kernel.kubespec import KubeOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.kubespec import KubeOptions
+from jupyter_mn.model.spec import ClusterSpec
 from tests.support.daskcli import DaskCLI, tls_env
 from tests.support.kernels import Kernel
 from tests.support.kube.cluster import FakeCluster

@@ -17,9 +17,9 @@ from jupyter_mn.errors import SpecError
 from jupyter_mn.jobs.registry import Registry
 from jupyter_mn.jobs.slurmrun import batch_script
 from jupyter_mn.jobs.submit import defaults_environ, notebook_form
-from jupyter_mn.kernel.flags import cell_parser, spec_flags
-from jupyter_mn.kernel.slurmspec import SlurmOptions
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.flags import cell_parser, spec_flags
+from jupyter_mn.model.slurmspec import SlurmOptions
+from jupyter_mn.model.spec import ClusterSpec
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_mn.cli import main
 from jupyter_mn.errors import SpecError
-from jupyter_mn.jobs import usage
 from jupyter_mn.jobs.registry import Registry
-from jupyter_mn.jobs.usage import Meter, UsageError, job_hours, parse_since, totals
 from jupyter_mn.kernel import cluster
 from jupyter_mn.kernel.lifetime import GangLifetime
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model import usage
+from jupyter_mn.model.spec import ClusterSpec
+from jupyter_mn.model.usage import Meter, UsageError, job_hours, parse_since, totals
 from jupyter_mn.wire.events import HoursUnit
 from tests.support.jobs import make_job
 

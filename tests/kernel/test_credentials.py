@@ -1,8 +1,8 @@
 import pytest
 
 from jupyter_mn.gang.slurm.provision import job_environ
-from jupyter_mn.kernel import credentials
-from jupyter_mn.kernel.credentials import holds_secret, mask_argv
+from jupyter_mn.model import credentials
+from jupyter_mn.model.credentials import holds_secret, mask_argv
 
 TOKEN = "ghp_" + "k2" * 18
 

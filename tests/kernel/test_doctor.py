@@ -25,7 +25,7 @@ from jupyter_mn.doctor import doctor, kernel_facts
 from jupyter_mn.doctor.checks import Cell, Check, ifname_matches, judge
 from jupyter_mn.doctor.report import DoctorReport
 from jupyter_mn.errors import PreflightError
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.node.probe import rdma_ports
 from tests.support.procs import ours, rank_processes
 

@@ -8,8 +8,8 @@ import pytest
 
 from jupyter_mn.gang.base import Gang
 from jupyter_mn.gang.local import LocalProvisioner
-from jupyter_mn.kernel import gangids
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model import gangids
+from jupyter_mn.model.spec import ClusterSpec
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")

@@ -12,7 +12,7 @@ import re
 import pytest
 from jupyter_client.multikernelmanager import MultiKernelManager
 
-from jupyter_mn.kernel.kernelid import current_kernel_id, kernel_id_of
+from jupyter_mn.model.kernelid import current_kernel_id, kernel_id_of
 
 UUID = "0c6f3f4e-2f1a-4d0b-9a47-5d1e8c3b7a21"
 
@@ -65,7 +65,7 @@ def test_a_kernel_started_as_the_jupyter_server_starts_it_knows_its_id():
         client.wait_for_ready(timeout=60)
         said: list[str] = []
         client.execute_interactive(
-            "from jupyter_mn.kernel.kernelid import current_kernel_id; print(current_kernel_id())",
+            "from jupyter_mn.model.kernelid import current_kernel_id; print(current_kernel_id())",
             timeout=60,
             output_hook=lambda msg: said.append(msg["content"].get("text", "")),
         )

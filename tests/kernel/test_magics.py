@@ -15,9 +15,9 @@ from IPython.core.error import UsageError
 
 from jupyter_mn.errors import SpecError
 from jupyter_mn.kernel import cluster
-from jupyter_mn.kernel.flags import cell_parser
 from jupyter_mn.kernel.magics import _words
-from jupyter_mn.kernel.spec import MAX_SECONDS, SEED_LIMIT
+from jupyter_mn.model.flags import cell_parser
+from jupyter_mn.model.spec import MAX_SECONDS, SEED_LIMIT
 
 DRY = "--dry-run --k8s-version 1.30 "
 FLAGS = [

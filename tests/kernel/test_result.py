@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from jupyter_mn.kernel.result import CellResult, RankOutcome
+from jupyter_mn.model.result import CellResult, RankOutcome
 from jupyter_mn.wire.events import RankError, RankStatus
 
 WAITED = RankError("RuntimeError", "[gloo] Connection closed by peer", secondary=True)

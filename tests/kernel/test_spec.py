@@ -1,8 +1,8 @@
 import pytest
 
 from jupyter_mn.errors import SpecError
-from jupyter_mn.kernel.flags import cell_parser, spec_from_flags
-from jupyter_mn.kernel.spec import ClusterSpec, from_environ, parse_env_pairs
+from jupyter_mn.model.flags import cell_parser, spec_from_flags
+from jupyter_mn.model.spec import ClusterSpec, from_environ, parse_env_pairs
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jupyter_mn.kernel.verdict import HangKind, judge
+from jupyter_mn.model.verdict import HangKind, judge
 from jupyter_mn.wire.rankwhere import Collective, RankWhere
 
 S = 1_000_000_000  # ns

@@ -8,8 +8,8 @@ from __future__ import annotations
 import io
 from dataclasses import replace
 
-from jupyter_mn.kernel.result import CellResult, RankOutcome
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.result import CellResult, RankOutcome
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.views import TextView
 from jupyter_mn.views.filter import LogFilter
 from jupyter_mn.views.summary import summary

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_mn.kernel.spec import ClusterSpec
+from jupyter_mn.model.spec import ClusterSpec
 from jupyter_mn.node.nccllog import NcclLog
 from jupyter_mn.views import TextView, View, make_view, widgets_rendered
 from jupyter_mn.views.cellstate import TAIL_LINES

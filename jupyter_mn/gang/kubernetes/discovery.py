@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SchedulingError, SpecError
-from ...kernel.gangids import gang_id as new_gang_id
-from ...kernel.spec import ClusterSpec
+from ...model.gangids import gang_id as new_gang_id
+from ...model.spec import ClusterSpec
 from . import gangs
 from .gangs import LATEST_MINOR, Target
 from .manifests import build, to_yaml

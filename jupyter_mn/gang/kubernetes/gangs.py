@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import SpecError
-from ...kernel.spec import ClusterSpec
+from ...model.spec import ClusterSpec
 
 POLICIES = ("kueue", "volcano", "coscheduling", "native", "none")
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import SpecError
-from ...kernel.gangids import MAX_ID, label_value
-from ...kernel.kubespec import KubeOptions, Volume, parse_toleration
-from ...kernel.spec import ClusterSpec
+from ...model.gangids import MAX_ID, label_value
+from ...model.kubespec import KubeOptions, Volume, parse_toleration
+from ...model.spec import ClusterSpec
 from ...wire.tlsfiles import TLS_FILES
 from . import gangs
 from .gangs import Target
@@ -53,7 +53,7 @@ class Names:
         if len(gang_id) > MAX_ID or not _NAME.match(gang_id):
             raise SpecError(
                 f"gang id {gang_id!r}: not a DNS label of at most {MAX_ID} characters "
-                "(make ids with jupyter_mn.kernel.gangids.gang_id)"
+                "(make ids with jupyter_mn.model.gangids.gang_id)"
             )
         return cls(gang_id)
 

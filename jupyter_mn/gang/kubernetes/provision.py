@@ -16,7 +16,7 @@ import warnings
 from typing import Any
 
 from ...errors import JupyterMNError
-from ...kernel.spec import ClusterSpec
+from ...model.spec import ClusterSpec
 from ...wire.events import NodesWaiting, OnEvent
 from .discovery import KUEUE_GROUP, SA_NAMESPACE, choose, discover, load_api
 from .gangs import Target

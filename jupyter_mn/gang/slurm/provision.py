@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import JupyterMNError, SchedulingError
-from ...kernel.credentials import secret_item
-from ...kernel.spec import ClusterSpec
+from ...model.credentials import secret_item
+from ...model.spec import ClusterSpec
 from ...wire.events import NodesWaiting, Note, OnEvent
 from ...wire.tlsfiles import TLS_DIR_VAR, TLS_FILES, tls_address
 from . import commands
@@ -164,7 +164,7 @@ def partition_has_gpus(spec: ClusterSpec, timeout: float = 30.0) -> bool:
 def dry_run(spec: ClusterSpec) -> str:
     """The batch script ``--dry-run`` prints (the port is drawn again at submission). GPUs are
     asked as sinfo says where Slurm answers, else as on a GPU cluster (and the header says so)."""
-    from ...kernel.gangids import gang_id
+    from ...model.gangids import gang_id
 
     header = (
         f"# jupyter_mn: {spec.nodes} node(s) x {spec.gpus} rank(s) as one Slurm job "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ...kernel.spec import ClusterSpec
+from ...model.spec import ClusterSpec
 
 #: the module every task runs
 STEP_MODULE = "jupyter_mn.node.slurm"

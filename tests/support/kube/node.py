@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from jupyter_mn.kernel.kubespec import KubeOptions
+from jupyter_mn.model.kubespec import KubeOptions
 from tests.support.kube.control import MERGE, Api
 from tests.support.kube.kubelet import ClusterDns, ProcessKubelet
 from tests.support.kube.pki import Authority
