@@ -1,7 +1,7 @@
 """Hangs seen from a real kernel on one 2×2 gloo gang: the verdict names the rank that holds the
 others up, the collective and its number, and the cell line, before the stacks (``--timeout``),
 as the cell's error, and live while the cell runs (``--hang-timeout``). The verdict's logic on
-records alone is in ``tests/kernel/test_verdict.py``; tests run in file order on the one gang."""
+records alone is in ``tests/model/test_verdict.py``; tests run in file order on the one gang."""
 
 from __future__ import annotations
 

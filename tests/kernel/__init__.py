@@ -1,1 +1,1 @@
-"""The kernel side: magics, specs, Cluster, results, the hang verdict."""
+"""The kernel side: magics, the Cluster API, cells, the doctor, frameworks."""
