@@ -95,6 +95,7 @@ def main() -> None:
             Path(tmp), nodes={"node-a": 2, "node-b": 2}, with_kueue=False, bin_dir=bins
         ) as control,
     ):
+        os.environ["JUPYTER_RUNTIME_DIR"] = str(Path(tmp) / "runtime")  # a registry of its own
         os.environ["KUBECONFIG"] = str(control.kubeconfig)
         os.environ.pop("KUBERNETES_SERVICE_HOST", None)
         service_account_kubeconfig(control, "driver", DOCUMENTED_ROLE)

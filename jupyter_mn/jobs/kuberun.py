@@ -5,9 +5,9 @@ names (its only credential: the Role docs/backends.md lists); its cells make the
 inside the cluster. The notebook and the run's row travel in a Secret owned by the Job, so the
 garbage collector removes it with the Job. Everything the submitter learns afterwards comes from
 the API server: the Job's status and the driver's log (``podlog.py``), read by ``refresh``
-(``jupyter mn list``), ``fetch``, ``follow`` (``logs -f``); ``cancel`` deletes the Job and
-answers once the driver is told: the cluster removes the rest (the pod hears SIGTERM and
-releases its gangs, which it also owns by ownerReference).
+(``jupyter mn list``), ``fetch``, ``follow`` (``logs -f``); ``cancel`` deletes the Job in the
+foreground and answers once the driver is told: the cluster removes the rest (the pod hears
+SIGTERM and releases its gangs, which it also owns by ownerReference).
 """
 
 from __future__ import annotations
@@ -232,19 +232,20 @@ def follow(job: JobModel, tail: int, write: Callable[[str], None]) -> None:
 
 
 def cancel(registry: Registry, job: JobModel, wait: float | None) -> JobModel:
-    """Delete the driver's Job and let the cluster remove the rest: the garbage collector
-    deletes the driver pod (SIGTERM: it interrupts its cell and shuts its kernel down, which
-    releases its gangs, within ``GRACE_S``) and the run's Secret; the gangs' Jobs go with the pod
-    they are owned by. Returns once the driver has been told (its pod terminating or gone, at
-    most ``TOLD_S``), or with ``wait`` once nothing of the run is left (``RegistryError``
-    naming what is, after ``wait`` seconds). A run still going is then CANCELLED."""
+    """Delete the driver's Job in the foreground and let the cluster remove the rest: the
+    garbage collector deletes the driver pod (SIGTERM: it interrupts its cell and shuts its
+    kernel down, which releases its gangs, within ``GRACE_S``), the gangs' Jobs it owns and the
+    run's Secret, all at once. Returns once the driver has been told (its pod terminating or
+    gone, at most ``TOLD_S``), or with ``wait`` once nothing of the run is left
+    (``RegistryError`` naming what is, after ``wait`` seconds). A run still going is then
+    CANCELLED."""
 
     def stop(client: Any, api: Any) -> list[str]:
         objects = RunObjects(client, api, job)
         objects.read()  # the driver pods' uids, before the Job that names them is gone
         try:
             client.BatchV1Api(api).delete_namespaced_job(
-                name_of(job.id), job.namespace, propagation_policy="Background"
+                name_of(job.id), job.namespace, propagation_policy="Foreground"
             )
         except client.ApiException as exc:
             if exc.status != 404:
