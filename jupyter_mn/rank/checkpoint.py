@@ -13,8 +13,8 @@ Use them inside ``%%cluster`` cells (or any torch.distributed program)::
     checkpoint.wait()
 
 To save when the gang is preempted, end each step with
-``if checkpoint.preempted(): checkpoint.save(...); break`` (README, "Preemption and time
-limits"). With ``%%cluster --retries 1`` such a cell finishes after a rank is killed or a node
+``if checkpoint.preempted(): checkpoint.save(...); break`` (docs/reference.md,
+"Preemption"). With ``%%cluster --retries 1`` such a cell finishes after a rank is killed or a node
 preempted: the retry resumes from the last complete checkpoint. For bit-identical results after
 a resume, prime a freshly wrapped DDP model with ``prime_ddp`` before the first step.
 
