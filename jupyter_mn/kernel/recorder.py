@@ -112,7 +112,7 @@ class JobRecord:
                 model.running = ""
             model.state, model.detail = event.state, event.detail
             usage = self.gang.core.usage
-            model.up, model.unit = usage.up_at, usage.unit.value
+            model.up, model.unit = usage.up_at, usage.unit.value if usage.unit else ""
             if event.state == GangStatus.READY:
                 self._ranks_up()
             elif event.state == GangStatus.BROKEN:
