@@ -91,7 +91,8 @@ def test_the_submit_command_asks_for_parameters_and_the_run_appears_shaped_by_it
     dialog = page.locator(".jp-Dialog")
     expect(dialog.locator(".jp-mn-SubmitForm-cluster")).to_have_text("%%cluster --nodes 2 --gpus 1")
     expect(dialog.locator(".jp-mn-SubmitForm-name")).to_have_text(["steps", "label"])
-    expect(dialog.locator("input[name=label]")).to_have_attribute("placeholder", "'small'")
+    expect(dialog.locator("input[name=label]")).to_have_value("'small'")  # a value, as it is
+    expect(dialog.locator("input[name=steps]")).to_be_focused()
     dialog.locator("input[name=steps]").fill("7")
     page.screenshot(path=str(ARTIFACTS / "submit-parameters-dialog.png"))
     dialog.get_by_role("button", name="Submit").click()
@@ -103,8 +104,8 @@ def test_the_submit_command_asks_for_parameters_and_the_run_appears_shaped_by_it
     expect(item.locator(".jp-mn-Job-shape")).to_have_text("2×1 · local")
     show_finished(panel)
     expect(item).to_have_attribute("data-state", "SUCCEEDED", timeout=RUN_MS)
-    expect(item.locator(".jp-mn-Job-cells")).to_have_text("cell 4 of 4")  # with papermill's
-    expect(item.locator(".jp-mn-Job-usage")).to_have_text(re.compile(r"^\d.* rank-hours$"))
+    expect(item.locator(".jp-mn-Job-cells")).to_have_text("cell 3 of 3")  # papermill's not counted
+    expect(item.locator(".jp-mn-Job-usage")).to_have_text(re.compile(r"^(< )?\d.* rank-hours$"))
     page.screenshot(path=str(ARTIFACTS / "submit-run-succeeded.png"))
     (run,) = [job for job in Registry().jobs() if job.id not in before and job.submitted]
     executed = nbformat.read(run.output, as_version=4)
@@ -138,6 +139,11 @@ def test_the_filter_box_narrows_the_list_by_name_notebook_and_state(lab, page):
             running="In[3]",
             notebook=str(lab.root / "flt-eval.ipynb"),
         ),
+        make_job(  # a READY gang whose last cell failed
+            "flt-c-9c0d1e2f",
+            name="flt-gamma",
+            last_cell={"id": 4, "elapsed": 1.5, "outcome": "FAILED", "error": "ValueError: x"},
+        ),
     ]
     for job in jobs:
         registry.save(job)
@@ -145,14 +151,16 @@ def test_the_filter_box_narrows_the_list_by_name_notebook_and_state(lab, page):
         page.goto(lab.fresh())
         panel = open_panel(page)
         alpha, beta = job_item(panel, "flt-alpha"), job_item(panel, "flt-beta")
+        gamma = job_item(panel, "flt-gamma")
         expect(alpha).to_have_count(1, timeout=30_000)
         expect(beta).to_have_count(1)
         box = panel.get_by_role("searchbox", name="Filter jobs")
         for text, shown in [
             ("flt-eval", beta),  # by notebook
             ("FLT-ALPHA", alpha),  # by name, any case
-            ("flt ready", alpha),  # every word: one of ours, and READY
+            ("flt alpha ready", alpha),  # every word: one of ours, and READY
             ("flt running", beta),
+            ("flt failed", gamma),  # its last cell's outcome, not the gang's state
         ]:
             box.fill(text)
             expect(panel.locator("li.jp-mn-Job")).to_have_count(1)
