@@ -60,6 +60,8 @@ export interface IPanelActions {
   openLogs(job: IJobModel): void;
   openJob(job: IJobModel): void;
   openNotebook(path: string): void;
+  /** a run's executed notebook, without a kernel */
+  openOutput(path: string): void;
 }
 
 const GROUPS: Array<[string, string, (job: IJobModel) => boolean]> = [
@@ -371,7 +373,7 @@ export class JobsPanel extends Widget {
     buttons('Logs', () => this._actions.openLogs(job));
     const output = job.output_link;
     if (output) {
-      buttons('Output', () => this._actions.openNotebook(output));
+      buttons('Output', () => this._actions.openOutput(output));
     }
     const finished = FINISHED_STATES.includes(job.state);
     const run = isRun(job); // a submitted run ends when cancelled: no release

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -112,6 +113,25 @@ def test_the_submit_command_asks_for_parameters_and_the_run_appears_shaped_by_it
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert "steps=7 label=small" in printed  # the typed value, the notebook's for the other
     assert run.launcher == "JupyterLab: submit --nodes 2 --gpus 1"
+
+    # its executed notebook: in the panel's folder, opened without a kernel, gone when forgotten
+    assert Path(run.output) == lab.root / "jupyter-mn-runs" / f"{run.id}.ipynb"
+    assert not (lab.root / f"{run.id}.ipynb").exists()  # none beside the notebook
+    item.get_by_role("button", name="Output").click()
+    expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text=f"{run.id}.ipynb")).to_be_visible(
+        timeout=30_000
+    )
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget; return w && w.context"
+        " && w.context.isReady && w.sessionContext.isReady; }"
+    )
+    session = "() => window.jupyterapp.shell.currentWidget.sessionContext.session"
+    assert page.evaluate(session) is None  # no kernel: the run's is gone, this is to read
+    output = page.locator(".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="steps=7")
+    expect(output).to_have_count(1)
+    item.get_by_role("button", name="Forget").click()
+    expect(item).to_have_count(0, timeout=30_000)
+    assert not Path(run.output).exists()
 
 
 def test_the_submit_command_shows_a_refusal_and_submits_nothing(lab, page):
