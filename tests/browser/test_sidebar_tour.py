@@ -222,3 +222,20 @@ def test_a_narrow_panel_that_scrolls_keeps_each_badge_by_its_title_and_the_butto
         for job in jobs:
             registry.save(make_job(job.id, state="CLOSED"))
             registry.forget(job.id)
+
+
+def test_a_cluster_cells_error_wraps_between_words_not_inside_an_identifier(lab, page):
+    tag = uuid.uuid4().hex[:6]
+    failing = (
+        "%%cluster --nodes 1 --gpus 2\n"
+        "raise ValueError('a_long_identifier_that_must_stay_whole ' * 12)"
+    )
+    page.goto(lab.notebook(f"wraps-{tag}.ipynb", [failing]))
+    wait_kernel_idle(page)
+    run_command(page, "notebook:run-all-cells")
+    error = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    expect(error.first).to_contain_text("CellError", timeout=120_000)
+    for pre in error.locator("pre").all():
+        assert pre.evaluate("e => getComputedStyle(e).wordBreak") == "normal"
+    page.screenshot(path=str(ARTIFACTS / "tour-error-wraps.png"))
+    run_command(page, "kernelmenu:shutdown")
