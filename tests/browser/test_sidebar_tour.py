@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import uuid
 
 import pytest
@@ -24,6 +23,7 @@ from tests.support.lab import (
     show_finished,
     wait_kernel_idle,
 )
+from tests.support.runs import JUPYTER_MN
 
 pytestmark = pytest.mark.system
 
@@ -33,8 +33,9 @@ SCIENTIFIC = re.compile(r"\de-\d")
 
 
 def mn(lab, *args: str) -> str:
+    """``jupyter mn ARGS`` in the server's root, as a user's terminal there; its output."""
     done = subprocess.run(
-        [sys.executable, "-m", "jupyter_mn.cli", *args],
+        [*JUPYTER_MN, *args],
         cwd=lab.root,
         check=True,
         timeout=120,

@@ -170,7 +170,7 @@ def test_the_readme_example_works_pasted_into_a_shell(tmp_path, no_leftovers):
 def test_a_cell_that_raises_fails_the_run_with_its_cause(tmp_path, no_leftovers):
     nb = notebook(tmp_path / "bad.ipynb", "limit = 1", "raise ValueError(f'limit {limit} too low')")
     run = ended(submit(str(nb), "-p", "limit", "0"))
-    assert (run.state, run.error) == ("FAILED", "cell 3 of 3: ValueError: limit 0 too low")
+    assert (run.state, run.error) == ("FAILED", "cell 2 of 2: ValueError: limit 0 too low")
 
 
 @pytest.mark.slow
