@@ -92,7 +92,6 @@ def _list(args: argparse.Namespace) -> int:
     import time
 
     from .jobs.registry import Registry
-    from .model import usage
 
     registry = Registry()
     jobs = [_refreshed(registry, job) for job in registry.jobs()]
@@ -103,25 +102,33 @@ def _list(args: argparse.Namespace) -> int:
         print("no jobs (a %%cluster cell or Cluster(...).up() starts one)")
         return 0
     now = time.time()
-    rows = [("JOB", "STATE", "SHAPE", "BACKEND", "AGE", "CELLS", "USAGE", "NOTEBOOK / LAUNCHER")]
+    head = ("JOB", "STATE", "SHAPE", "BACKEND", "AGE", "DURATION", "CELLS", "USAGE")
+    rows = [(*head, "NOTEBOOK / LAUNCHER")]
     rows += [
         (
             job.id,
             job.state,
             job.shape,
             job.backend,
+            _duration(now - job.started),  # since it started, as kubectl's AGE
             _duration((job.ended or now) - job.started),
             f"{job.cells}/{job.cells_total}" if job.submitted else str(job.cells),
-            usage.text(job.gpu_hours, job.unit) if job.up is not None or job.unit else "-",
+            job.usage or "-",
             job.notebook or job.launcher,
         )
         for job in jobs
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        line = "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
-        print(_printable(line))
+    print("\n".join(_printable(line) for line in _columns(rows)))
     return 0
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """``rows`` as lines of aligned columns (the last one as it is: a path, a long command)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return [
+        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
+        for row in rows
+    ]
 
 
 def _refreshed(registry: Any, job: Any) -> Any:
@@ -165,19 +172,18 @@ def _usage(args: argparse.Namespace) -> int:
     if not tables["job"]:
         print("no GPU-hours recorded" + (f" in the last {args.since}" if args.since else ""))
         return 0
+    heads = {"notebook": ("NOTEBOOK / LAUNCHER", "JOBS"), "job": ("JOB", "NAME")}
     for title, totals in tables.items():
         print(f"by {title}:")
-        rows = [
+        rows = [(*heads[title], "USAGE")] + [
             (
                 t.key,
-                names[t.key] if title == "job" else f"{t.jobs} job(s)",
+                ("" if names[t.key] == t.key else names[t.key]) if title == "job" else str(t.jobs),
                 usage.text(t.hours, t.unit),
             )
             for t in totals
         ]
-        width = [max(len(row[i]) for row in rows) for i in range(2)]
-        for key, what, hours in rows:
-            print(_printable(f"  {key.ljust(width[0])}  {what.ljust(width[1])}  {hours}"))
+        print("\n".join(_printable(f"  {line}") for line in _columns(rows)))
     for unit in sorted({t.unit for t in tables["job"]}):
         total = sum(t.hours for t in tables["job"] if t.unit == unit)
         print(f"total: {usage.text(total, unit)}")
@@ -402,8 +408,17 @@ def _fetch(args: argparse.Namespace) -> int:
     job = _refreshed(registry, registry.resolve(args.job))
     out = Path(args.out or f"{job.id}.ipynb")  # the id is path-safe; a name may not be
     fetch(job, out)
-    print(f"{out}: {job.state}, {job.cells} of {job.cells_total} cells started")
+    print(f"{out}: {_progress(job)}")
     return 0
+
+
+def _progress(job: Any) -> str:
+    """How far a run got: ``SUCCEEDED, 3 cells run``, ``RUNNING at cell 2 of 3``."""
+    from .wire.plural import counted
+
+    if job.state == "SUCCEEDED":
+        return f"SUCCEEDED, {counted(job.cells_total, 'cell')} run"
+    return f"{job.state} at cell {job.cells} of {job.cells_total}" if job.cells else job.state
 
 
 def _add_gc(sub: Any) -> None:

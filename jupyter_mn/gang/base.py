@@ -101,7 +101,10 @@ class Gang:
                 if core.spec.require_rdma:
                     require_rdma(core)
                 self._heartbeat.start()
+                core.usage.started(gpu="cuda" in core.device)  # the count's unit, fixed now
                 core.transition(GangStatus.READY, core.device)
+            else:  # agents alone (doctor, exec, scripts): counted as the GPUs they hold
+                core.usage.started(gpu=True)
         except BaseException as exc:
             core.close(broken=str(exc) if isinstance(exc, Exception) else "interrupted")
             raise

@@ -80,7 +80,7 @@ class GangCore:
         #: set once teardown begins: the heartbeat stops
         self.closing = threading.Event()
         #: GPU-hours: nodes × GPUs × seconds from provisioning to release (``model/usage.py``)
-        self.usage = Meter(spec.world_size, lambda: "cuda" in self.device or not self.ranks)
+        self.usage = Meter(spec.world_size)
         self._closer: threading.Thread | None = None
 
     def transition(self, status: GangStatus, detail: str = "") -> None:

@@ -34,6 +34,9 @@ _NODE_FILE = re.compile(r"^node-(\d+)\.log$")
 MARK_RANK = -1
 #: The rank of a line a submitted run's kernel printed (its cells' outputs), shown as it is.
 OUTPUT_RANK = -2
+#: The stream of a failed cell's root-cause traceback (``kernel/recorder.py``): the one stream
+#: shown as an error; a rank's stderr ("err") holds progress bars and warnings as well.
+ERROR_STREAM = "error"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ work: ``netfs.py``) under the Jupyter runtime dir (``jupyter --runtime-dir``/jup
 sidebar and ``jupyter mn list`` see the jobs of every kernel of this user — interactive and
 papermill — without a daemon. The directory is 0700 and every file in it 0600: job names,
 notebook paths and logs are private. Cancel/release travel the other way, as rows in
-``requests`` that the owning kernel polls (``recorder.py``).
+``requests`` that the owning kernel polls (``recorder.py``). A kernel knows its notebook by the
+name it started with (``JPY_SESSION_NAME``); where the notebook was renamed since, the Jupyter
+server writes its new path into ``notebooks`` (``server/renames.py``), for every reader.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JupyterMNError
-from ..model.usage import job_hours
+from ..model import usage
 from .netfs import on_network_fs
 from .runstate import RUN_ENDED, RunState
 
@@ -57,6 +59,7 @@ CREATE TABLE IF NOT EXISTS requests (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, action TEXT NOT NULL,
     source TEXT NOT NULL, created REAL NOT NULL, handled REAL, outcome TEXT);
 CREATE INDEX IF NOT EXISTS requests_open ON requests (job) WHERE handled IS NULL;
+CREATE TABLE IF NOT EXISTS notebooks (kernel_id TEXT PRIMARY KEY, path TEXT NOT NULL);
 """
 
 
@@ -123,6 +126,9 @@ class JobModel:
     #: nodes × GPUs × seconds held, in hours (``model/usage.py``; a live job's, filled when read;
     #: a submitted run's: its gangs' total in ``unit``, once it has ended)
     gpu_hours: float = 0.0
+    #: ``gpu_hours`` in ``unit`` as a person reads it (``0.03 rank-hours``, ``usage.text``),
+    #: filled when read: "" until the unit is known
+    usage: str = ""
     #: a submitted run (``jupyter mn submit``): the executed notebook it writes, cell by cell
     output: str | None = None
     #: a submitted run: the code cells it runs (``cells`` counts those started)
@@ -274,14 +280,23 @@ class Registry:
                 (time.time(), outcome, request_id),
             )
 
+    # ---- written by the Jupyter server
+    def notebook_moved(self, kernel_id: str, path: str) -> None:
+        """The notebook of ``kernel_id``'s jobs is now ``path`` (absolute): renamed or moved."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO notebooks (kernel_id, path) VALUES (?, ?)",
+                (kernel_id, path),
+            )
+
     # ---- read by the server and the CLI
     def jobs(self) -> list[JobModel]:
         """Every job, live ones first, newest first; stale live jobs are marked ORPHANED."""
         self.reap()
         with self._lock:
             rows = self._db.execute("SELECT model, heartbeat FROM jobs").fetchall()
-            pending = self._pending()
-        jobs = [job for row in rows if (job := self._load(*row, pending)) is not None]
+            known = self._known()
+        jobs = [job for row in rows if (job := self._load(*row, known)) is not None]
         return sorted(jobs, key=lambda j: (j.finished, -j.started))
 
     def job(self, job_id: str) -> JobModel:
@@ -290,8 +305,8 @@ class Registry:
             row = self._db.execute(
                 "SELECT model, heartbeat FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()
-            pending = self._pending()
-        job = None if row is None else self._load(*row, pending)
+            known = self._known()
+        job = None if row is None else self._load(*row, known)
         if job is None:
             raise JobNotFound(f"no job {job_id!r} (jupyter mn list shows the jobs)")
         return job
@@ -365,7 +380,7 @@ class Registry:
         dead = [
             (job_id, job)
             for job_id, host, pid, beat, model in rows
-            if (job := self._load(model, beat, {})) is not None and not queued_in_slurm(job)
+            if (job := self._load(model, beat, _Known())) is not None and not queued_in_slurm(job)
             if not job.in_cluster  # its driver's state is the cluster's (``kuberun.refresh``)
             if (not kernel_alive(pid, job.started) if host == HOST else now - beat > ORPHAN_AFTER_S)
         ]
@@ -380,7 +395,7 @@ class Registry:
                 )
         return [job_id for job_id, _ in dead]
 
-    def _load(self, model: str, heartbeat: float, pending: dict[str, list[str]]) -> JobModel | None:
+    def _load(self, model: str, heartbeat: float, known: _Known) -> JobModel | None:
         """The row's job, or None for a row no version of ``JobModel`` can read: one bad row
         (written by hand, or by a newer jupyter_mn) must not hide every other job."""
         try:
@@ -391,18 +406,29 @@ class Registry:
                 log.warning("jupyter_mn: skipping an unreadable job in the registry (%s)", exc)
             return None
         job.heartbeat = heartbeat
-        job.pending = pending.get(job.id, [])
+        job.pending = known.pending.get(job.id, [])
+        job.notebook = known.notebooks.get(job.kernel_id or "", job.notebook)
         if not job.submitted:  # a run's is its gangs' total, written by its runner at its end
-            job.gpu_hours = job_hours(job, time.time())
+            job.gpu_hours = usage.job_hours(job, time.time())
+        job.usage = usage.text(job.gpu_hours, job.unit) if job.unit else ""
         return job
 
-    def _pending(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
+    def _known(self) -> _Known:
+        known = _Known(notebooks=dict(self._db.execute("SELECT kernel_id, path FROM notebooks")))
         for job, action in self._db.execute(
             "SELECT job, action FROM requests WHERE handled IS NULL ORDER BY id"
         ):
-            out.setdefault(job, []).append(action)
-        return out
+            known.pending.setdefault(job, []).append(action)
+        return known
+
+
+@dataclass
+class _Known:
+    """What rows are read with: the requests not answered yet, by job, and the notebooks
+    renamed since their kernels started, by kernel."""
+
+    pending: dict[str, list[str]] = field(default_factory=dict)
+    notebooks: dict[str, str] = field(default_factory=dict)
 
 
 def queued_in_slurm(job: JobModel) -> bool:

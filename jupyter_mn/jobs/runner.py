@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from ..wire.events import LogLines
-from . import runusage
+from . import runcell, runusage
 from .gc import clean
 from .joblogs import OUTPUT_RANK, JobLogWriter
 from .registry import HOST, JOB_HEARTBEAT_S, ORPHANED, Registry, Request
 from .runstate import RunState
-from .submit import KERNEL, Submission
+from .submit import KERNEL, Submission, counted_cell
 
 POLL_S = 0.25
 #: Seconds between papermill's saves of the executed notebook within one long cell.
@@ -89,6 +89,8 @@ class Run:
         self.slurm_job = os.environ.get("SLURM_JOB_ID", "") if self.model.backend == "slurm" else ""
         #: while papermill runs: a SIGTERM then stops the run (``StoppedBySlurm``)
         self._executing = False
+        #: when the cell running now (the last one, at the end) started
+        self._cell_at = time.time()
 
     def update(self, **changes: Any) -> None:
         with self._lock:
@@ -108,7 +110,7 @@ class Run:
         self.update(state=RunState.RUNNING.value, detail="starting the kernel")
         watcher = threading.Thread(target=self._watch, name="jupyter-mn-run-watch", daemon=True)
         watcher.start()
-        outcome: dict[str, Any] = {"state": RunState.SUCCEEDED.value, "detail": "done"}
+        outcome: dict[str, Any] = {"state": RunState.SUCCEEDED.value, "detail": ""}
         try:
             self._executing = True  # a SIGTERM from here on raises StoppedBySlurm
             try:
@@ -138,7 +140,10 @@ class Run:
             outcome = (
                 self._cancelled()
                 if self.cancelled.is_set()  # the interrupted cell raised KeyboardInterrupt
-                else self._failed(f"{progress}: {exc.ename}: {exc.evalue}")
+                else {
+                    **self._failed(f"{progress}: {exc.ename}: {exc.evalue}"),
+                    "last_cell": runcell.failed(exc, time.time() - self._cell_at),
+                }
             )
         except DeadKernelError:
             outcome = self._failed(f"the kernel died ({self._exit()})")
@@ -147,6 +152,9 @@ class Run:
         finally:
             kernel_pid = self._stop_kernel()
             self.done.set()
+        if outcome["state"] == RunState.SUCCEEDED.value:
+            done = runcell.succeeded(Path(self.submission.output), time.time() - self._cell_at)
+            outcome["last_cell"] = done
         if outcome["state"] == RunState.SUBMITTED.value:  # requeued: the run starts over
             self.logs.mark(1, f"requeued by Slurm {time.strftime('%H:%M:%S')}")
         else:
@@ -210,8 +218,9 @@ class Run:
     def _cell_started(self, cell: Any, cell_index: int, **_: Any) -> None:
         if self.cancelled.is_set():
             raise Cancelled
-        if cell.cell_type != "code" or not cell.source.strip():
+        if not counted_cell(cell):  # papermill's injected parameters are not the notebook's
             return
+        self._cell_at = time.time()
         cells = self.model.cells + 1
         progress = f"cell {cells} of {self.model.cells_total}"
         self.logs.mark(1, f"{progress} started {time.strftime('%H:%M:%S')}")

@@ -33,6 +33,8 @@ from .runstate import RunState
 KERNEL = "jupyter_mn"
 #: The cell magic whose flags give a notebook submitted from JupyterLab its shape.
 CELL_MAGIC = "%%cluster"
+#: The tag of the cell papermill injects with a run's parameters.
+INJECTED = "injected-parameters"
 #: Spec fields that describe the run rather than its cells' defaults.
 _RUN_FIELDS = ("name",)
 #: The spec fields given to ``submit`` that are backend options, by their variables' prefix.
@@ -113,7 +115,7 @@ def prepare(
         notebook=str(path),
         launcher=launcher,
         output=str(target),
-        cells_total=_code_cells(cells, bool(parameters)),
+        cells_total=_code_cells(cells),
     )
     submission = Submission(job_id, str(path), str(target), dict(parameters), spec.retries)
     prepared = Prepared(submission, model, environ, spec)
@@ -326,17 +328,19 @@ def notebook_form(notebook: str) -> NotebookForm:
     return NotebookForm(parameters, flags, line)
 
 
-def _code_cells(cells: list[dict[str, Any]], parameterized: bool) -> int:
-    """The code cells papermill runs: the notebook's, less an injected-parameters cell of an
-    earlier run (papermill replaces it), plus the one it injects for ``-p``."""
-    code = [
-        c
-        for c in cells
-        if c.get("cell_type") == "code"
-        and _source(c).strip()
-        and "injected-parameters" not in _tags(c)
-    ]
-    return len(code) + (1 if parameterized else 0)
+def _code_cells(cells: list[dict[str, Any]]) -> int:
+    """The notebook's code cells a run counts: those a person wrote, not papermill's injected
+    parameters (an earlier run's, or the one it injects for ``-p``)."""
+    return sum(1 for c in cells if counted_cell(c))
+
+
+def counted_cell(cell: dict[str, Any]) -> bool:
+    """A code cell with code that is not papermill's injected parameters (``cell k of n``)."""
+    return (
+        cell.get("cell_type") == "code"
+        and bool(_source(cell).strip())
+        and INJECTED not in _tags(cell)
+    )
 
 
 def _backend_reachable(backend: str) -> None:

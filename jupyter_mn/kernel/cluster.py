@@ -284,7 +284,8 @@ class Cluster:
             "cells": self.cells,
             "idle_s": round(time.time() - self.last_used, 1),
             "idle_timeout_s": self.spec.idle_timeout,
-            "gpu_hours": core.usage.text() if core else None,
+            "gpu_hours": core.usage.hours() if core else 0.0,
+            "unit": core.usage.unit.value if core and core.usage.unit else "",
         }
 
 

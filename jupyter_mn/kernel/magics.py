@@ -22,6 +22,7 @@ from traitlets import Bool, Dict, Float, Integer, Unicode
 from ..model.flags import add_spec_flags, cell_parser, spec_from_flags, verb_parser
 from ..model.spec import ENV_PREFIX, ClusterSpec, cap_fields, gang_fields, spec_fields
 from .node_magics import node_verbs
+from .statustext import StatusReport
 
 if TYPE_CHECKING:
     from .background import BackgroundCell
@@ -192,23 +193,23 @@ class ClusterMagics(Magics):
         print(dry_run(spec, k8s_version))
 
     # ---- verbs
-    def _status(self, args: Any) -> dict[str, Any] | None:
+    def _status(self, args: Any) -> StatusReport | None:
         from . import cluster
 
         running = cluster.current()
         if running is None:
             print("jupyter_mn: no cluster (the next %%cluster cell starts one)")
             return None
-        return running.status()
+        return StatusReport(running.status())
 
-    def _up(self, args: Any) -> dict[str, Any]:
+    def _up(self, args: Any) -> StatusReport:
         from ..views import TextView
         from . import cluster
 
         spec = self.spec_from(args)
         target = cluster.session(spec)
         target.up(TextView(spec=spec, title=spec.name or "up"))
-        return target.status()
+        return StatusReport(target.status())
 
     def _stacks(self, args: Any) -> None:
         from ..views.stacktext import format_stacks

@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..jobs.joblogs import JobLogWriter
+from ..jobs.joblogs import ERROR_STREAM, JobLogWriter
 from ..jobs.registry import HUNG, JOB_HEARTBEAT_S, JobModel, NodeModel, Registry, Request
 from ..model.kernelid import current_kernel_id
 from ..model.usage import job_hours
@@ -112,7 +112,7 @@ class JobRecord:
                 model.running = ""
             model.state, model.detail = event.state, event.detail
             usage = self.gang.core.usage
-            model.up, model.unit = usage.up_at, usage.unit.value
+            model.up, model.unit = usage.up_at, usage.unit.value if usage.unit else ""
             if event.state == GangStatus.READY:
                 self._ranks_up()
             elif event.state == GangStatus.BROKEN:
@@ -150,6 +150,8 @@ class JobRecord:
                 "error": event.error,
                 "hours": event.hours,
                 "outcome": event.outcome.value,
+                # the root cause's, for a job's View (the cell shows it; a --bg cell's View, too)
+                "traceback": "\n".join(event.traceback),
             }
             failure = event.stopped or event.error or event.outcome.value
             model.error = None if event.ok else failure
@@ -176,7 +178,8 @@ class JobRecord:
         self._mark(f"{self._what} {done.outcome.value}: {done.stopped or done.error} ·")
         if done.traceback and done.outcome in (CellOutcome.FAILED, CellOutcome.LOST):
             lines = tuple(line for text in done.traceback for line in text.splitlines())
-            self.logs.write(LogLines(done.cause_node, 0, ((done.cause_rank, "err", lines),)))
+            cause = (done.cause_rank, ERROR_STREAM, lines)
+            self.logs.write(LogLines(done.cause_node, 0, (cause,)))
 
     def _placed(self) -> bool:
         """Record the gang's Kubernetes namespace once its provisioner has chosen it (``gc``

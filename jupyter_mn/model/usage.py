@@ -6,6 +6,10 @@ does. Ranks on CPUs are counted the same way and labelled rank-hours. ``Meter`` 
 gang's count (kernel side, with an injected clock); ``job_hours`` recomputes a registry row's
 from what it stores (``up``, ``ended``), so the server and the CLI show a live job's count
 growing without the kernel writing it; ``totals`` sums rows for ``jupyter mn usage``.
+
+A gang's unit is fixed once, when it has started (its ranks said whether they run on GPUs), and
+``number`` is the one way hours are written for a person, in Python and, through the registry
+row's ``usage`` text, in the panel.
 """
 
 from __future__ import annotations
@@ -48,12 +52,21 @@ def cap_seconds(max_hours: float, slots: int) -> float:
 
 
 def number(value: float) -> str:
-    """Three significant digits below 100 hours, whole hours above: ``0.0123``, ``1,234``."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    """Hours as a person reads them, never in scientific notation: ``0``, ``< 0.01``, ``0.03``,
+    ``1.2``, ``12``, ``1,234``."""
+    if value <= 0:
+        return "0"
+    if round(value, 2) < 0.01:
+        return "< 0.01"
+    if round(value, 2) < 1:
+        return f"{value:.2f}"
+    if round(value, 1) < 10:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
 
 
 def text(value: float, unit: HoursUnit | str) -> str:
-    """``0.0123 GPU-hours`` (an empty unit: a job recorded before its ranks said, GPU-hours)."""
+    """``0.03 GPU-hours`` (an empty unit: a job recorded before its ranks said, GPU-hours)."""
     return f"{number(value)} {HoursUnit(unit or HoursUnit.GPU).value}"
 
 
@@ -62,25 +75,24 @@ class Meter:
 
     >>> now = [100.0]
     >>> m = Meter(slots=4, clock=lambda: now[0])
-    >>> m.up(); now[0] += 1800; m.hours()
-    2.0
+    >>> m.up(); m.started(gpu=True); now[0] += 1800; m.text()
+    '2.0 GPU-hours'
     """
 
-    def __init__(
-        self, slots: int, gpu: Callable[[], bool] = lambda: True, clock: Clock = time.time
-    ) -> None:
-        """``gpu()``: whether the ranks run on GPUs (asked when shown: known once they are up)."""
+    def __init__(self, slots: int, clock: Clock = time.time) -> None:
         self.slots = slots
         self.clock = clock
-        self._gpu = gpu
+        #: GPU-hours, or rank-hours for ranks on CPUs; None until the gang has started (its
+        #: ranks said which), then fixed: a count never changes unit
+        self.unit: HoursUnit | None = None
         #: when the nodes were handed over and released, on ``clock`` (None: not yet)
         self.up_at: float | None = None
         self.released_at: float | None = None
 
-    @property
-    def unit(self) -> HoursUnit:
-        """GPU-hours, or rank-hours for ranks on CPUs."""
-        return HoursUnit.GPU if self._gpu() else HoursUnit.RANK
+    def started(self, gpu: bool) -> None:
+        """The gang has started: its count is in GPU-hours if ``gpu``, else in rank-hours."""
+        if self.unit is None:
+            self.unit = HoursUnit.GPU if gpu else HoursUnit.RANK
 
     def up(self) -> None:
         """The backend handed over every node: the count starts."""
@@ -102,7 +114,8 @@ class Meter:
         return hours(self.slots, self.seconds())
 
     def text(self) -> str:
-        return text(self.hours(), self.unit)
+        """The count so far in its unit ("" before the gang has started: no unit yet)."""
+        return text(self.hours(), self.unit) if self.unit is not None else ""
 
 
 def job_hours(job: Held, now: float) -> float:

@@ -30,6 +30,7 @@ from ..errors import JupyterMNError
 from ..jobs.joblogs import format_cursor, parse_cursor, read_logs
 from ..jobs.launch import stop_unanswered
 from ..jobs.registry import JobModel, JobNotFound, Registry, RegistryError
+from .runoutputs import remove_outputs
 
 #: How long a cancel/release POST waits for the kernel's answer before replying 202.
 ANSWER_WAIT_S = 3.0
@@ -93,8 +94,10 @@ class JobsHandler(JobAPI):
     @web.authenticated
     @authorized
     async def delete(self) -> None:
-        """Forget every finished job and its logs ("Clear finished"); live jobs are untouched."""
+        """Forget every finished job, its logs and a run's executed notebook in the panel's folder
+        ("Clear finished"); live jobs are untouched."""
         forgot = await self._off_loop(self.registry.forget_finished)
+        await self._off_loop(remove_outputs, self.root_dir, forgot)
         self.finish(json.dumps({"forgot": forgot}))
 
 
@@ -107,12 +110,13 @@ class JobHandler(JobAPI):
     @web.authenticated
     @authorized
     async def delete(self, job_id: str) -> None:
-        """Forget a finished job and its logs."""
+        """Forget a finished job, its logs and a run's executed notebook in the panel's folder."""
         await self._job(job_id)
         try:
             await self._off_loop(self.registry.forget, job_id)
         except RegistryError as exc:
             raise web.HTTPError(409, str(exc)) from None
+        await self._off_loop(remove_outputs, self.root_dir, [job_id])
         self.set_status(204)
         self.finish()
 

@@ -4,8 +4,9 @@ GET ``?path=NB`` reads the notebook's form (its parameters with their values, it
 ``%%cluster`` cell's flags), so the command asks for the parameters it has. POST ``{"path",
 "parameters"}`` submits it with that cell's flags as the run's defaults: the same checks and the
 same one-line errors as ``jupyter mn submit`` (a 400 whose message is the line; nothing is
-submitted). The executed notebook is written beside the notebook, ``<job id>.ipynb``, so the
-panel can open it. Paths are the server's (relative to its root, never outside it).
+submitted). The executed notebook is written into the folder the panel manages
+(``runoutputs.py``), so the panel can open it and deletes it when the run is forgotten. Paths
+are the server's (relative to its root, never outside it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..jobs.launch import launch
 from ..jobs.registry import JobModel, Registry
 from ..jobs.submit import Prepared, notebook_form, prepare
 from .handlers import JobAPI
+from .runoutputs import output_path
 
 
 class SubmitHandler(JobAPI):
@@ -70,7 +72,8 @@ class SubmitHandler(JobAPI):
     def _submit(self, notebook: str, parameters: list[tuple[str, str]]) -> JobModel:
         form = notebook_form(notebook)
         prepared = prepare(notebook, None, parameters, None, form.flags, _launcher(form.line))
-        return launch(_beside(prepared, Path(notebook).parent), self.registry)
+        output = output_path(self.root_dir, prepared.model.id)
+        return launch(_writing(prepared, output), self.registry)
 
 
 def _launcher(line: str) -> str:
@@ -78,9 +81,9 @@ def _launcher(line: str) -> str:
     return f"JupyterLab: submit {line}".strip()[:300]
 
 
-def _beside(prepared: Prepared, folder: Path) -> Prepared:
-    """``prepared`` writing its executed notebook into ``folder`` as ``<job id>.ipynb``."""
-    output = str(folder / f"{prepared.model.id}.ipynb")
+def _writing(prepared: Prepared, path: Path) -> Prepared:
+    """``prepared`` writing its executed notebook to ``path``."""
+    output = str(path)
     return dataclasses.replace(
         prepared,
         submission=dataclasses.replace(prepared.submission, output=output),

@@ -15,6 +15,8 @@ from .stacktext import format_stacks
 from .straggler import hints
 
 MAX_TABLE_RANKS = 32
+#: A wait this long before a cell ran (the gang starting) is said beside the cell's time.
+START_SHOWN_S = 1.0
 
 
 NO_GPU = "no GPU"
@@ -22,16 +24,19 @@ NO_GPU = "no GPU"
 
 def header(state: CellState) -> str:
     """``train · RUNNING · 2×2 local · 3.1 s``; once the cell ended, its outcome in the state's
-    place, the gang's state after it and the GPU-hours of the cell and of the gang so far:
-    ``train · FAILED · 2×2 local · 3.1 s · gang READY · 0.00344 GPU-hours (gang 0.0121)``.
-    A gang with no GPU anywhere says so once, here: ``2×2 local · no GPU``."""
+    place, its time on the ranks (what the panel and ``jupyter mn list`` say of it) with the wait
+    for the gang before it, the gang's state after it and the GPU-hours of the cell and of the
+    gang so far: ``train · FAILED · 2×2 local · 3.1 s (+4.2 s start) · gang READY · 0.03
+    GPU-hours (gang 0.12)``. A gang with no GPU anywhere says so once, here: ``2×2 local · no
+    GPU``."""
     done = state.done
     word = state.label if done is None else done.outcome
     where = f"{state.shape} {state.backend}" + (f" · {NO_GPU}" if cpu_only(state) else "")
-    text = f"{state.title} · {word} · {where} · {state.elapsed:.1f} s"
     if done is None:
-        return text
-    text = f"{text} · gang {state.label}"
+        return f"{state.title} · {word} · {where} · {state.elapsed:.1f} s"
+    wait = state.elapsed - done.elapsed
+    took = f"{done.elapsed:.1f} s" + (f" (+{wait:.1f} s start)" if wait >= START_SHOWN_S else "")
+    text = f"{state.title} · {word} · {where} · {took} · gang {state.label}"
     if not done.gang_hours:  # nodes claimed for one job, or a gang that never got its nodes
         return text
     return f"{text} · {usage.text(done.hours, done.unit)} (gang {usage.number(done.gang_hours)})"

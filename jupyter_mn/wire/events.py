@@ -100,7 +100,8 @@ class LogLines:
 
     node: int
     seq: int
-    #: (rank, "out" | "err", lines) in the order each rank wrote them
+    #: (rank, "out" | "err", lines) in the order each rank wrote them ("error": a root cause's
+    #: traceback, in a job's logs)
     items: tuple[tuple[int, str, tuple[str, ...]], ...]
     #: (rank, stream, text): the line each rank is still writing, after ``items`` (a progress
     #: bar redrawn with \r; "": none any more). A finished line in ``items`` ends its rank's.

@@ -8,13 +8,6 @@ export function elapsed(seconds: number): string {
   return h > 0 ? `${h}:${pad(m)}:${pad(s % 60)}` : `${pad(m)}:${pad(s % 60)}`;
 }
 
-/** GPU-hours as `jupyter mn list` shows them (`jobs/usage.py`, `text`): `0.0123 GPU-hours`. */
-export function hours(value: number, unit: string): string {
-  const shown =
-    value >= 100 ? Math.round(value).toLocaleString('en-US') : String(Number(value.toPrecision(3)));
-  return `${shown} ${unit || 'GPU-hours'}`;
-}
-
 /** A count and its noun, plural unless 1: `1 cell`, `3 cells`. */
 export function counted(n: number, noun: string): string {
   return `${n} ${noun}${n === 1 ? '' : 's'}`;

@@ -81,7 +81,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const panel = new JobsPanel(settings, {
       openLogs,
       openJob: job => openJob(job.id),
-      openNotebook: path => void app.commands.execute('docmanager:open', { path })
+      openNotebook: path => void app.commands.execute('docmanager:open', { path }),
+      // the run's kernel is gone: its executed notebook opens without one, to read
+      openOutput: path =>
+        void app.commands.execute('docmanager:open', {
+          path,
+          factory: 'Notebook',
+          kernelPreference: { shouldStart: false, canStart: false }
+        })
     });
     app.shell.add(panel, 'left', { rank: 950 });
     restorer?.add(panel, panel.id);

@@ -2,8 +2,8 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { el } from './format';
-import { liveParts, NodeTails, outcome, POLL } from './joblive';
-import { FINISHED_STATES, IJobList } from './model';
+import { isRun, liveParts, NodeTails, outcome, POLL } from './joblive';
+import { FINISHED_STATES, IJobList, IJobModel } from './model';
 import { requestAPI } from './request';
 
 /** Lines shown per node: the newest ones. */
@@ -13,11 +13,14 @@ const RUNNING_STATES = ['RUNNING', 'HUNG'];
 
 /**
  * Any job of the server in the main area, opened from the Multi-node jobs panel ("View"): a `--bg`
- * cell, a papermill run, a script's `Cluster`, another tab's notebook. It follows the job by its
- * id as the cell's own stand-in (`jobview.ts`) does: state and elapsed time, each node's ranks,
- * GPU and transport and its newest lines, Cancel while a cell runs, and the last cell's value or
- * root cause once it has ended (as text: where the object is depends on how the cell ran). It polls once a second while shown, backs off while the server
- * fails, and stops once the job has finished (its gang closed).
+ * cell, a papermill run, a script's `Cluster`, another tab's notebook, a submitted run. It follows
+ * the job by its id as the cell's own stand-in (`jobview.ts`) does: state and elapsed time, each
+ * node's ranks, GPU and transport and its newest lines, Cancel while a cell runs, and the last
+ * cell's value or root cause and traceback once it has ended (as text: where the object is
+ * depends on how the cell ran). A submitted run shows the cell it is at and its newest gang's
+ * nodes. Its tab is named by the job's id: two runs of one notebook are two tabs told apart. It
+ * polls once a second while shown, backs off while the server fails, and stops once the job has
+ * finished (its gang closed, its run ended).
  */
 export class JobPage extends Widget {
   constructor(readonly jobId: string) {
@@ -59,10 +62,18 @@ export class JobPage extends Widget {
       void this._poll.stop();
       return;
     }
-    this.title.label = `Job: ${job.name}`;
-    await this._tails.follow(job);
+    this.title.label = `Job: ${job.id}`;
+    this.title.caption = job.link ?? job.notebook ?? job.launcher;
+    const gang = isRun(job) ? newestGang(list.jobs, job.id) ?? job : job;
+    if (gang.id !== this._following) {
+      this._following = gang.id; // a run's next gang: its own nodes and lines
+      this._tails = new NodeTails(TAIL);
+    }
+    if (gang.nodes.length) {
+      await this._tails.follow(gang);
+    }
     const finished = FINISHED_STATES.includes(job.state);
-    const parts = liveParts(job, this._tails, list.now, job.state);
+    const parts = liveParts(job, this._tails, list.now, job.state, gang);
     if (!RUNNING_STATES.includes(job.state) && job.last_cell) {
       parts.push(outcome(job.last_cell, false)); // a --bg cell's object is in its handle
     } else if (job.error && !job.last_cell) {
@@ -79,5 +90,12 @@ export class JobPage extends Widget {
   }
 
   private _tails = new NodeTails(TAIL);
+  /** the job whose nodes' lines `_tails` holds (a run's gang) */
+  private _following = '';
   private _poll: Poll;
+}
+
+/** The newest gang the kernel of the run `runId` made. */
+function newestGang(jobs: IJobModel[], runId: string): IJobModel | undefined {
+  return jobs.filter(j => j.run === runId).sort((a, b) => b.started - a.started)[0];
 }

@@ -21,7 +21,7 @@ export class LogViewer extends Widget {
   ) {
     super();
     this.addClass('jp-mn-LogViewer');
-    this.title.label = `Logs: ${_job.name}`;
+    this.title.label = `Logs: ${_job.id}`; // two runs of one notebook: two tabs told apart
     const bar = el('div', 'jp-mn-LogViewer-toolbar');
     this._node = this._select('node', 'All nodes');
     this._options(this._node, 'Node', _job.nodes.map(n => n.node));

@@ -23,6 +23,8 @@ export interface ILastCell {
   hours?: number;
   /** `CellOutcome`: DONE, FAILED, LOST, INTERRUPTED, HUNG or PREEMPTED */
   outcome: string;
+  /** the root cause's traceback ("" or absent when the cell did not fail) */
+  traceback?: string;
 }
 
 export interface IJobModel {
@@ -64,6 +66,8 @@ export interface IJobModel {
   unit: string;
   /** nodes × GPUs × seconds held, in hours (a live job's so far, as of the server's read) */
   gpu_hours: number;
+  /** `gpu_hours` in `unit` as a person reads it ("0.03 rank-hours"), "" until the unit is known */
+  usage: string;
   /** a submitted run (`jupyter mn submit`): the executed notebook it writes */
   output: string | null;
   /** a submitted run: the code cells it runs (`cells` counts those started) */
@@ -87,6 +91,8 @@ export interface ILogLine {
   seq: number;
   time: number;
   rank: number;
+  /** "out", "err" (a rank's stderr: progress bars, warnings) or "error" (a failed cell's root
+   * cause, `joblogs.ERROR_STREAM`) */
   stream: string;
   text: string;
 }

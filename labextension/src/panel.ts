@@ -3,8 +3,9 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { counted, el, elapsed, hours } from './format';
+import { counted, el, elapsed } from './format';
 import { jobsIcon } from './icon';
+import { confirmCancel, isRun, runProgress, took } from './joblive';
 import { FINISHED_STATES, IDLE_STATES, IJobList, IJobModel } from './model';
 import { requestAPI } from './request';
 
@@ -22,6 +23,14 @@ export const ORPHANED_HELP =
 export const GANG_STATE_HELP =
   "The gang's state (READY: its ranks are up and wait for a cell, also after a failed one). " +
   'How the last cell ended is on the line below.';
+
+/** A fact of `job` that the panel updates in place on every poll: its elapsed time or usage. */
+function ticking(className: string, job: IJobModel, fact: 'elapsed' | 'usage'): HTMLElement {
+  const span = el('span', className);
+  span.dataset.tick = job.id;
+  span.dataset.fact = fact;
+  return span;
+}
 
 /** The states in which a job runs something (`running` names it). */
 const BUSY_STATES = ['RUNNING', 'HUNG'];
@@ -43,7 +52,7 @@ function cellLine(job: IJobModel): HTMLElement | null {
   }
   line.appendChild(el('span', 'jp-mn-Job-cellname', `last cell In[${last.id}]`));
   line.appendChild(el('span', `jp-mn-Outcome jp-mn-Outcome-${last.outcome}`, last.outcome));
-  line.appendChild(el('span', 'jp-mn-Job-cellelapsed', elapsed(last.elapsed)));
+  line.appendChild(el('span', 'jp-mn-Job-cellelapsed', took(last.elapsed)));
   return line;
 }
 
@@ -51,6 +60,8 @@ export interface IPanelActions {
   openLogs(job: IJobModel): void;
   openJob(job: IJobModel): void;
   openNotebook(path: string): void;
+  /** a run's executed notebook, without a kernel */
+  openOutput(path: string): void;
 }
 
 const GROUPS: Array<[string, string, (job: IJobModel) => boolean]> = [
@@ -59,10 +70,17 @@ const GROUPS: Array<[string, string, (job: IJobModel) => boolean]> = [
   ['finished', 'Finished', job => FINISHED_STATES.includes(job.state)]
 ];
 
-/** Whether `job` matches the filter box's text: each of its words is in the job's name, id,
- * notebook or state (any case). */
-export function matches(job: IJobModel, filter: string): boolean {
-  const text = [job.name, job.id, job.link ?? job.notebook ?? '', job.state].join(' ').toLowerCase();
+/** Whether `jobs` (a card: a job, and a run's gangs) match the filter box's text: each of its
+ * words is in a job's name, id, notebook, state or its last cell's outcome (any case), so
+ * `failed` finds a READY gang whose last cell failed. */
+export function matches(jobs: IJobModel[], filter: string): boolean {
+  const text = jobs
+    .map(job =>
+      [job.name, job.id, job.link ?? job.notebook ?? '', job.state, job.last_cell?.outcome ?? '']
+        .join(' ')
+    )
+    .join(' ')
+    .toLowerCase();
   return filter
     .toLowerCase()
     .split(/\s+/)
@@ -71,13 +89,19 @@ export function matches(job: IJobModel, filter: string): boolean {
 
 /** A submitted run's progress: the cell it is at of those it runs (a gang: its cell count). */
 function cellsFact(job: IJobModel): string {
-  return job.output !== null ? `cell ${job.cells} of ${job.cells_total}` : counted(job.cells, 'cell');
+  return isRun(job) ? runProgress(job) : counted(job.cells, 'cell');
 }
 
-/** Whether the job's GPU-hours are known: a gang's once its nodes are up, a submitted run's
- * (its gangs' total) once it has ended with a gang made. */
-function counts(job: IJobModel): boolean {
-  return job.output !== null ? job.unit !== '' : job.up !== null;
+/** The cards of `jobs`: a submitted run's gangs are on its card (`JobModel.run`), every other
+ * job has its own. */
+function cards(jobs: IJobModel[]): Array<{ job: IJobModel; gangs: IJobModel[] }> {
+  const runs = new Map(jobs.filter(isRun).map(run => [run.id, [] as IJobModel[]]));
+  for (const job of jobs) {
+    runs.get(job.run)?.push(job);
+  }
+  return jobs
+    .filter(job => !runs.has(job.run))
+    .map(job => ({ job, gangs: (runs.get(job.id) ?? []).sort((a, b) => a.started - b.started) }));
 }
 
 /** A job's title: its notebook's file name and its `--name` (an unnamed job's name is its id). */
@@ -91,8 +115,9 @@ function titleParts(job: IJobModel): { notebook: string | null; name: string | n
 
 /**
  * The left-sidebar "Multi-node jobs" panel: every jupyter_mn job of this server (gangs and
- * submitted runs), grouped as running, idle and finished, narrowed by a filter box. Finished jobs are collapsed under a count, newest first, a page at
- * a time, and "Clear finished" forgets them all. It polls every 2 s while visible (backing off on
+ * submitted runs, each run's gangs on its card), grouped as running, idle and finished, narrowed
+ * by a filter box. Finished jobs are collapsed under a count, newest first, a page at a time,
+ * and "Clear finished" forgets them all. It polls every 2 s while visible (backing off on
  * errors, pausing while hidden) and redraws only the jobs whose model changed.
  */
 export class JobsPanel extends Widget {
@@ -196,31 +221,36 @@ export class JobsPanel extends Widget {
   /** Show `data`'s jobs that match the filter box. */
   private _draw(data: IJobList): void {
     const filter = this._filter.value.trim();
-    const shown = filter ? data.jobs.filter(job => matches(job, filter)) : data.jobs;
+    const all = cards(data.jobs);
+    const shown = filter ? all.filter(c => matches([c.job, ...c.gangs], filter)) : all;
     this._status.textContent = !data.jobs.length
       ? 'No jobs yet: run a %%cluster cell.'
       : shown.length
         ? ''
         : `No job matches "${filter}".`;
     const seen = new Set<string>();
+    const byId = new Map(data.jobs.map(job => [job.id, job]));
     for (const [key, , member] of GROUPS) {
       const list = this._lists.get(key)!;
-      let jobs = shown.filter(member);
+      let jobs = shown.filter(c => member(c.job));
       list.parentElement!.classList.toggle('jp-mod-empty', jobs.length === 0);
       if (key === 'finished') {
         jobs = this._finishedPage(jobs);
       }
-      jobs.forEach((job, index) => {
-        seen.add(job.id);
-        const item = this._item(job);
+      jobs.forEach((card, index) => {
+        seen.add(card.job.id);
+        const item = this._item(card.job, card.gangs);
         if (list.children[index] !== item) {
           list.insertBefore(item, list.children[index] ?? null);
         }
-        const end = job.ended ?? data.now;
-        item.querySelector('.jp-mn-Job-elapsed')!.textContent = elapsed(end - job.started);
-        item.querySelector('.jp-mn-Job-usage')!.textContent = counts(job)
-          ? hours(job.gpu_hours, job.unit)
-          : '';
+        // elapsed time and usage tick in place, the card's and its gangs'
+        for (const fact of Array.from(item.querySelectorAll<HTMLElement>('[data-tick]'))) {
+          const job = byId.get(fact.dataset.tick!)!;
+          fact.textContent =
+            fact.dataset.fact === 'usage'
+              ? job.usage
+              : elapsed((job.ended ?? data.now) - job.started);
+        }
       });
       while (list.children.length > jobs.length) {
         list.lastChild!.remove();
@@ -235,15 +265,14 @@ export class JobsPanel extends Widget {
 
   /** The finished jobs to list, newest ending first: none while collapsed, else a page more
    * for each "Show more"; the heading counts them all. */
-  private _finishedPage(finished: IJobModel[]): IJobModel[] {
+  private _finishedPage<T extends { job: IJobModel }>(finished: T[]): T[] {
     const open = this._toggle.getAttribute('aria-expanded') === 'true';
     this._finishedCount = finished.length;
     this._toggle.textContent = `${open ? '▾' : '▸'} Finished (${finished.length})`;
     this._lists.get('finished')!.parentElement!.classList.toggle('jp-mod-collapsed', !open);
+    const end = (job: IJobModel) => job.ended ?? job.started;
     const shown = open
-      ? [...finished]
-          .sort((a, b) => (b.ended ?? b.started) - (a.ended ?? a.started))
-          .slice(0, this._finishedShown)
+      ? [...finished].sort((a, b) => end(b.job) - end(a.job)).slice(0, this._finishedShown)
       : [];
     const rest = open ? finished.length - shown.length : 0;
     this._more.hidden = rest === 0;
@@ -251,20 +280,22 @@ export class JobsPanel extends Widget {
     return shown;
   }
 
-  /** The list item of a job: reused while its model is unchanged, so clicks are never lost. */
-  private _item(job: IJobModel): HTMLElement {
-    const key = JSON.stringify({ ...job, heartbeat: 0, gpu_hours: 0 }); // both tick in place
+  /** The list item of a job (and a run's gangs): reused while their models are unchanged, so
+   * clicks are never lost. */
+  private _item(job: IJobModel, gangs: IJobModel[]): HTMLElement {
+    const ticking = { heartbeat: 0, gpu_hours: 0, usage: '' }; // updated in place
+    const key = JSON.stringify([job, ...gangs].map(j => ({ ...j, ...ticking })));
     const cached = this._items.get(job.id);
     if (cached && cached.key === key) {
       return cached.node;
     }
-    const node = this._render(job);
+    const node = this._render(job, gangs);
     cached?.node.remove();
     this._items.set(job.id, { key, node });
     return node;
   }
 
-  private _render(job: IJobModel): HTMLElement {
+  private _render(job: IJobModel, gangs: IJobModel[]): HTMLElement {
     const item = el('li', 'jp-mn-Job');
     item.dataset.jobId = job.id;
     item.dataset.state = job.state;
@@ -288,9 +319,9 @@ export class JobsPanel extends Widget {
 
     const facts = el('div', 'jp-mn-Job-facts');
     facts.appendChild(el('span', 'jp-mn-Job-shape', `${job.shape} · ${job.backend}`));
-    facts.appendChild(el('span', 'jp-mn-Job-elapsed'));
+    facts.appendChild(ticking('jp-mn-Job-elapsed', job, 'elapsed'));
     facts.appendChild(el('span', 'jp-mn-Job-cells', cellsFact(job)));
-    facts.appendChild(el('span', 'jp-mn-Job-usage'));
+    facts.appendChild(ticking('jp-mn-Job-usage', job, 'usage'));
     item.appendChild(facts);
 
     const badges = el('div', 'jp-mn-Job-badges');
@@ -298,7 +329,7 @@ export class JobsPanel extends Widget {
     const gpu = util.length
       ? `GPU ${Math.round(util.reduce((a, b) => a + b, 0) / util.length)}%`
       : 'no GPU';
-    if (job.output === null) {
+    if (!isRun(job)) {
       badges.appendChild(el('span', 'jp-mn-Badge jp-mn-Badge-gpu', gpu)); // a run's gangs have theirs
     }
     const transports = [...new Set(job.nodes.map(n => n.transport).filter(t => t))];
@@ -333,33 +364,69 @@ export class JobsPanel extends Widget {
     if (job.pending.length) {
       item.appendChild(el('div', 'jp-mn-Job-pending', `${job.pending.join(', ')} requested…`));
     }
+    if (gangs.length) {
+      item.appendChild(this._gangList(gangs));
+    }
 
-    const buttons = el('div', 'jp-mn-Job-actions');
-    const button = (label: string, run: () => Promise<void> | void) => {
-      const b = el('button', `jp-Button jp-mn-Action jp-mn-Action-${label.toLowerCase()}`, label);
-      b.addEventListener('click', () => void this._act(label, run));
-      buttons.appendChild(b);
-    };
-    button('View', () => this._actions.openJob(job));
-    button('Logs', () => this._actions.openLogs(job));
+    const buttons = this._buttons(item.appendChild(el('div', 'jp-mn-Job-actions')));
+    buttons('View', () => this._actions.openJob(job));
+    buttons('Logs', () => this._actions.openLogs(job));
     const output = job.output_link;
     if (output) {
-      button('Output', () => this._actions.openNotebook(output));
+      buttons('Output', () => this._actions.openOutput(output));
     }
     const finished = FINISHED_STATES.includes(job.state);
-    const run = job.output !== null; // a submitted run ends when cancelled: no release
+    const run = isRun(job); // a submitted run ends when cancelled: no release
     if (job.state === 'RUNNING' || (run && !finished)) {
-      button('Cancel', () => this._post(job, 'cancel'));
+      buttons('Cancel', async () => {
+        if (await confirmCancel(job)) {
+          await this._post(job, 'cancel');
+        }
+      });
     }
     if (finished) {
-      button('Forget', async () => {
+      buttons('Forget', async () => {
         await requestAPI(`jobs/${encodeURIComponent(job.id)}`, { method: 'DELETE' }, this._settings);
       });
-    } else if (!run) {
-      button('Release', () => this._post(job, 'release'));
+    } else if (!run && !job.run) {
+      // a gang of a run belongs to the run's kernel: Cancel the run instead
+      buttons('Release', () => this._post(job, 'release'));
     }
-    item.appendChild(buttons);
     return item;
+  }
+
+  /** A run's gangs on its card, oldest first: id, state, shape, elapsed time, usage, View and
+   * Logs (no Release: a gang of a run ends with the run, or is cancelled with it). */
+  private _gangList(gangs: IJobModel[]): HTMLElement {
+    const list = el('ul', 'jp-mn-Run-gangs');
+    list.setAttribute('aria-label', 'Gangs of this run');
+    for (const gang of gangs) {
+      const row = el('li', 'jp-mn-Run-gang');
+      row.dataset.jobId = gang.id;
+      row.dataset.state = gang.state;
+      row.append(
+        el('span', 'jp-mn-Run-gangid', gang.id),
+        el('span', `jp-mn-State jp-mn-State-${gang.state}`, gang.state),
+        el('span', 'jp-mn-Run-gangshape', gang.shape),
+        ticking('jp-mn-Run-gangelapsed', gang, 'elapsed'),
+        ticking('jp-mn-Run-gangusage', gang, 'usage')
+      );
+      const buttons = this._buttons(row.appendChild(el('span', 'jp-mn-Run-gangactions')));
+      buttons('View', () => this._actions.openJob(gang));
+      buttons('Logs', () => this._actions.openLogs(gang));
+      list.appendChild(row);
+    }
+    return list;
+  }
+
+  /** A function that adds a button to `parent`: its click runs the action, says why it failed
+   * if it did, and refreshes the panel. */
+  private _buttons(parent: HTMLElement): (label: string, run: () => Promise<void> | void) => void {
+    return (label, run) => {
+      const b = el('button', `jp-Button jp-mn-Action jp-mn-Action-${label.toLowerCase()}`, label);
+      b.addEventListener('click', () => void this._act(label, run));
+      parent.appendChild(b);
+    };
   }
 
   private async _post(job: IJobModel, action: string): Promise<void> {

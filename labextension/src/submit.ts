@@ -21,9 +21,9 @@ import { requestAPI } from './request';
 export const SUBMIT = 'jupyter-mn:submit-notebook';
 
 /**
- * The parameters dialog's body: one box per name of the notebook's `parameters` cell, its value
- * there as the placeholder; an empty box keeps that value (papermill types the others, as
- * `jupyter mn submit -p` does).
+ * The parameters dialog's body: one box per name of the notebook's `parameters` cell, holding its
+ * value there; a box left so (or emptied) keeps that value, a changed one is passed (papermill
+ * types it, as `jupyter mn submit -p` does).
  */
 class ParametersForm extends Widget implements Dialog.IBodyWidget<Record<string, string>> {
   constructor(form: ISubmitForm) {
@@ -37,7 +37,7 @@ class ParametersForm extends Widget implements Dialog.IBodyWidget<Record<string,
       row.appendChild(el('span', 'jp-mn-SubmitForm-name', name));
       const input = el('input', 'jp-mn-SubmitForm-value jp-mod-styled');
       input.name = name;
-      input.placeholder = value;
+      input.value = input.defaultValue = value;
       row.appendChild(input);
       this.node.appendChild(row);
     }
@@ -46,7 +46,7 @@ class ParametersForm extends Widget implements Dialog.IBodyWidget<Record<string,
   getValue(): Record<string, string> {
     const values: Record<string, string> = {};
     for (const input of Array.from(this.node.querySelectorAll('input'))) {
-      if (input.value.trim()) {
+      if (input.value.trim() && input.value !== input.defaultValue) {
         values[input.name] = input.value.trim();
       }
     }
@@ -72,6 +72,7 @@ async function submit(
     const answer = await showDialog({
       title: `Submit ${widget.context.localPath}: parameters`,
       body: new ParametersForm(form),
+      focusNodeSelector: 'input', // the first box: type at once
       buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit' })]
     });
     if (!answer.button.accept || answer.value === null) {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -91,7 +92,8 @@ def test_the_submit_command_asks_for_parameters_and_the_run_appears_shaped_by_it
     dialog = page.locator(".jp-Dialog")
     expect(dialog.locator(".jp-mn-SubmitForm-cluster")).to_have_text("%%cluster --nodes 2 --gpus 1")
     expect(dialog.locator(".jp-mn-SubmitForm-name")).to_have_text(["steps", "label"])
-    expect(dialog.locator("input[name=label]")).to_have_attribute("placeholder", "'small'")
+    expect(dialog.locator("input[name=label]")).to_have_value("'small'")  # a value, as it is
+    expect(dialog.locator("input[name=steps]")).to_be_focused()
     dialog.locator("input[name=steps]").fill("7")
     page.screenshot(path=str(ARTIFACTS / "submit-parameters-dialog.png"))
     dialog.get_by_role("button", name="Submit").click()
@@ -103,14 +105,33 @@ def test_the_submit_command_asks_for_parameters_and_the_run_appears_shaped_by_it
     expect(item.locator(".jp-mn-Job-shape")).to_have_text("2×1 · local")
     show_finished(panel)
     expect(item).to_have_attribute("data-state", "SUCCEEDED", timeout=RUN_MS)
-    expect(item.locator(".jp-mn-Job-cells")).to_have_text("cell 4 of 4")  # with papermill's
-    expect(item.locator(".jp-mn-Job-usage")).to_have_text(re.compile(r"^\d.* rank-hours$"))
+    expect(item.locator(".jp-mn-Job-cells")).to_have_text("cell 3 of 3")  # papermill's not counted
+    expect(item.locator(".jp-mn-Job-usage")).to_have_text(re.compile(r"^(< )?\d.* rank-hours$"))
     page.screenshot(path=str(ARTIFACTS / "submit-run-succeeded.png"))
     (run,) = [job for job in Registry().jobs() if job.id not in before and job.submitted]
     executed = nbformat.read(run.output, as_version=4)
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert "steps=7 label=small" in printed  # the typed value, the notebook's for the other
     assert run.launcher == "JupyterLab: submit --nodes 2 --gpus 1"
+
+    # its executed notebook: in the panel's folder, opened without a kernel, gone when forgotten
+    assert Path(run.output) == lab.root / "jupyter-mn-runs" / f"{run.id}.ipynb"
+    assert not (lab.root / f"{run.id}.ipynb").exists()  # none beside the notebook
+    item.get_by_role("button", name="Output").click()
+    expect(page.locator(".lm-TabBar-tab.lm-mod-current", has_text=f"{run.id}.ipynb")).to_be_visible(
+        timeout=30_000
+    )
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget; return w && w.context"
+        " && w.context.isReady && w.sessionContext.isReady; }"
+    )
+    session = "() => window.jupyterapp.shell.currentWidget.sessionContext.session"
+    assert page.evaluate(session) is None  # no kernel: the run's is gone, this is to read
+    output = page.locator(".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="steps=7")
+    expect(output).to_have_count(1)
+    item.get_by_role("button", name="Forget").click()
+    expect(item).to_have_count(0, timeout=30_000)
+    assert not Path(run.output).exists()
 
 
 def test_the_submit_command_shows_a_refusal_and_submits_nothing(lab, page):
@@ -138,6 +159,11 @@ def test_the_filter_box_narrows_the_list_by_name_notebook_and_state(lab, page):
             running="In[3]",
             notebook=str(lab.root / "flt-eval.ipynb"),
         ),
+        make_job(  # a READY gang whose last cell failed
+            "flt-c-9c0d1e2f",
+            name="flt-gamma",
+            last_cell={"id": 4, "elapsed": 1.5, "outcome": "FAILED", "error": "ValueError: x"},
+        ),
     ]
     for job in jobs:
         registry.save(job)
@@ -145,14 +171,16 @@ def test_the_filter_box_narrows_the_list_by_name_notebook_and_state(lab, page):
         page.goto(lab.fresh())
         panel = open_panel(page)
         alpha, beta = job_item(panel, "flt-alpha"), job_item(panel, "flt-beta")
+        gamma = job_item(panel, "flt-gamma")
         expect(alpha).to_have_count(1, timeout=30_000)
         expect(beta).to_have_count(1)
         box = panel.get_by_role("searchbox", name="Filter jobs")
         for text, shown in [
             ("flt-eval", beta),  # by notebook
             ("FLT-ALPHA", alpha),  # by name, any case
-            ("flt ready", alpha),  # every word: one of ours, and READY
+            ("flt alpha ready", alpha),  # every word: one of ours, and READY
             ("flt running", beta),
+            ("flt failed", gamma),  # its last cell's outcome, not the gang's state
         ]:
             box.fill(text)
             expect(panel.locator("li.jp-mn-Job")).to_have_count(1)

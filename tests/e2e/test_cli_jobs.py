@@ -40,9 +40,9 @@ def kernel() -> Iterator[Kernel]:
 def test_list_shows_the_kernels_job(kernel):
     wait_until(lambda: (j := job_named("cli")).cells == 1 and j.state == "READY", 10, "the cell")
     out = mn("list").stdout.splitlines()
-    assert out[0].split()[:6] == ["JOB", "STATE", "SHAPE", "BACKEND", "AGE", "CELLS"]
+    assert out[0].split()[:7] == ["JOB", "STATE", "SHAPE", "BACKEND", "AGE", "DURATION", "CELLS"]
     row = next(line.split() for line in out if line.startswith("cli-"))
-    assert row[1:4] == ["READY", "2×1", "local"] and row[5] == "1"
+    assert row[1:4] == ["READY", "2×1", "local"] and row[6] == "1"
     (model,) = [j for j in json.loads(mn("list", "--json").stdout) if j["name"] == "cli"]
     assert model["pid"] == kernel.pid and model["nodes"][1]["transport"] == "gloo (CPU)"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -72,7 +73,20 @@ def test_cell_values_state_pull_and_labelled_output(kernel):
 
 
 def status(kernel: Kernel) -> dict:
-    return ast.literal_eval(kernel.run("%cluster status").result)
+    """The cluster's status as data (``%cluster status`` shows it as text)."""
+    return ast.literal_eval(kernel.run("_s = %cluster status\ndict(_s)").result)
+
+
+def test_cluster_status_reads_as_a_summary_and_stays_data(kernel):
+    """``%cluster status`` shows text a person reads (not a dict); its value is still data."""
+    kernel.run("%%cluster --nodes 1 --gpus 2\n0")
+    shown = kernel.run("%cluster status").result
+    head, *rest = shown.splitlines()
+    assert head.startswith("gang ") and "READY · 1×2 local" in head, shown
+    assert "{" not in shown and "'detail'" not in shown
+    assert re.fullmatch(r"  (< )?[\d.]+ rank-hours so far", rest[1]), shown
+    data = status(kernel)
+    assert data["unit"] == "rank-hours" and isinstance(data["gpu_hours"], float)
 
 
 def test_output_streams_while_the_cell_runs(kernel):

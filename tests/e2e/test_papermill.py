@@ -168,7 +168,8 @@ def test_batch_output_keeps_logs_the_summary_table_and_the_widget_state(tmp_path
     )
     text = _texts(nb.cells[0:1])
     assert "[node 1 rank 1] step 29" in text  # every line, as text
-    header = r"jupyter_mn: cell \d+ · DONE · 2×1 local · no GPU · [\d.]+ s · gang READY"
+    took = r"[\d.]+ s( \(\+[\d.]+ s start\))?"  # the cell's time, and the wait for its gang
+    header = rf"jupyter_mn: cell \d+ · DONE · 2×1 local · no GPU · {took} · gang READY"
     assert re.search(header, text)
     assert "no GPU" not in text.split("gang READY")[1]  # said once, plainly: no NVML words
     assert "NVML" not in text and "node 1: gloo (CPU)" in text

@@ -2,9 +2,11 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,3 +180,105 @@ def test_logs_of_a_run_for_a_node_or_rank_are_its_gangs_lines(capsys):
         )
     finally:
         registry.close()
+
+
+def test_list_says_a_jobs_age_and_how_long_it_ran_and_usage_without_e_notation(capsys):
+    """AGE is how long ago a job started (as kubectl's), DURATION how long it ran; hours read as
+    a person writes them."""
+    tag = uuid.uuid4().hex[:8]
+    now = time.time()
+    job = make_job(
+        f"aged-{tag}",
+        state="CLOSED",
+        started=now - 7200,
+        up=now - 7200,
+        ended=now - 7200 + 5,
+        unit="rank-hours",
+    )
+    registry = Registry()
+    registry.save(job)
+    try:
+        assert main(["list"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split()[4:8] == ["AGE", "DURATION", "CELLS", "USAGE"]
+        (row,) = [line.split() for line in lines if line.startswith(job.id)]
+        assert row[4:9] == ["2h00m", "0m05s", "0", "<", "0.01"] and row[9] == "rank-hours"
+        assert not re.search(r"\de-\d", "\n".join(lines))  # no scientific notation
+    finally:
+        registry.forget(job.id)
+
+
+def test_usage_by_job_has_headers_and_names_a_job_once(capsys):
+    tag = uuid.uuid4().hex[:8]
+    now = time.time()
+    unnamed = make_job(f"jmn-{tag}", state="CLOSED", up=now - 90, ended=now, unit="rank-hours")
+    named = make_job(
+        f"train-{tag}", name="train", state="CLOSED", up=now - 900, ended=now, unit="rank-hours"
+    )
+    registry = Registry()
+    for job in (unnamed, named):
+        registry.save(job)
+    try:
+        assert main(["usage"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        by_job = out[out.index("by job:") + 1 :]
+        assert by_job[0].split() == ["JOB", "NAME", "USAGE"]
+        assert [line.split() for line in by_job if tag in line] == [
+            [named.id, "train", "0.50", "rank-hours"],
+            [unnamed.id, "0.05", "rank-hours"],  # its name is its id: said once
+        ]
+        assert out[out.index("by notebook:") + 1].split() == [
+            "NOTEBOOK",
+            "/",
+            "LAUNCHER",
+            "JOBS",
+            "USAGE",
+        ]
+    finally:
+        for job in (unnamed, named):
+            registry.forget(job.id)
+
+
+@pytest.mark.parametrize(
+    ("state", "cells", "said"),
+    [("SUCCEEDED", 3, "SUCCEEDED, 3 cells run"), ("RUNNING", 2, "RUNNING at cell 2 of 3"),
+     ("SUBMITTED", 0, "SUBMITTED")],
+)  # fmt: skip
+def test_fetch_says_how_far_the_run_got(tmp_path, capsys, state, cells, said):
+    import nbformat
+
+    source = tmp_path / "executed.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), source)
+    run = make_job(
+        f"fetched-{uuid.uuid4().hex[:8]}",
+        state=state,
+        output=str(source),
+        cells=cells,
+        cells_total=3,
+        nodes=[],
+    )
+    registry = Registry()
+    registry.save(run)
+    try:
+        assert main(["fetch", run.id, str(tmp_path / "copy.ipynb")]) == 0
+        assert capsys.readouterr().out == f"{tmp_path / 'copy.ipynb'}: {said}\n"
+    finally:
+        registry.save(make_job(run.id, state="CLOSED"))
+        registry.forget(run.id)
+
+
+def test_a_renamed_notebooks_jobs_show_its_new_path(capsys):
+    """The server records a kernel's notebook renamed since it started: every reader sees it."""
+    tag = uuid.uuid4().hex[:8]
+    job = make_job(f"moved-{tag}", kernel_id=f"k-{tag}", notebook="/nb/Untitled.ipynb")
+    registry = Registry()
+    registry.save(job)
+    try:
+        registry.notebook_moved(f"k-{tag}", f"/nb/tour-{tag}.ipynb")
+        assert registry.job(job.id).notebook == f"/nb/tour-{tag}.ipynb"
+        assert main(["list"]) == 0
+        (row,) = [line for line in capsys.readouterr().out.splitlines() if tag in line]
+        assert row.endswith(f"/nb/tour-{tag}.ipynb")
+    finally:
+        registry.save(make_job(job.id, state="CLOSED"))
+        registry.forget(job.id)

@@ -45,17 +45,39 @@ def test_the_meter_counts_nodes_times_gpus_times_seconds_from_up_to_release():
     meter.release()
     clock.now += 3600  # released: the count stands
     assert meter.hours() == pytest.approx(2.0)
-    assert meter.text() == "2 GPU-hours"
+    meter.started(gpu=True)
+    assert meter.text() == "2.0 GPU-hours"
     meter.release()  # a second release does not move the end
     assert meter.seconds() == pytest.approx(1800)
 
 
-def test_cpu_ranks_are_counted_as_rank_hours():
+def test_cpu_ranks_are_counted_as_rank_hours_from_the_gangs_start_on():
     clock = FakeClock()
-    meter = Meter(slots=4, gpu=lambda: False, clock=clock)
+    meter = Meter(slots=4, clock=clock)
     meter.up()
     clock.now += 9
+    assert meter.text() == ""  # its ranks have not said yet: no unit, no text (not GPU-hours)
+    meter.started(gpu=False)
     assert meter.text() == "0.01 rank-hours"
+    meter.started(gpu=True)  # fixed at the start
+    assert meter.text() == "0.01 rank-hours"
+
+
+@pytest.mark.parametrize(
+    ("hours", "text"),
+    [(0, "0"), (3.11e-05, "< 0.01"), (0.00227, "< 0.01"), (0.0274, "0.03"), (0.996, "1.0"),
+     (1.23, "1.2"), (9.96, "10"), (12.4, "12"), (1234.5, "1,234")],
+)  # fmt: skip
+def test_hours_read_as_a_person_writes_them_never_in_scientific_notation(hours, text):
+    assert usage.number(hours) == text
+    assert "e-" not in usage.text(hours, "rank-hours")  # the unit has none either
+
+
+def test_a_registry_row_says_its_count_once_its_unit_is_known(registry: Registry):
+    registry.save(make_job("jmn-usage-text", up=time.time() - 36, world_size=2))
+    assert registry.job("jmn-usage-text").usage == ""  # its ranks have not said which unit
+    registry.save(make_job("jmn-usage-text", up=time.time() - 36, world_size=2, unit="rank-hours"))
+    assert registry.job("jmn-usage-text").usage == "0.02 rank-hours"
 
 
 def test_a_gang_that_never_got_its_nodes_used_nothing():
@@ -176,8 +198,9 @@ def test_a_bad_max_gpu_hours_on_a_cell_is_a_short_error_and_starts_nothing(flag,
 @pytest.mark.parametrize("busy", [False, True])
 def test_the_sooner_cap_fires_the_gpu_hours_one_when_the_meter_reaches_it(busy):
     clock = FakeClock()
-    meter = Meter(slots=4, gpu=lambda: False, clock=clock)
+    meter = Meter(slots=4, clock=clock)
     meter.up()
+    meter.started(gpu=False)
     clock.now += 17.5  # half a second short of 0.02 rank-hours on 4 ranks
     stopped: queue.SimpleQueue[str] = queue.SimpleQueue()
     lifetime = GangLifetime(threading.RLock(), lambda: busy, stopped.put, stopped.put)
