@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..errors import JupyterMNError
 from ..jobs.launch import launch
 from ..jobs.registry import JobModel, Registry
 from ..jobs.submit import Prepared, notebook_form, prepare
+from ..kernel.credentials import mask_argv
 from .handlers import JobAPI
 
 
@@ -74,8 +76,9 @@ class SubmitHandler(JobAPI):
 
 
 def _launcher(line: str) -> str:
-    """The run's origin as the panel and ``jupyter mn list`` show it."""
-    return f"JupyterLab: submit {line}".strip()[:300]
+    """The run's origin as the panel and ``jupyter mn list`` show it, credentials masked (the
+    line parsed when the form was read)."""
+    return f"JupyterLab: submit {' '.join(mask_argv(shlex.split(line)))}".strip()[:300]
 
 
 def _beside(prepared: Prepared, folder: Path) -> Prepared:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+import uuid
 
 import nbformat
 import pytest
 
 from jupyter_mn.jobs.registry import Registry
+from tests.support.polling import wait_until
 
 SUBMIT = "/jupyter-mn/api/submit"
+JOBS = "/jupyter-mn/api/jobs"
 
 
 def post(lab, body: object) -> tuple[int, dict]:
@@ -62,3 +65,16 @@ def test_a_refusal_is_the_clis_one_line_and_nothing_is_submitted(lab, form_nb, b
     assert status == code
     assert message in reply["message"] and "\n" not in reply["message"]
     assert {job.id for job in Registry().jobs()} == before
+
+
+def test_a_submitted_runs_env_values_show_masked_in_the_panels_jobs(lab):
+    """The run's launcher is its first ``%%cluster`` line: its ``--env`` value is the panel's
+    and the registry's ``***``."""
+    value = "v" + uuid.uuid4().hex
+    lab.notebook("env.ipynb", [f"%%cluster --nodes 1 --gpus 1 --env WANDB_API_KEY={value}\n1"])
+    status, reply = post(lab, {"path": "env.ipynb"})
+    assert status == 201, reply
+    assert reply["launcher"] == "JupyterLab: submit --nodes 1 --gpus 1 --env WANDB_API_KEY=***"
+    listed = json.dumps(lab.api(JOBS))
+    assert reply["id"] in listed and value not in listed
+    wait_until(lambda: Registry().job(reply["id"]).finished, 120, "the run to end")

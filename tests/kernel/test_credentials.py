@@ -23,6 +23,10 @@ TOKEN = "ghp_" + "k2" * 18
             ["train.py", "--password", "***", "--lr", "0.1"],
         ),
         (["run", TOKEN, f"--url=https://me:{TOKEN}@host/x"], ["run", "***", "--url=***"]),
+        (
+            ["jupyter mn", "submit", "--env", "WANDB_API_KEY=k1", "--env=SEED=7", "nb.ipynb"],
+            ["jupyter mn", "submit", "--env", "WANDB_API_KEY=***", "--env=SEED=***", "nb.ipynb"],
+        ),
         (["python", "-m", "ipykernel_launcher", "-f", "/run/kernel-1.json"], None),
     ],
 )
