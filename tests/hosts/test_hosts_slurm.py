@@ -45,6 +45,7 @@ from tests.hosts.test_hosts_dask import CHECK
 from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.jobs import make_job
 from tests.support.kernels import Kernel
+from tests.support.otheruser import other_user
 from tests.support.polling import wait_until
 from tests.support.runs import JUPYTER_MN, submit_in_a_shell
 from tests.support.slurm import SlurmCluster
@@ -424,3 +425,24 @@ def test_a_slurm_run_the_cluster_cannot_hold_is_refused_in_one_line_before_anyth
     assert error in line and line.startswith("jupyter mn"), line
     assert not [j for j in jobs() if j.notebook == str(nb)]
     assert jobs_after(slurm, mark) == []
+
+
+def test_a_notebook_in_a_directory_whose_name_holds_a_newline_is_refused_and_runs_nothing(
+    slurm, tmp_path
+):
+    """Another user names a shared directory ``d⏎touch NAME #``: its ``--chdir`` line would
+    end at the newline and the batch script run ``touch``; the run is refused in one line."""
+    with other_user() as other:
+        pwned = f"pwned-{os.getpid()}"
+        other.sh(f"mkdir -m 777 \"$(printf 'd\\ntouch {pwned} #')\"")
+        (folder,) = other.shared.iterdir()
+        nb = notebook(folder / "nb.ipynb", "x = 1", "print(x)")
+        mark = slurm.run(*MARK).strip()
+        argv = [*JUPYTER_MN, "submit", str(nb), *SUBMIT]
+        refused = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        (line,) = refused.stderr.splitlines()
+        assert "holds a control character" in line and "--chdir=" in line, line
+        assert not [j for j in jobs() if j.notebook == str(nb)]
+        assert jobs_after(slurm, mark) == []
+        assert not list(tmp_path.rglob(f"{pwned}*")) and not list(other.shared.rglob(f"{pwned}*"))
