@@ -95,7 +95,7 @@ def prepare(
     _kernel_exists()
     _backend_reachable(spec.backend)
     job_id = gang_id(name or path.stem)
-    target = Path(output).resolve() if output else Registry().log_dir(job_id) / "output.ipynb"
+    target = _output(output) if output else Registry().log_dir(job_id) / "output.ipynb"
     if output and not target.parent.is_dir():
         raise SpecError(f"-o {output}: no directory {target.parent}")
     now = time.time()
@@ -125,6 +125,13 @@ def prepare(
     script = slurmrun.batch_script(spec, job_id, log_dir, path.parent)
     slurmrun.check(spec, script, slurmrun.environ(_run_environ(prepared)))
     return dataclasses.replace(prepared, script=script)
+
+
+def _output(output: str) -> Path:
+    """``-o OUT`` as an absolute path, its directory resolved but not its name: what is at OUT
+    when the runner writes (``wholefile.py``) counts, not a link someone placed there now."""
+    path = Path(os.path.abspath(output))
+    return path.parent.resolve() / path.name
 
 
 def _run_environ(prepared: Prepared) -> dict[str, str]:
