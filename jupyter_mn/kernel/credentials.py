@@ -33,14 +33,18 @@ _KEY_NAME = re.compile(r"(?i)(^|_)key$")
 _KEY_TEXT = re.compile(r"[A-Za-z0-9+/=_-]{16,}")
 _DIGIT = re.compile(r"\d")
 #: Shapes of credentials, each found by a literal it holds (a fast search) and then its pattern:
-#: PEM private keys, JWTs, URLs with a password (a port is no password), Azure connection
-#: strings' keys, Slack and Discord webhooks, and the prefixes of OpenAI / Stripe (sk-, sk_,
-#: rk_), Hugging Face, GitHub, GitLab, npm, AWS (long-term and temporary), Google (API keys and
-#: OAuth access tokens) and Slack tokens.
+#: PEM private keys, JWTs, URLs with a password (a port is no password, but ``u:123/abc@h``
+#: has one), Azure connection strings' keys, ODBC connection strings' ``Password=…;``, Slack and
+#: Discord webhooks, and the prefixes of OpenAI / Stripe (sk-, sk_, rk_), Hugging Face, GitHub,
+#: GitLab, npm, PyPI, AWS (long-term and temporary), Google (API keys and OAuth access tokens)
+#: and Slack tokens.
 _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("PRIVATE KEY-----", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")),
     ("eyJ", re.compile(r"eyJ(?<!\weyJ)[\w-]{6,}\.[\w-]{6,}\.[\w-]{6,}")),
-    ("://", re.compile(r"://[^\s/:@]{0,256}:(?!\d+(?:/|$))[^\s@]{1,256}@")),
+    (
+        "://",
+        re.compile(r"://[^\s/:@]{0,256}:(?:(?!\d+(?:/|$))[^\s@]{1,256}|\d+/[^\s/@]{1,256})@"),
+    ),
     ("AccountKey=", re.compile(r"AccountKey=[A-Za-z0-9+/]{16,}")),
     ("SharedAccessKey=", re.compile(r"SharedAccessKey=[A-Za-z0-9+/]{16,}")),
     (
@@ -49,10 +53,18 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     ("/api/webhooks/", re.compile(r"discord(?:app)?\.com/api/webhooks/\d+/[\w-]{16,}")),
     ("ya29.", re.compile(r"ya29\.(?<!\wya29\.)[\w-]{16,}")),
+    (
+        ";",
+        re.compile(
+            r"(?im)(?:;[ \t]*(?:password|pwd)[ \t]*=[ \t]*[^;\s]"
+            r"|^[ \t]*(?:password|pwd)[ \t]*=[ \t]*[^;\s][^;\n]*;)"
+        ),
+    ),
     *(
         (prefix, re.compile(rf"{re.escape(prefix)}(?<![A-Za-z0-9]{re.escape(prefix)})[\w-]{{16,}}"))
         for prefix in (
-            *("sk-", "sk_", "rk_", "hf_", "github_pat_", "glpat-", "npm_", "AKIA", "ASIA", "AIza"),
+            *("sk-", "sk_", "rk_", "hf_", "github_pat_", "glpat-", "npm_", "pypi-"),
+            *("AKIA", "ASIA", "AIza"),
             *(f"gh{c}_" for c in "pousr"),
             *(f"xox{c}-" for c in "abpr"),
         )
