@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .registry import JobModel, RegistryError
+from .registry import JobModel, Registry, RegistryError
 from .wholefile import write_whole
 
 READ_WITHIN_S = 10.0
 
 
-def fetch(job: JobModel, out: Path) -> None:
+def fetch(registry: Registry, job: JobModel, out: Path) -> None:
     """Write ``job``'s executed notebook, as far as it has run, to ``out``."""
     import nbformat
 
@@ -25,7 +25,7 @@ def fetch(job: JobModel, out: Path) -> None:
     if job.in_cluster:  # its driver pod's log holds it (``kuberun.py``)
         from .kuberun import notebook
 
-        write_whole(out, notebook(job))
+        write_whole(out, notebook(registry, job))
         return
     source = Path(job.output or "")
     deadline = time.monotonic() + READ_WITHIN_S

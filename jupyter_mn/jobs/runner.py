@@ -115,6 +115,7 @@ class Run:
         from papermill.cli import _resolve_type  # the types papermill's own ``-p`` gives
 
         papermill_io.register("/", WholeFiles())  # every path here is absolute (``prepare``)
+        os.environ.update(self.submission.secrets)  # the kernel's, as a kernel's own --env
         if self.slurm_job and not self._slurm_start():
             self.logs.close()
             return

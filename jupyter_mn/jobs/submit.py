@@ -50,6 +50,9 @@ class Submission:
     parameters: dict[str, str]
     #: ``--retries``: how often a Slurm requeue may start the run over (``slurmrun.py``)
     retries: int = 0
+    #: variables the runner gives its kernel that hold secrets (``ENV_VARIABLE``): they travel
+    #: here (a pipe, or the registry's 0600 file on Slurm), never in a Slurm job's environment
+    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -61,7 +64,8 @@ class Submission:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A checked submission: its row, and the environment its runner starts with."""
+    """A checked submission: its row, and the environment its runner starts with (less the
+    secrets, which travel in the ``Submission``)."""
 
     submission: Submission
     model: JobModel
@@ -82,7 +86,7 @@ def prepare(
 ) -> Prepared:
     """Check everything and build the run's row; raises ``SpecError`` with a one-line reason."""
     from ..kernel.gangids import gang_id
-    from ..kernel.spec import ClusterSpec
+    from ..kernel.spec import ENV_VARIABLE, ClusterSpec
 
     path, cells = _notebook(notebook)
     _parameters(path, cells, parameters)
@@ -92,6 +96,7 @@ def prepare(
         options = defaults["kubernetes"]
         defaults["kubernetes"] = {k: v for k, v in options.items() if k != "service_account"}
     environ = defaults_environ(defaults)
+    secrets = {ENV_VARIABLE: environ.pop(ENV_VARIABLE)} if ENV_VARIABLE in environ else {}
     _kernel_exists()
     _backend_reachable(spec.backend)
     job_id = gang_id(name or path.stem)
@@ -115,7 +120,7 @@ def prepare(
         output=str(target),
         cells_total=_code_cells(cells, bool(parameters)),
     )
-    submission = Submission(job_id, str(path), str(target), dict(parameters), spec.retries)
+    submission = Submission(job_id, str(path), str(target), dict(parameters), spec.retries, secrets)
     prepared = Prepared(submission, model, environ, spec)
     if model.backend != "slurm":
         return prepared
