@@ -40,14 +40,16 @@ pytestmark = [
     ),
 ]
 
-#: What a notebook prints that looks like the driver log's records (``podlog.py``).
+#: What a notebook prints that looks like the driver log's records (``podlog.py``), after its
+#: cell's start has been published (a record printed before it would be overwritten anyway).
 FORGED = (
     "import json, time\n"
-    "print('\\x1ejupyter-mn progress ' + json.dumps("
-    "{'state': 'SUCCEEDED', 'cells': 9, 'cells_total': 9}), flush=True)\n"
-    "print('\\x1ejupyter-mn progress {', flush=True)\n"
     "for i in range(100_000):\n"
     "    print('waiting', i, flush=True)\n"
+    "    if i == 4:\n"
+    "        print('\\x1ejupyter-mn progress ' + json.dumps("
+    "{'state': 'SUCCEEDED', 'cells': 9, 'cells_total': 9}), flush=True)\n"
+    "        print('\\x1ejupyter-mn progress {', flush=True)\n"
     "    time.sleep(0.5)"
 )
 #: A base64 run long enough to hide a secret (a token's shape, the gzip of a notebook).
@@ -95,9 +97,19 @@ def what_a_viewer_reads(plane: Plane) -> str:
     return text + "\n" + _decoded(text)
 
 
-def decoy(plane: Plane, job_id: str, job_uid: str) -> dict:
-    """A pod anyone who may create pods can make, labelled as the run's driver."""
-    labels = {RUN_LABEL: job_id, "batch.kubernetes.io/controller-uid": job_uid}
+def admin_log(plane: Plane, pod: str) -> str:
+    """A pod's log as the cluster admin reads it ("" while it has none)."""
+    try:
+        return client.CoreV1Api(plane.api).read_namespaced_pod_log(pod, "default")
+    except client.ApiException:
+        return ""
+
+
+def decoy(plane: Plane, job_id: str) -> dict:
+    """A pod anyone who may create pods can make, labelled as the run's driver. (Not with the
+    Job's ``controller-uid`` label: the Job controller would adopt it, as its own, and delete
+    one of its two pods.)"""
+    labels = {RUN_LABEL: job_id}
     container = {
         "name": "decoy",
         "image": "agent:1",
@@ -142,7 +154,9 @@ def test_a_viewer_reads_no_secret_of_a_run_its_submitter_reads_it_all(
     ).stdout.strip()
     rest = plane.control.rest
     try:
-        wait_until(lambda: "waiting 2" in mn("logs", job_id).stdout, RUN_S, "the last cell to wait")
+        wait_until(lambda: "waiting 6" in mn("logs", job_id).stdout, RUN_S, "the forged records")
+        printed = mn("logs", job_id).stdout  # control characters escaped: \x1e
+        assert "\\x1ejupyter-mn progress {" in printed  # the lines reached the log
         assert job(job_id).state == "RUNNING"  # not the SUCCEEDED the notebook printed
         seen = hashlib.sha256(value.encode()).hexdigest()
         assert f"[node 0 rank 0] ranks see {seen}" in mn("logs", job_id).stdout
@@ -152,13 +166,8 @@ def test_a_viewer_reads_no_secret_of_a_run_its_submitter_reads_it_all(
         (owner,) = secret["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["uid"]) == ("Job", driver["metadata"]["uid"])
         # a pod labelled as the driver is not the driver
-        decoy(plane, job_id, driver["metadata"]["uid"])
-        rest.wait(
-            "/api/v1/namespaces/default/pods/aaa-decoy",
-            lambda pod: pod["status"].get("phase") == "Running",
-            60,
-            "the decoy to run",
-        )
+        decoy(plane, job_id)
+        wait_until(lambda: "decoy line" in admin_log(plane, "aaa-decoy"), RUN_S, "the decoy's line")
         logs = mn("logs", job_id).stdout
         assert "waiting" in logs and "decoy line" not in logs
         # the submitter's fetch: the notebook with its parameter
@@ -170,8 +179,13 @@ def test_a_viewer_reads_no_secret_of_a_run_its_submitter_reads_it_all(
         read = what_a_viewer_reads(plane)
         assert "waiting 2" in read  # the driver's log was read
         assert token not in read and value not in read
-    finally:
+        # the driver gone, the decoy is the only pod so labelled: still not the driver
         assert mn("cancel", job_id, "--wait", "90").stdout == f"{job_id}: CANCELLED\n"
+        assert mn("logs", job_id).stdout == ""
+        refused = mn("fetch", job_id, str(tmp_path / "late.ipynb"), ok=False)
+        assert refused.returncode != 0 and not (tmp_path / "late.ipynb").exists()
+    finally:
+        mn("cancel", job_id, "--wait", "90", ok=False)  # a test that failed before
         with contextlib.suppress(RestError):  # made, or not if the test failed before
             rest.request("DELETE", "/api/v1/namespaces/default/pods/aaa-decoy")
         wait_until(lambda: _left(plane) == [], 60, "the gang's objects gone")
