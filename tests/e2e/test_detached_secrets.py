@@ -4,6 +4,7 @@ local user cannot turn ``-o OUT`` into a write elsewhere."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import uuid
@@ -20,14 +21,24 @@ def _files_holding(root: Path, text: str) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
 
-def test_an_env_value_shows_masked_in_list_and_is_nowhere_in_the_registry(tmp_path, no_leftovers):
+def test_an_env_value_reaches_the_ranks_shows_masked_in_list_and_is_nowhere_in_the_registry(
+    tmp_path, no_leftovers
+):
     value = "v" + uuid.uuid4().hex
-    nb = notebook(tmp_path / "env.ipynb", "x = 1", "print(x)")
+    nb = notebook(
+        tmp_path / "env.ipynb",
+        "x = 1",
+        "%%cluster --nodes 1 --gpus 1\nimport hashlib, os\n"
+        "print(hashlib.sha256(os.environ['WANDB_API_KEY'].encode()).hexdigest())",
+    )
     job_id = submit(str(nb), "--env", f"WANDB_API_KEY={value}", f"--env=SEED={value}")
     run = ended(job_id)
     assert run.state == "SUCCEEDED", run.error
     assert "--env WANDB_API_KEY=*** --env=SEED=***" in run.launcher, run.launcher
     assert value not in mn("list", "--json").stdout
+    cell = nbformat.read(run.output, 4).cells[-1]
+    ranks = "".join(o.get("text", "") for o in cell.outputs)
+    assert hashlib.sha256(value.encode()).hexdigest() in ranks, ranks
     assert _files_holding(Registry().root, value) == []
 
 
