@@ -2,7 +2,8 @@
 ``view`` role (Kubernetes' default: Jobs, pods and pod logs, not Secrets) would: a secret
 parameter and a secret ``--env`` value are in no Job, pod or pod log, not even base64-decoded,
 while the submitter's ``list``, ``logs`` and ``fetch`` work; a record the notebook prints is
-no record; a pod labelled as the driver is not the driver; the run's Secret is its Job's."""
+no record; a pod labelled as the driver is not the driver; the run's Secret is made before its
+Job and then is the Job's."""
 
 from __future__ import annotations
 
@@ -15,17 +16,18 @@ import json
 import re
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
-from kubernetes import client, config
+from kubernetes import client, config, watch
 
 from jupyter_mn.gang.kubernetes.manifests import container_security, pod_security
 from jupyter_mn.jobs.kuberun import RUN_LABEL, name_of
 from tests.backends import test_kube_real as base
 from tests.backends import test_kube_real_submit as submitted
 from tests.backends.test_kube_real import DOCUMENTED_ROLE, Plane, _dask_port, _left
-from tests.backends.test_kube_real_submit import RUN_S, driver_account, job, mn
+from tests.backends.test_kube_real_submit import RUN_S, driver_account, ended, job, mn
 from tests.support.kube import sandbox
 from tests.support.kube.rest import RestError
 from tests.support.polling import wait_until
@@ -189,3 +191,34 @@ def test_a_viewer_reads_no_secret_of_a_run_its_submitter_reads_it_all(
         with contextlib.suppress(RestError):  # made, or not if the test failed before
             rest.request("DELETE", "/api/v1/namespaces/default/pods/aaa-decoy")
         wait_until(lambda: _left(plane) == [], 60, "the gang's objects gone")
+
+
+def created_at(list_in: Any, since: str, name: str) -> int:
+    """The resource version (etcd's revision) at which ``name`` was created: its ADDED event,
+    replayed by a watch from ``since``."""
+    events = watch.Watch().stream(list_in, "default", resource_version=since, timeout_seconds=10)
+    for event in events:
+        if event["type"] == "ADDED" and event["object"].metadata.name == name:
+            return int(event["object"].metadata.resource_version)
+    raise AssertionError(f"{name} was not created")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_S)
+def test_the_runs_secret_is_made_before_the_job_that_names_it(
+    plane: Plane, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Made after, a user who may create Secrets could make one of that name first, for the
+    driver's ServiceAccount to run their notebook."""
+    core, batch = client.CoreV1Api(plane.api), client.BatchV1Api(plane.api)
+    since = core.list_namespaced_secret("default").metadata.resource_version
+    flags = driver_account(plane, "driver-order", DOCUMENTED_ROLE)
+    nb = tmp_path / "quick.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), nb)
+    job_id = mn("submit", str(nb), *flags).stdout.strip()
+    try:
+        secret = created_at(core.list_namespaced_secret, since, name_of(job_id))
+        assert secret < created_at(batch.list_namespaced_job, since, name_of(job_id))
+        assert ended(job_id).state == "SUCCEEDED"
+    finally:
+        mn("cancel", job_id, "--wait", "90", ok=False)
