@@ -222,9 +222,13 @@ def _logs(args: argparse.Namespace) -> int:
         from .jobs import kuberun
 
         if args.follow:
-            kuberun.follow(job, max(args.tail, 0), lambda text: print(_out(args, text), flush=True))
+
+            def write(text: str) -> None:
+                print(_out(args, text), flush=True)
+
+            kuberun.follow(registry, job, max(args.tail, 0), write)
         else:
-            log = kuberun.read_log(job)
+            log = kuberun.read_log(registry, job)
             lines = log.lines if log is not None and args.tail > 0 else []
             for text in lines[-args.tail :]:
                 print(_out(args, text))
@@ -407,7 +411,7 @@ def _fetch(args: argparse.Namespace) -> int:
     registry = Registry()
     job = _refreshed(registry, registry.resolve(args.job))
     out = Path(args.out or f"{job.id}.ipynb")  # the id is path-safe; a name may not be
-    fetch(job, out)
+    fetch(registry, job, out)
     print(f"{out}: {_progress(job)}")
     return 0
 

@@ -2,22 +2,21 @@
 
 The runner's papermill rewrites the notebook in place at each cell's start and end (and every
 few seconds within a long cell), so a read may meet a half-written file: it is read again until
-it parses, within ``READ_WITHIN_S``. The copy is written whole (a temporary file renamed).
+it parses, within ``READ_WITHIN_S``. The copy is written whole (``wholefile.py``).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
-from .registry import JobModel, RegistryError
+from .registry import JobModel, Registry, RegistryError
+from .wholefile import write_whole
 
 READ_WITHIN_S = 10.0
 
 
-def fetch(job: JobModel, out: Path) -> None:
+def fetch(registry: Registry, job: JobModel, out: Path) -> None:
     """Write ``job``'s executed notebook, as far as it has run, to ``out``."""
     import nbformat
 
@@ -26,7 +25,7 @@ def fetch(job: JobModel, out: Path) -> None:
     if job.in_cluster:  # its driver pod's log holds it (``kuberun.py``)
         from .kuberun import notebook
 
-        _write(notebook(job), out)
+        write_whole(out, notebook(registry, job))
         return
     source = Path(job.output or "")
     deadline = time.monotonic() + READ_WITHIN_S
@@ -43,15 +42,4 @@ def fetch(job: JobModel, out: Path) -> None:
             if time.monotonic() > deadline:
                 raise RegistryError(f"{source} does not read as a notebook") from None
             time.sleep(0.1)  # papermill is writing it; it is whole again within milliseconds
-    _write(text, out)
-
-
-def _write(text: str, out: Path) -> None:
-    fd, temp = tempfile.mkstemp(dir=out.resolve().parent, prefix=f".{out.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(temp, out)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    write_whole(out, text)

@@ -2,12 +2,18 @@
 
 The driver runs ``podrunner.py`` in the cell's image with the ServiceAccount ``--service-account``
 names (its only credential: the Role docs/backends.md lists); its cells make their gangs from
-inside the cluster. The notebook and the run's row travel in a Secret owned by the Job, so the
-garbage collector removes it with the Job. Everything the submitter learns afterwards comes from
-the API server: the Job's status and the driver's log (``podlog.py``), read by ``refresh``
-(``jupyter mn list``), ``fetch``, ``follow`` (``logs -f``); ``cancel`` deletes the Job in the
-foreground and answers once the driver is told: the cluster removes the rest (the pod hears
-SIGTERM and releases its gangs, which it also owns by ownerReference).
+inside the cluster. What the run is given travels in its Secret, never in the Job's or the pod's
+spec: the notebook and its parameters, the ``--env`` values (the pod's ``JUPYTER_MN_ENV`` is a
+``secretKeyRef``) and the key that seals the driver log's records (``podlog.py``). The Secret is
+created first, so the Job it is named in can only ever mount this one (no one can slip in a
+Secret of that name between the two), then handed to the Job (an ownerReference): the garbage
+collector removes it with the Job. The submitter keeps the key and the Job's UID in its private
+registry (``driverref.py``); everything it learns afterwards comes from the API server, from
+that Job (by name and UID) and its pod (owned by that UID, not found by a label anyone who may
+create pods can set): the Job's status and the driver's log, read by ``refresh`` (``jupyter mn
+list``), ``fetch``, ``follow`` (``logs -f``); ``cancel`` deletes the Job in the foreground and
+answers once the driver is told: the cluster removes the rest (the pod hears SIGTERM and releases
+its gangs, which it also owns by ownerReference).
 """
 
 from __future__ import annotations
@@ -22,14 +28,18 @@ from ..errors import SpecError
 from ..gang.kubernetes.discovery import load_api
 from ..gang.kubernetes.manifests import container_security, pod_security
 from ..gang.kubernetes.rollout import api_errors
-from .podlog import PodLog
-from .podrunner import NOTEBOOK, RUN, RUN_DIR
+from .driverref import DriverRef
+from .podlog import PodLog, new_key
+from .podrunner import KEY, NOTEBOOK, RUN, RUN_DIR
 from .registry import JobModel, Registry, RegistryError
 from .runstate import RUN_ENDED, RunState
 from .submit import Prepared
 
-#: Every object of a run carries it, valued with the run's id.
+#: Every object of a run carries it, valued with the run's id (for people: the code finds its
+#: objects by name and UID).
 RUN_LABEL = "jupyter-mn.io/run"
+#: The label the Job controller gives a Job's pods: its UID.
+CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 MOUNT = "/etc/jupyter-mn/run"
 #: Seconds the driver has, once its Job is deleted, to stop its cell and release its gangs.
 GRACE_S = 60
@@ -47,7 +57,9 @@ def name_of(job_id: str) -> str:
     return f"jmn-run-{job_id}"
 
 
-def manifests(prepared: Prepared, namespace: str, image: str, account: str) -> list[dict[str, Any]]:
+def manifests(
+    prepared: Prepared, namespace: str, image: str, account: str, key: str
+) -> list[dict[str, Any]]:
     """The driver's Job and its Secret (whose ownerReference ``submit`` adds)."""
     model, submission = prepared.model, prepared.submission
     name, labels = name_of(model.id), {RUN_LABEL: model.id}
@@ -59,6 +71,10 @@ def manifests(prepared: Prepared, namespace: str, image: str, account: str) -> l
         "JPY_SESSION_NAME": model.notebook or "",
         "PYTHONUNBUFFERED": "1",
     }
+    from_secret = [
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": name, "key": var}}}
+        for var in sorted(submission.secrets)
+    ]
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": GRACE_S,
@@ -67,7 +83,7 @@ def manifests(prepared: Prepared, namespace: str, image: str, account: str) -> l
                 "name": "driver",
                 "image": image,
                 "command": ["python", "-m", "jupyter_mn.jobs.podrunner"],
-                "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+                "env": [{"name": k, "value": v} for k, v in sorted(env.items())] + from_secret,
                 "volumeMounts": [{"name": "run", "mountPath": MOUNT, "readOnly": True}],
                 "securityContext": container_security(rdma=False),
             }
@@ -90,7 +106,7 @@ def manifests(prepared: Prepared, namespace: str, image: str, account: str) -> l
     with open(submission.notebook) as f:
         notebook = f.read()
     run = {"model": model.to_json(), "parameters": submission.parameters}
-    data = {NOTEBOOK: notebook, RUN: json.dumps(run)}
+    data = {NOTEBOOK: notebook, RUN: json.dumps(run), KEY: key, **submission.secrets}
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -101,8 +117,9 @@ def manifests(prepared: Prepared, namespace: str, image: str, account: str) -> l
 
 
 def submit(prepared: Prepared, registry: Registry) -> JobModel:
-    """Create the driver's Job, then its Secret owned by it; record the run. A refused
-    Secret deletes the Job: nothing is left."""
+    """Create the run's Secret, then the driver's Job, then hand the Secret to the Job; record
+    the run and what only its submitter knows of it (``driverref.py``). A step refused deletes
+    what the steps before made: nothing is left."""
     from kubernetes import client
 
     opts = prepared.spec.kubernetes
@@ -114,27 +131,43 @@ def submit(prepared: Prepared, registry: Registry) -> JobModel:
     model = prepared.model
     model.backend, model.namespace, model.pid = "kubernetes", namespace, 0
     model.output = ""  # in the driver's log: ``notebook`` reads it from there
-    job, secret = manifests(prepared, namespace, image, account)
-    batch = client.BatchV1Api(api)
+    key = new_key()
+    job, secret = manifests(prepared, namespace, image, account, key)
+    name = job["metadata"]["name"]
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    created = None
     try:
-        with api_errors(f"creating the driver Job {job['metadata']['name']}"):
-            created = batch.create_namespaced_job(namespace, job)
-        owner = {"apiVersion": "batch/v1", "kind": "Job"}
-        owner |= {"name": created.metadata.name, "uid": created.metadata.uid}
-        secret["metadata"]["ownerReferences"] = [owner]
+        with api_errors("creating the run's Secret"):
+            core.create_namespaced_secret(namespace, secret)  # 409 if one is there already
         try:
-            with api_errors("creating the run's Secret"):
-                client.CoreV1Api(api).create_namespaced_secret(namespace, secret)
+            with api_errors(f"creating the driver Job {name}"):
+                created = batch.create_namespaced_job(namespace, job)
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name}
+            owner |= {"uid": created.metadata.uid, "controller": True}
+            with api_errors("handing the run's Secret to its Job"):
+                core.patch_namespaced_secret(
+                    name, namespace, {"metadata": {"ownerReferences": [owner]}}
+                )
         except BaseException:
-            batch.delete_namespaced_job(
-                created.metadata.name, namespace, propagation_policy="Foreground"
-            )
+            if created is not None:  # not another's Job of that name
+                _delete(client, batch.delete_namespaced_job, name, namespace)
+            _delete(client, core.delete_namespaced_secret, name, namespace)
             raise
+        DriverRef(key, created.metadata.uid).save(registry.log_dir(model.id))
         model.started = model.heartbeat = time.time()
         registry.save(model)
     finally:
         api.close()
     return model
+
+
+def _delete(client: Any, delete: Callable[..., Any], name: str, namespace: str) -> None:
+    """Delete what a submit that did not finish made (gone already: nothing to do)."""
+    try:
+        delete(name, namespace, propagation_policy="Foreground")
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 def _with_api(what: str, act: Callable[[Any, Any], Any]) -> Any:
@@ -148,22 +181,49 @@ def _with_api(what: str, act: Callable[[Any, Any], Any]) -> Any:
         api.close()
 
 
-def _driver_pod(client: Any, api: Any, job: JobModel) -> Any | None:
+def _driver_job(client: Any, api: Any, job: JobModel, uid: str) -> Any | None:
+    """The run's Job, if the one the submitter made is still there."""
+    try:
+        found = client.BatchV1Api(api).read_namespaced_job(name_of(job.id), job.namespace)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return found if found.metadata.uid == uid else None
+
+
+def _controlled(client: Any, api: Any, namespace: str, uid: str) -> list[Any]:
+    """The pods the Job of ``uid`` controls (the label only narrows the list)."""
     pods = client.CoreV1Api(api).list_namespaced_pod(
-        job.namespace, label_selector=f"{RUN_LABEL}={job.id}"
+        namespace, label_selector=f"{CONTROLLER_UID}={uid}"
     )
-    return pods.items[0] if pods.items else None
+    return [
+        pod
+        for pod in pods.items
+        if any(ref.uid == uid and ref.controller for ref in pod.metadata.owner_references or ())
+    ]
 
 
-def read_log(job: JobModel) -> PodLog | None:
+def _driver_pod(client: Any, api: Any, job: JobModel, uid: str) -> Any | None:
+    """The pod the run's Job made: the oldest it controls."""
+    pods = _controlled(client, api, job.namespace, uid)
+    return min(pods, key=lambda pod: pod.metadata.creation_timestamp, default=None)
+
+
+def _ref(registry: Registry, job: JobModel) -> DriverRef:
+    return DriverRef.load(registry.log_dir(job.id), job.id)
+
+
+def read_log(registry: Registry, job: JobModel) -> PodLog | None:
     """The driver's log as it is now (None: no driver pod, or it has not started)."""
+    ref = _ref(registry, job)
 
     def read(client: Any, api: Any) -> PodLog | None:
-        pod = _driver_pod(client, api, job)
+        pod = _driver_pod(client, api, job, ref.job_uid)
         if pod is None or pod.status.phase == "Pending":
             return None
         text = client.CoreV1Api(api).read_namespaced_pod_log(pod.metadata.name, job.namespace)
-        return PodLog.parse(text)
+        return PodLog.parse(text, ref.key)
 
     return _with_api(f"reading run {job.id}'s driver log", read)
 
@@ -173,14 +233,14 @@ def refresh(registry: Registry, job: JobModel) -> JobModel:
     if RunState(job.state) in RUN_ENDED:
         return job
 
+    uid = _ref(registry, job).job_uid
+
     def status(client: Any, api: Any) -> Any | None:
-        found = client.BatchV1Api(api).list_namespaced_job(
-            job.namespace, label_selector=f"{RUN_LABEL}={job.id}"
-        )
-        return found.items[0].status if found.items else None
+        found = _driver_job(client, api, job, uid)
+        return found.status if found is not None else None
 
     driver = _with_api(f"reading run {job.id}'s driver Job", status)
-    log = read_log(job) if driver is not None else None
+    log = read_log(registry, job) if driver is not None else None
     if log is not None and log.progress is not None:
         p = log.progress
         job.state, job.cells, job.detail, job.error = p.state, p.cells, p.detail, p.error
@@ -195,25 +255,26 @@ def refresh(registry: Registry, job: JobModel) -> JobModel:
     return job
 
 
-def notebook(job: JobModel) -> str:
+def notebook(registry: Registry, job: JobModel) -> str:
     """The executed notebook as far as the run has saved it."""
-    log = read_log(job)
+    log = read_log(registry, job)
     if log is None or log.notebook is None:
         raise RegistryError(f"job {job.id} ({job.state}) has not saved its notebook yet")
     return log.notebook
 
 
-def follow(job: JobModel, tail: int, write: Callable[[str], None]) -> None:
+def follow(registry: Registry, job: JobModel, tail: int, write: Callable[[str], None]) -> None:
     """Write the driver's output lines (the last ``tail``, then new ones) until it ends."""
     from kubernetes import client, watch
 
+    ref = _ref(registry, job)
     api, _ = load_api()
     try:
         with api_errors(f"following run {job.id}'s driver log"):
-            pod = _driver_pod(client, api, job)
+            pod = _driver_pod(client, api, job, ref.job_uid)
             while pod is not None and pod.status.phase == "Pending":
                 time.sleep(0.5)  # its log exists once the pod runs
-                pod = _driver_pod(client, api, job)
+                pod = _driver_pod(client, api, job, ref.job_uid)
             if pod is None:
                 raise RegistryError(f"job {job.id} has no driver pod")
             lines = watch.Watch().stream(
@@ -225,30 +286,34 @@ def follow(job: JobModel, tail: int, write: Callable[[str], None]) -> None:
                 _request_timeout=FOLLOW_TIMEOUT_S,
             )
             for line in lines:
-                for text in PodLog.parse(line).lines:
+                for text in PodLog.parse(line, ref.key).lines:
                     write(text)
     finally:
         api.close()
 
 
 def cancel(registry: Registry, job: JobModel, wait: float | None) -> JobModel:
-    """Delete the driver's Job in the foreground and let the cluster remove the rest: the
-    garbage collector deletes the driver pod (SIGTERM: it interrupts its cell and shuts its
-    kernel down, which releases its gangs, within ``GRACE_S``), the gangs' Jobs it owns and the
-    run's Secret, all at once. Returns once the driver has been told (its pod terminating or
-    gone, at most ``TOLD_S``), or with ``wait`` once nothing of the run is left
-    (``RegistryError`` naming what is, after ``wait`` seconds). A run still going is then
-    CANCELLED."""
+    """Delete the driver's Job in the foreground (only the one the submitter made: a UID
+    precondition) and let the cluster remove the rest: the garbage collector deletes the driver
+    pod (SIGTERM: it interrupts its cell and shuts its kernel down, which releases its gangs,
+    within ``GRACE_S``), the gangs' Jobs it owns and the run's Secret, all at once. Returns once
+    the driver has been told (its pod terminating or gone, at most ``TOLD_S``), or with ``wait``
+    once nothing of the run is left (``RegistryError`` naming what is, after ``wait`` seconds).
+    A run still going is then CANCELLED."""
+    uid = _ref(registry, job).job_uid
 
     def stop(client: Any, api: Any) -> list[str]:
-        objects = RunObjects(client, api, job)
-        objects.read()  # the driver pods' uids, before the Job that names them is gone
+        objects = RunObjects(client, api, job, uid)
+        objects.read()  # the driver pods' uids, before the Job that owns them is gone
+        only_it = client.V1Preconditions(uid=uid)  # not a Job made since under its name
         try:
             client.BatchV1Api(api).delete_namespaced_job(
-                name_of(job.id), job.namespace, propagation_policy="Foreground"
+                name_of(job.id),
+                job.namespace,
+                body=client.V1DeleteOptions(propagation_policy="Foreground", preconditions=only_it),
             )
         except client.ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):  # 409: the precondition, another Job
                 raise
         deadline = time.monotonic() + (TOLD_S if wait is None else wait)
         while not (objects.told() if wait is None else not objects.read()):
@@ -269,46 +334,39 @@ def cancel(registry: Registry, job: JobModel, wait: float | None) -> JobModel:
 
 
 class RunObjects:
-    """What of a run exists, found by uid rather than by a label anyone may set: its Job (by
-    name), the driver pods that Job controls, its Secret, and the gangs' Jobs those pods own
-    with their pods. Uids seen once are kept, so a gang is found after its driver is gone."""
+    """What of a run exists, found by UID rather than by a label anyone may set: its Job (by
+    name and UID), the driver pods that Job controls, its Secret, and the gangs' Jobs those pods
+    own with their pods. UIDs seen once are kept, so a gang is found after its driver is gone."""
 
-    def __init__(self, client: Any, api: Any, job: JobModel) -> None:
-        self.batch, self.core = client.BatchV1Api(api), client.CoreV1Api(api)
-        self.ApiException = client.ApiException
-        self.job, self.name = job, name_of(job.id)
-        self.owners: set[str] = set()  # the run Job's uid, and its driver pods'
-        self._drivers: list[Any] = []
+    def __init__(self, client: Any, api: Any, job: JobModel, uid: str) -> None:
+        self.client, self.api, self.job, self.uid = client, api, job, uid
+        self.core = client.CoreV1Api(api)
+        self.owners = {uid}  # the run Job's UID, and its driver pods'
+        self.name = name_of(job.id)
 
     def read(self) -> list[str]:
         """Every object of the run that still exists, as ``kind/name``."""
-        namespace = self.job.namespace
-        jobs = self.batch.list_namespaced_job(namespace).items
-        run = [j for j in jobs if j.metadata.name == self.name]
-        self.owners |= {j.metadata.uid for j in run}
-        self._drivers = self._pods_of(self.owners)
-        self.owners |= {p.metadata.uid for p in self._drivers}
+        run = _driver_job(self.client, self.api, self.job, self.uid)
+        drivers = self._pods_of(self.uid)
+        self.owners |= {p.metadata.uid for p in drivers}
+        jobs = self.client.BatchV1Api(self.api).list_namespaced_job(self.job.namespace).items
         gangs = [
             j for j in jobs if any(o.uid in self.owners for o in j.metadata.owner_references or [])
         ]
-        pods = self._drivers + self._pods_of({j.metadata.uid for j in gangs})
-        found = [f"jobs/{j.metadata.name}" for j in run + gangs]
+        pods = drivers + [p for g in gangs for p in self._pods_of(g.metadata.uid)]
+        found = [f"jobs/{j.metadata.name}" for j in ([run] if run else []) + gangs]
         found += [f"pods/{p.metadata.name}" for p in pods]
         try:
-            self.core.read_namespaced_secret(self.name, namespace)
+            self.core.read_namespaced_secret(self.name, self.job.namespace)
             found.append(f"secrets/{self.name}")
-        except self.ApiException as exc:
+        except self.client.ApiException as exc:
             if exc.status != 404:
                 raise
         return found
 
     def told(self) -> bool:
         """Whether every driver pod is terminating (its SIGTERM sent) or gone."""
-        self._drivers = self._pods_of(self.owners)
-        return all(p.metadata.deletion_timestamp for p in self._drivers)
+        return all(p.metadata.deletion_timestamp for p in self._pods_of(self.uid))
 
-    def _pods_of(self, jobs: set[str]) -> list[Any]:
-        if not jobs:
-            return []
-        selector = f"batch.kubernetes.io/controller-uid in ({','.join(sorted(jobs))})"
-        return self.core.list_namespaced_pod(self.job.namespace, label_selector=selector).items
+    def _pods_of(self, uid: str) -> list[Any]:
+        return _controlled(self.client, self.api, self.job.namespace, uid)

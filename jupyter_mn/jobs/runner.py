@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from papermill.iorw import LocalHandler, papermill_io
+
 from ..wire.events import LogLines
 from . import runcell, runusage
 from .gc import clean
@@ -37,6 +39,7 @@ from .joblogs import OUTPUT_RANK, JobLogWriter
 from .registry import HOST, JOB_HEARTBEAT_S, ORPHANED, Registry, Request
 from .runstate import RunState
 from .submit import KERNEL, Submission, counted_cell
+from .wholefile import write_whole
 
 POLL_S = 0.25
 #: Seconds between papermill's saves of the executed notebook within one long cell.
@@ -73,6 +76,15 @@ class OutputLog:
             self.write("\n")
 
 
+class WholeFiles(LocalHandler):
+    """Papermill's I/O for local paths, its saves written whole (``wholefile.py``): the
+    executed notebook is opened when written, not when submitted, and a link placed at ``-o
+    OUT`` meanwhile is replaced rather than followed."""
+
+    def write(self, buf: str, path: str) -> None:
+        write_whole(Path(path), buf)
+
+
 class Run:
     def __init__(self, submission: Submission, registry: Registry) -> None:
         from jupyter_client.manager import AsyncKernelManager
@@ -104,6 +116,8 @@ class Run:
         from nbclient.exceptions import DeadKernelError
         from papermill.cli import _resolve_type  # the types papermill's own ``-p`` gives
 
+        papermill_io.register("/", WholeFiles())  # every path here is absolute (``prepare``)
+        os.environ.update(self.submission.secrets)  # the kernel's, as a kernel's own --env
         if self.slurm_job and not self._slurm_start():
             self.logs.close()
             return

@@ -9,13 +9,12 @@ run's own row holds the total of its largest unit; its ``up`` stays unset, so
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..model import usage
 from .registry import JobModel
+from .wholefile import write_whole
 
 #: The executed notebook's metadata key.
 KEY = "jupyter_mn"
@@ -51,18 +50,10 @@ def metadata(run: JobModel, state: str, gangs: list[JobModel]) -> dict[str, Any]
 
 
 def write(notebook: Path, meta: dict[str, Any]) -> None:
-    """Put ``meta`` into the executed notebook, whole (a temporary file renamed, with the
-    notebook's mode), so a ``fetch`` meanwhile reads the old or the new one."""
+    """Put ``meta`` into the executed notebook, whole (``wholefile.py``), so a ``fetch``
+    meanwhile reads the old or the new one."""
     import nbformat
 
     nb = nbformat.read(notebook, as_version=4)
     nb.metadata[KEY] = meta
-    fd, temp = tempfile.mkstemp(dir=notebook.parent, prefix=f".{notebook.name}.")
-    try:
-        os.fchmod(fd, os.stat(notebook).st_mode & 0o777)
-        with os.fdopen(fd, "w") as f:
-            nbformat.write(nb, f)
-        os.replace(temp, notebook)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    write_whole(notebook, nbformat.writes(nb))

@@ -37,7 +37,7 @@ def batch_script(spec: ClusterSpec, job_id: str, log_dir: Path, cwd: Path) -> st
     """The run's job: ``spec.nodes`` nodes for its cells' gangs; the runner reads its
     submission from the registry (on the shared home, like the runtime dir)."""
     from ..gang.slurm.provision import partition_has_gpus
-    from ..gang.slurm.sbatch import gres, placement_options
+    from ..gang.slurm.sbatch import directive, gres, placement_options
 
     options = [
         f"--job-name={job_id}",
@@ -48,7 +48,7 @@ def batch_script(spec: ClusterSpec, job_id: str, log_dir: Path, cwd: Path) -> st
         "--requeue" if spec.retries else "--no-requeue",
         *placement_options(spec, gres(spec, partition_has_gpus(spec))),
     ]
-    lines = ["#!/bin/sh", *(f"#SBATCH {shlex.quote(opt)}" for opt in options)]
+    lines = ["#!/bin/sh", *map(directive, options)]
     lines += [
         f"# jupyter_mn submitted run {job_id}: the notebook's kernel runs here, on the job's",
         "# first node; its %%cluster cells are steps of this job.",

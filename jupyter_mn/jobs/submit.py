@@ -52,6 +52,9 @@ class Submission:
     parameters: dict[str, str]
     #: ``--retries``: how often a Slurm requeue may start the run over (``slurmrun.py``)
     retries: int = 0
+    #: variables the runner gives its kernel that hold secrets (``ENV_VARIABLE``): they travel
+    #: here (a pipe, or the registry's 0600 file on Slurm), never in a Slurm job's environment
+    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -63,7 +66,8 @@ class Submission:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A checked submission: its row, and the environment its runner starts with."""
+    """A checked submission: its row, and the environment its runner starts with (less the
+    secrets, which travel in the ``Submission``)."""
 
     submission: Submission
     model: JobModel
@@ -84,7 +88,7 @@ def prepare(
 ) -> Prepared:
     """Check everything and build the run's row; raises ``SpecError`` with a one-line reason."""
     from ..model.gangids import gang_id
-    from ..model.spec import ClusterSpec
+    from ..model.spec import ENV_VARIABLE, ClusterSpec
 
     path, cells = _notebook(notebook)
     _parameters(path, cells, parameters)
@@ -94,10 +98,11 @@ def prepare(
         options = defaults["kubernetes"]
         defaults["kubernetes"] = {k: v for k, v in options.items() if k != "service_account"}
     environ = defaults_environ(defaults)
+    secrets = {ENV_VARIABLE: environ.pop(ENV_VARIABLE)} if ENV_VARIABLE in environ else {}
     _kernel_exists()
     _backend_reachable(spec.backend)
     job_id = gang_id(name or path.stem)
-    target = Path(output).resolve() if output else Registry().log_dir(job_id) / "output.ipynb"
+    target = _output(output) if output else Registry().log_dir(job_id) / "output.ipynb"
     if output and not target.parent.is_dir():
         raise SpecError(f"-o {output}: no directory {target.parent}")
     now = time.time()
@@ -117,7 +122,7 @@ def prepare(
         output=str(target),
         cells_total=_code_cells(cells),
     )
-    submission = Submission(job_id, str(path), str(target), dict(parameters), spec.retries)
+    submission = Submission(job_id, str(path), str(target), dict(parameters), spec.retries, secrets)
     prepared = Prepared(submission, model, environ, spec)
     if model.backend != "slurm":
         return prepared
@@ -127,6 +132,13 @@ def prepare(
     script = slurmrun.batch_script(spec, job_id, log_dir, path.parent)
     slurmrun.check(spec, script, slurmrun.environ(_run_environ(prepared)))
     return dataclasses.replace(prepared, script=script)
+
+
+def _output(output: str) -> Path:
+    """``-o OUT`` as an absolute path, its directory resolved but not its name: what is at OUT
+    when the runner writes (``wholefile.py``) counts, not a link someone placed there now."""
+    path = Path(os.path.abspath(output))
+    return path.parent.resolve() / path.name
 
 
 def _run_environ(prepared: Prepared) -> dict[str, str]:

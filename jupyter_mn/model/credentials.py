@@ -33,14 +33,18 @@ _KEY_NAME = re.compile(r"(?i)(^|_)key$")
 _KEY_TEXT = re.compile(r"[A-Za-z0-9+/=_-]{16,}")
 _DIGIT = re.compile(r"\d")
 #: Shapes of credentials, each found by a literal it holds (a fast search) and then its pattern:
-#: PEM private keys, JWTs, URLs with a password (a port is no password), Azure connection
-#: strings' keys, Slack and Discord webhooks, and the prefixes of OpenAI / Stripe (sk-, sk_,
-#: rk_), Hugging Face, GitHub, GitLab, npm, AWS (long-term and temporary), Google (API keys and
-#: OAuth access tokens) and Slack tokens.
+#: PEM private keys, JWTs, URLs with a password (a port is no password, but ``u:123/abc@h``
+#: has one), Azure connection strings' keys, ODBC connection strings' ``Password=…;``, Slack and
+#: Discord webhooks, and the prefixes of OpenAI / Stripe (sk-, sk_, rk_), Hugging Face, GitHub,
+#: GitLab, npm, PyPI, AWS (long-term and temporary), Google (API keys and OAuth access tokens)
+#: and Slack tokens.
 _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("PRIVATE KEY-----", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")),
     ("eyJ", re.compile(r"eyJ(?<!\weyJ)[\w-]{6,}\.[\w-]{6,}\.[\w-]{6,}")),
-    ("://", re.compile(r"://[^\s/:@]{0,256}:(?!\d+(?:/|$))[^\s@]{1,256}@")),
+    (
+        "://",
+        re.compile(r"://[^\s/:@]{0,256}:(?:(?!\d+(?:/|$))[^\s@]{1,256}|\d+/[^\s/@]{1,256})@"),
+    ),
     ("AccountKey=", re.compile(r"AccountKey=[A-Za-z0-9+/]{16,}")),
     ("SharedAccessKey=", re.compile(r"SharedAccessKey=[A-Za-z0-9+/]{16,}")),
     (
@@ -49,10 +53,18 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     ("/api/webhooks/", re.compile(r"discord(?:app)?\.com/api/webhooks/\d+/[\w-]{16,}")),
     ("ya29.", re.compile(r"ya29\.(?<!\wya29\.)[\w-]{16,}")),
+    (
+        ";",
+        re.compile(
+            r"(?im)(?:;[ \t]*(?:password|pwd)[ \t]*=[ \t]*[^;\s]"
+            r"|^[ \t]*(?:password|pwd)[ \t]*=[ \t]*[^;\s][^;\n]*;)"
+        ),
+    ),
     *(
         (prefix, re.compile(rf"{re.escape(prefix)}(?<![A-Za-z0-9]{re.escape(prefix)})[\w-]{{16,}}"))
         for prefix in (
-            *("sk-", "sk_", "rk_", "hf_", "github_pat_", "glpat-", "npm_", "AKIA", "ASIA", "AIza"),
+            *("sk-", "sk_", "rk_", "hf_", "github_pat_", "glpat-", "npm_", "pypi-"),
+            *("AKIA", "ASIA", "AIza"),
             *(f"gh{c}_" for c in "pousr"),
             *(f"xox{c}-" for c in "abpr"),
         )
@@ -62,6 +74,8 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 _SHORTEST = 8
 #: An option or a parameter's name (``--password``, ``api_key``), not a path or a value.
 _WORD = re.compile(r"-{0,2}[A-Za-z_][\w.-]*")
+#: Options whose value is ``NAME=VALUE``, each VALUE a secret whatever its name (``--env``).
+_PAIR_OPTIONS = frozenset({"--env"})
 #: The most a value is searched, in characters of text and in items held (a model's modules, a
 #: dataset's rows): past either, the value is taken for one that holds a credential.
 _TEXT_BUDGET = 16 << 20
@@ -203,15 +217,23 @@ def _function_held(fn: FunctionType) -> list[tuple[str, Any]]:
 def mask_argv(argv: list[str]) -> list[str]:
     """A command line with what looks like a credential replaced by ``***``: the value of an
     option named like one (``--IdentityProvider.token=…``, ``--password …``, papermill's
-    ``-p api_key …``) and any argument shaped like one.
+    ``-p api_key …``), every ``--env NAME=VALUE``'s value (it is there to reach the ranks
+    unseen, whatever its name) and any argument shaped like one.
 
     >>> mask_argv(["jupyter-lab", "--ServerApp.token=abc", "-p", "db_password", "pw", "x.ipynb"])
     ['jupyter-lab', '--ServerApp.token=***', '-p', 'db_password', '***', 'x.ipynb']
+    >>> mask_argv(["jupyter mn", "submit", "--env", "WANDB=k1", "--env=SEED=7", "x.ipynb"])
+    ['jupyter mn', 'submit', '--env', 'WANDB=***', '--env=SEED=***', 'x.ipynb']
     """
     masked: list[str] = []
-    hide_next = False
+    hide_next = pair_next = False
     for arg in argv:
-        option, eq, _ = arg.partition("=")
+        option, eq, value = arg.partition("=")
+        if pair_next or (eq and option in _PAIR_OPTIONS):
+            masked.append(_masked_pair(arg) if pair_next else f"{option}={_masked_pair(value)}")
+            hide_next = pair_next = False
+            continue
+        pair_next = arg in _PAIR_OPTIONS
         if hide_next or secret_value(arg):
             masked.append(f"{option}={MASK}" if eq and not hide_next else MASK)
             hide_next = False
@@ -222,3 +244,9 @@ def mask_argv(argv: list[str]) -> list[str]:
         masked.append(arg)
         hide_next = bool(_WORD.fullmatch(arg)) and secret_name(arg)
     return masked
+
+
+def _masked_pair(pair: str) -> str:
+    """``NAME=VALUE`` as ``NAME=***``."""
+    name, eq, _ = pair.partition("=")
+    return f"{name}={MASK}" if eq else MASK

@@ -34,6 +34,10 @@ _OPTIONS = {"kubernetes": KubeOptions, "slurm": SlurmOptions}
 VIEWS = ("auto", "widget", "text")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 ENV_PREFIX = "JUPYTER_MN_"
+#: The variable that carries ``--env`` into a kernel (submitted runs' defaults): the values it
+#: holds are secrets, whatever their names, so it travels only where secrets do (a Kubernetes
+#: Secret, a 0600 file), never in a Slurm job's environment or a pod's spec.
+ENV_VARIABLE = ENV_PREFIX + "ENV"
 #: Patterns are used with ``fullmatch``: ``$`` would let a trailing newline through.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_WORLD_SIZE = 65536

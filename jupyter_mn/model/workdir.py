@@ -4,11 +4,11 @@ A notebook imports its neighbours (``from model import Net``) and reads files be
 whose filesystem is not the kernel's (a pod, a worker elsewhere) gets a copy. What travels: the
 directory's files less ``.gitignore``'s (each directory's own, as git reads them), the user's
 ``--workdir-exclude`` patterns and what never belongs on a node (version control, caches,
-environments, and credentials: ``CREDENTIALS`` by name, other files by content); Python sources
-of any size and other files up to ``SMALL_FILE``; all of it within ``--workdir-limit``. A link
-to a file outside the directory is not followed, and the home directory is not sent at all:
-copies land in every node's working directory and a cache that outlives the gang. Everything is
-checked here, in the kernel, before anything starts.
+environments, and credentials: ``CREDENTIALS`` by name, other files by content, a hard-linked
+Python source too); Python sources of any size and other files up to ``SMALL_FILE``; all of it
+within ``--workdir-limit``. A link to a file outside the directory is not followed, and the home
+directory is not sent at all: copies land in every node's working directory and a cache that
+outlives the gang. Everything is checked here, in the kernel, before anything starts.
 """
 
 from __future__ import annotations
@@ -67,14 +67,22 @@ CREDENTIALS = (
     ".git-credentials",
     ".env",
     ".env.*",
+    "*.env",
     ".envrc",
+    "secrets.*",
+    ".pypirc",
+    ".databrickscfg",
+    ".vault-token",
+    "**/.kaggle/",
+    "**/.config/rclone/",
     "**/.local/share/jupyter/runtime/",
     "kernel-*.json",
     "jpserver-*.json",
 )
 #: Files other than Python sources up to this size are read, and left behind when their
 #: content looks like a credential (``credentials.secret_value``): a key or a token file under
-#: another name. Python sources travel as they are (the ranks import them).
+#: another name. Python sources travel as they are (the ranks import them), unless hard-linked:
+#: a file with another name may be anything under this one (``ln ~/.ssh/id_rsa util.py``).
 SCANNED = 1 << 20
 #: How many of the largest files an over-the-limit error names.
 _NAMED = 5
@@ -153,7 +161,8 @@ def select(root: str, exclude: Sequence[str] = (), limit: int = WORKDIR_LIMIT) -
             )
         listed = Listed(path, st.st_size, st.st_mtime_ns, st.st_ino, bool(st.st_mode & 0o111))
         python = path.endswith(".py")
-        if not python and st.st_size <= SCANNED and _looks_secret(full, listed):
+        scanned = not python or st.st_nlink > 1
+        if scanned and st.st_size <= SCANNED and _looks_secret(full, listed):
             withheld.append((path, "it looks like a credential"))
             continue
         (files if python or st.st_size <= SMALL_FILE else skipped).append(listed)

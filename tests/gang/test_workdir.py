@@ -281,6 +281,27 @@ def test_credentials_and_links_outside_the_directory_reach_neither_a_node_nor_it
         node.remove()
 
 
+#: Credential files that once travelled (issue 51): each left behind by its name.
+NAMED_SECRETS = {
+    "prod.env": "DATABASE_URL=secret-prodenv\n",
+    "config/secrets.yaml": "password: secret-yaml\n",
+    ".pypirc": "[pypi]\nusername = __token__\npassword = secret-pypirc\n",
+    ".databrickscfg": "[DEFAULT]\ntoken = secret-databricks\n",
+    ".vault-token": "secret-vault\n",
+    ".kaggle/kaggle.json": '{"username": "me", "key": "secret-kaggle"}\n',
+    ".config/rclone/rclone.conf": "[s3]\nsecret_access_key = secret-rclone\n",
+}
+
+
+def test_credential_files_by_name_and_a_source_hard_linked_to_a_key_stay_behind(tmp_path):
+    root = make(tmp_path / "notebook", {"model.py": "x = 1\n", **NAMED_SECRETS})
+    key = make(tmp_path / "home", {".ssh/id_ed25519": "-----BEGIN OPENSSH PRIVATE KEY-----\n"})
+    os.link(key / ".ssh" / "id_ed25519", root / "util.py")  # `ln ~/.ssh/id_ed25519 util.py`
+    selection = select(str(root))
+    assert [f.path for f in selection.files] == ["model.py"]
+    assert dict(selection.withheld) == {"util.py": "it looks like a credential"}
+
+
 def test_the_home_directory_and_a_link_in_a_circle_are_refused_with_what_to_do(
     tmp_path, monkeypatch
 ):

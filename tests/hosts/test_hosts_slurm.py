@@ -7,6 +7,7 @@ The preflight doctor runs in the first gang test only; the others are about sche
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import nbformat
 import psutil
@@ -45,6 +47,7 @@ from tests.hosts.test_hosts_dask import CHECK
 from tests.support.bigvalue import check_big_push, check_big_value
 from tests.support.jobs import make_job
 from tests.support.kernels import Kernel
+from tests.support.otheruser import other_user
 from tests.support.polling import wait_until
 from tests.support.runs import JUPYTER_MN, submit_in_a_shell
 from tests.support.slurm import SlurmCluster
@@ -424,3 +427,68 @@ def test_a_slurm_run_the_cluster_cannot_hold_is_refused_in_one_line_before_anyth
     assert error in line and line.startswith("jupyter mn"), line
     assert not [j for j in jobs() if j.notebook == str(nb)]
     assert jobs_after(slurm, mark) == []
+
+
+def test_a_notebook_in_a_directory_whose_name_holds_a_newline_is_refused_and_runs_nothing(
+    slurm, tmp_path
+):
+    """Another user names a shared directory ``d⏎touch NAME #``: its ``--chdir`` line would
+    end at the newline and the batch script run ``touch``; the run is refused in one line."""
+    with other_user() as other:
+        pwned = f"pwned-{os.getpid()}"
+        other.sh(f"mkdir -m 777 \"$(printf 'd\\ntouch {pwned} #')\"")
+        (folder,) = other.shared.iterdir()
+        nb = notebook(folder / "nb.ipynb", "x = 1", "print(x)")
+        mark = slurm.run(*MARK).strip()
+        argv = [*JUPYTER_MN, "submit", str(nb), *SUBMIT]
+        refused = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        (line,) = refused.stderr.splitlines()
+        assert "holds a control character" in line and "--chdir=" in line, line
+        assert not [j for j in jobs() if j.notebook == str(nb)]
+        assert jobs_after(slurm, mark) == []
+        assert not list(tmp_path.rglob(f"{pwned}*")) and not list(other.shared.rglob(f"{pwned}*"))
+
+
+def test_a_slurm_runs_secrets_reach_its_ranks_and_nothing_slurm_keeps_or_shows(
+    slurm, tmp_path, no_leftovers
+):
+    """A secret parameter and a secret ``--env`` value: the ranks see the value, the fetched
+    notebook has the parameter, and neither is in what Slurm shows of the job (``scontrol show
+    job -dd``, its batch script), keeps (slurmctld's state, slurmd's spool, the logs) or gives
+    the step (its tasks' environment)."""
+    token, value = "hf_" + uuid.uuid4().hex, "wandb-" + uuid.uuid4().hex
+    seen = hashlib.sha256(value.encode()).hexdigest()
+    go = tmp_path / "go"
+    nb = notebook(
+        tmp_path / "secret.ipynb",
+        "token = ''",
+        "%%cluster\nimport hashlib, os\n"
+        "print('ranks see', hashlib.sha256(os.environ['WANDB_API_KEY'].encode()).hexdigest())",
+        f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.2)",
+    )
+    job_id = submit(str(nb), *SUBMIT, "-p", "token", token, "--env", f"WANDB_API_KEY={value}")
+    running_cell(job_id, f"[node 1 rank 1] ranks see {seen}")
+    (slurm_id,) = (line.split()[0] for line in slurm.jobs())
+    shown = slurm.run("scontrol", "show", "job", "-dd", slurm_id)
+    shown += slurm.run("scontrol", "write", "batch_script", slurm_id, "-")
+    kept = [
+        str(path)
+        for path in slurm.root.rglob("*")
+        if path.is_file() and any(s.encode() in path.read_bytes() for s in (token, value))
+    ]
+    steps = [  # the step's srun and its task on each node, with the environment srun gave
+        p.info
+        for p in psutil.process_iter(["cmdline", "environ"])
+        if STEP_MODULE in (p.info["cmdline"] or [])
+    ]
+    assert len([step for step in steps if step["environ"]]) >= 2
+    in_steps = [step["cmdline"] for step in steps if value in str(step["environ"])]
+    go.touch()
+    run = ended(job_id)
+    assert run.state == "SUCCEEDED", run.error
+    assert "#SBATCH" in shown and token not in shown and value not in shown
+    assert kept == [] and in_steps == []
+    mn("fetch", job_id, str(tmp_path / "out.ipynb"))
+    assert token in nbformat.read(tmp_path / "out.ipynb", 4).cells[1].source
+    wait_until(lambda: not slurm.jobs(), 30, "the run's job to leave squeue")

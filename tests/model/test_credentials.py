@@ -23,6 +23,10 @@ TOKEN = "ghp_" + "k2" * 18
             ["train.py", "--password", "***", "--lr", "0.1"],
         ),
         (["run", TOKEN, f"--url=https://me:{TOKEN}@host/x"], ["run", "***", "--url=***"]),
+        (
+            ["jupyter mn", "submit", "--env", "WANDB_API_KEY=k1", "--env=SEED=7", "nb.ipynb"],
+            ["jupyter mn", "submit", "--env", "WANDB_API_KEY=***", "--env=SEED=***", "nb.ipynb"],
+        ),
         (["python", "-m", "ipykernel_launcher", "-f", "/run/kernel-1.json"], None),
     ],
 )
@@ -51,6 +55,11 @@ BYPASSES = [
     ("NPMRC", "npm_" + "aB3" * 12),
     ("STRIPE", "rk_live_" + "51Hx" * 6),
     ("AWS_ID", "ASIA" + "Q7XK" * 4),
+    # issue 51
+    ("DB_URL", "postgres://u:" + "123/abc" + "@h"),
+    ("UPLOAD", "pypi-" + "AgEIcHlwaS5vcmc" * 3),
+    ("CONN", "Driver={ODBC Driver 18};Server=db;UID=me;" + "Password=hunter2;"),
+    ("CONN_LAST", "Server=db;UID=me;" + "PWD=hunter2"),
 ]
 
 
@@ -71,6 +80,9 @@ def test_neighbours_of_those_names_and_shapes_are_no_credentials():
         ("registry", "https://registry.local:4873/@scope/pkg"),
         ("PATH", "/usr/local/bin:/usr/bin"),
         ("webhook_doc", "https://api.slack.com/messaging/webhooks"),
+        ("conn", "Driver={ODBC Driver 18};Server=db;Trusted_Connection=yes;"),
+        ("blank", "Server=db;Password=;"),
+        ("mastodon", "https://mastodon.social:443/@me"),
     ]:
         assert not holds_secret(name, value), (name, value)
 

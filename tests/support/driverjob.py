@@ -9,6 +9,7 @@ from typing import Any
 import nbformat
 
 from jupyter_mn.jobs import kuberun
+from jupyter_mn.jobs.podlog import new_key
 from jupyter_mn.jobs.registry import JobModel
 from jupyter_mn.jobs.submit import Prepared, Submission
 
@@ -19,5 +20,6 @@ def driver_job(folder: Path, namespace: str) -> dict[str, Any]:
     nbformat.write(nbformat.v4.new_notebook(), notebook)
     model = JobModel("r1", "run", "jmn-r1", "kubernetes", "1x1", 1, 1, "queued", 0.0)
     submission = Submission("r1", str(notebook), str(folder / "out.ipynb"), {})
-    job, _ = kuberun.manifests(Prepared(submission, model, {}), namespace, "agent:1", "")
+    prepared = Prepared(submission, model, {})
+    job, _ = kuberun.manifests(prepared, namespace, "agent:1", "", new_key())
     return job

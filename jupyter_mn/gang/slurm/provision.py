@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import JupyterMNError, SchedulingError
 from ...model.credentials import secret_item
-from ...model.spec import ClusterSpec
+from ...model.spec import ENV_VARIABLE, ClusterSpec
 from ...wire.events import NodesWaiting, Note, OnEvent
 from ...wire.tlsfiles import TLS_DIR_VAR, TLS_FILES, tls_address
 from . import commands
@@ -141,8 +141,13 @@ def job_environ(environ: Mapping[str, str]) -> dict[str, str]:
     the names ``EXPORTED`` allows, less what looks like a credential among them. slurmctld keeps
     a job's environment, and with ``AccountingStoreFlags=job_env`` so does the accounting
     database: a name not foreseen (``MYSQL_PWD``, ``SIGNING_KEY``, a token under a neutral name)
-    stays in the kernel. ``--env`` values reach the ranks through the gang, not the job."""
-    return {k: v for k, v in environ.items() if _EXPORTED.fullmatch(k) and not secret_item(k, v)}
+    stays in the kernel. ``--env`` values reach the ranks through the gang, not the job: their
+    variable (``ENV_VARIABLE``, a submitted run's defaults) stays too."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if _EXPORTED.fullmatch(k) and k != ENV_VARIABLE and not secret_item(k, v)
+    }
 
 
 def plan(spec: ClusterSpec, gang_id: str, port: int, has_gpus: bool) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from ...errors import SpecError
 from ...model.spec import ClusterSpec
 
 #: the module every task runs
@@ -92,10 +93,22 @@ def srun_argv(python: str, nodes: int, nodelist: str = "") -> list[str]:
     return [*argv, python, "-m", STEP_MODULE]
 
 
+def directive(option: str) -> str:
+    """``option`` as a batch script's ``#SBATCH`` line. Such a line ends at a newline, and what
+    follows it runs as shell (quoting does not carry a newline across), so an option holding a
+    control character (a directory named ``x\\ntouch y``) is refused, before anything runs."""
+    if not option.isprintable():
+        raise SpecError(
+            f"{option!r}: holds a control character, which a batch script's #SBATCH line "
+            "cannot carry (rename the directory or value)"
+        )
+    return f"#SBATCH {shlex.quote(option)}"
+
+
 def batch_script(spec: ClusterSpec, batch: Batch) -> str:
     """The whole script ``sbatch`` reads from stdin."""
     lines = ["#!/bin/sh"]
-    lines += [f"#SBATCH {shlex.quote(opt)}" for opt in sbatch_options(spec, batch)]
+    lines += [directive(opt) for opt in sbatch_options(spec, batch)]
     lines += [
         f"# jupyter_mn gang {batch.gang_id}: {spec.nodes} node(s) x {spec.gpus} rank(s).",
         "# Task 0 runs the gang's TLS dask scheduler, every task a worker and its node agent;",

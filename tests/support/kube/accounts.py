@@ -42,16 +42,20 @@ DOCUMENTED_ROLE = [
 
 
 def service_account_kubeconfig(
-    control: real.ControlPlane, name: str, rules: list[dict[str, Any]]
+    control: real.ControlPlane, name: str, rules: list[dict[str, Any]] | str
 ) -> Path:
-    """A ServiceAccount bound to a Role of ``rules`` in ``default``; a kubeconfig whose only
-    credential is its token (as a notebook's pod has)."""
+    """A ServiceAccount bound in ``default`` to a Role of ``rules``, or to the ClusterRole
+    ``rules`` names (``view``); a kubeconfig whose only credential is its token (as a
+    notebook's pod has)."""
     rest, base = control.rest, "/apis/rbac.authorization.k8s.io/v1/namespaces/default"
     rest.create("/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": name}})
-    rest.create(f"{base}/roles", {"metadata": {"name": name}, "rules": rules})
+    role = {"kind": "ClusterRole", "name": rules} if isinstance(rules, str) else None
+    if role is None:
+        rest.create(f"{base}/roles", {"metadata": {"name": name}, "rules": rules})
+        role = {"kind": "Role", "name": name}
     binding = {
         "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", **role},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}],
     }
     rest.create(f"{base}/rolebindings", binding)
