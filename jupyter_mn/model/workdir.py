@@ -69,7 +69,7 @@ CREDENTIALS = (
     ".env.*",
     "*.env",
     ".envrc",
-    "secrets.*",
+    *(f"secrets.{ext}" for ext in ("yaml", "yml", "json", "toml", "ini", "cfg", "txt")),
     ".pypirc",
     ".databrickscfg",
     ".vault-token",

@@ -294,11 +294,12 @@ NAMED_SECRETS = {
 
 
 def test_credential_files_by_name_and_a_source_hard_linked_to_a_key_stay_behind(tmp_path):
-    root = make(tmp_path / "notebook", {"model.py": "x = 1\n", **NAMED_SECRETS})
+    sources = {"model.py": "x = 1\n", "secrets.py": "TOKEN_ENV = 'HF_TOKEN'\n"}  # a module
+    root = make(tmp_path / "notebook", {**sources, **NAMED_SECRETS})
     key = make(tmp_path / "home", {".ssh/id_ed25519": "-----BEGIN OPENSSH PRIVATE KEY-----\n"})
     os.link(key / ".ssh" / "id_ed25519", root / "util.py")  # `ln ~/.ssh/id_ed25519 util.py`
     selection = select(str(root))
-    assert [f.path for f in selection.files] == ["model.py"]
+    assert [f.path for f in selection.files] == ["model.py", "secrets.py"]
     assert dict(selection.withheld) == {"util.py": "it looks like a credential"}
 
 
