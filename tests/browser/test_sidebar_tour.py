@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 
 from jupyter_mn.jobs.registry import Registry
 from tests.browser.test_sidebar_runs import RUN_MS, write_notebook
-from tests.support.jobs import make_job
+from tests.support.jobs import SCIENTIFIC, make_job
 from tests.support.lab import (
     ARTIFACTS,
     job_item,
@@ -28,8 +28,6 @@ from tests.support.runs import JUPYTER_MN
 pytestmark = pytest.mark.system
 
 HOURS = re.compile(r"^(< )?\d[\d.,]* rank-hours$")
-#: a number in scientific notation (``3.11e-05``)
-SCIENTIFIC = re.compile(r"\de-\d")
 
 
 def mn(lab, *args: str) -> str:

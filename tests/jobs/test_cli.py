@@ -2,7 +2,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from jupyter_mn.cli import main
 from jupyter_mn.jobs.joblogs import OUTPUT_RANK, JobLogWriter
 from jupyter_mn.jobs.registry import Registry
 from jupyter_mn.wire.events import LogLines
-from tests.support.jobs import make_job
+from tests.support.jobs import SCIENTIFIC, make_job
 from tests.support.polling import wait_until
 
 
@@ -203,7 +202,7 @@ def test_list_says_a_jobs_age_and_how_long_it_ran_and_usage_without_e_notation(c
         assert lines[0].split()[4:8] == ["AGE", "DURATION", "CELLS", "USAGE"]
         (row,) = [line.split() for line in lines if line.startswith(job.id)]
         assert row[4:9] == ["2h00m", "0m05s", "0", "<", "0.01"] and row[9] == "rank-hours"
-        assert not re.search(r"\de-\d", "\n".join(lines))  # no scientific notation
+        assert not SCIENTIFIC.search("\n".join(lines))
     finally:
         registry.forget(job.id)
 

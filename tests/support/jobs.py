@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
 import psutil
 
 from jupyter_mn.jobs.registry import JobModel, NodeModel
+
+#: A number in scientific notation (``3.11e-05``) standing alone: not the digits, ``e`` and
+#: dash inside an id (``train-bd328e-29dfd9b2``).
+SCIENTIFIC = re.compile(r"(?<![\w.])\d+(?:\.\d+)?e-\d+(?!\w)")
 
 
 def make_job(job_id: str = "jmn-1", **changes: Any) -> JobModel:
