@@ -36,6 +36,13 @@ from tests.support.polling import wait_until
 from tests.support.runs import JUPYTER_MN
 
 LOOP = "import time\nfor i in range(10_000):\n    print('step', i, flush=True)\n    time.sleep(0.2)"
+#: The same loop, slow to stop: interrupted, it holds on for ``{}`` seconds (a checkpoint's
+#: save, a cleanup), as a driver whose graceful end is slow does.
+SLOW_LOOP = (
+    "try:\n"
+    + "".join(f"    {line}\n" for line in LOOP.splitlines())
+    + ("except KeyboardInterrupt:\n    time.sleep({})\n    raise")
+)
 #: A run's start: a kernel in its pod, then a gang of two ranks that import torch.
 RUN_S = 300
 
@@ -63,10 +70,12 @@ def _left(control: real.ControlPlane, job_id: str) -> list[str]:
     return [i["metadata"]["name"] for i in found + control.rest.get(secret)["items"]]
 
 
-def _running(folder: Path, flags: list[str]) -> str:
-    """A submitted run whose gang prints its steps: its id."""
+def _running(folder: Path, flags: list[str], hold: float) -> str:
+    """A submitted run whose gang prints its steps (holding on ``hold`` seconds once
+    interrupted): its id."""
     notebook = folder / f"long-{time.monotonic_ns()}.ipynb"
-    cell = f"%%cluster --nodes 2 --gpus 1 --gang none --dask-port {_port()}\n{LOOP}"
+    body = SLOW_LOOP.format(hold) if hold else LOOP
+    cell = f"%%cluster --nodes 2 --gpus 1 --gang none --dask-port {_port()}\n{body}"
     cells = [nbformat.v4.new_code_cell(c) for c in ("print('first')", cell)]
     nbformat.write(nbformat.v4.new_notebook(cells=cells), notebook)
     job_id = _mn("submit", str(notebook), *flags).strip()
@@ -87,6 +96,9 @@ def _timed(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--slow-stop", type=float, default=0.0, help="seconds the cell holds on once interrupted"
+    )
     args = parser.parse_args()
     bins = real.binaries()
     with (
@@ -104,14 +116,15 @@ def main() -> None:
         kubectl += ["--kubeconfig", str(control.kubeconfig), "-n", "default"]
         rows: dict[str, list[tuple[float, float]]] = {"cancel": [], "foreground": []}
         for _ in range(args.rounds):
-            job_id = _running(Path(tmp), flags)
+            job_id = _running(Path(tmp), flags, args.slow_stop)
             rows["cancel"].append(_timed(control, job_id, lambda j=job_id: _mn("cancel", j)))
-            job_id = _running(Path(tmp), flags)
+            job_id = _running(Path(tmp), flags, args.slow_stop)
             delete = [*kubectl, "delete", "job", name_of(job_id), "--cascade=foreground"]
             rows["foreground"].append(
                 _timed(control, job_id, lambda d=delete: subprocess.run(d, check=True))
             )
-    print(f"{args.rounds} rounds, medians (s)")
+    held = f"a cell holding on {args.slow_stop:g} s once interrupted"
+    print(f"{args.rounds} rounds, {held}; medians (s)")
     print(f"{'':32} {'answer':>8} {'nothing left':>13}")
     for name, label in (
         ("cancel", "jupyter mn cancel"),
