@@ -36,6 +36,7 @@ from jupyter_mn.wire.cellendpoint import CellEndpoint
 from jupyter_mn.wire.frames import Frames
 from jupyter_mn.wire.payload import Captured, CellPayload
 from tests.support.otheruser import other_user
+from tests.support.polling import wait_until
 from tests.support.procs import open_files
 
 
@@ -292,7 +293,10 @@ def test_a_kernel_on_the_agents_host_takes_its_socket_and_a_big_value_arrives_in
     context = tls.get_connection_args("client")["ssl_context"]
     assert stream.open(0, "127.0.0.1", agent.endpoint, context)
     try:
-        (connection,) = agent.server.connections
+        # the kernel's end is connected once the agent's backlog has it; the agent's end
+        # once its loop has accepted it
+        connections = wait_until(lambda: list(agent.server.connections), 30, "the agent's end")
+        (connection,) = connections
         assert connection.transport.get_extra_info("socket").family == socket.AF_UNIX
         _big_value_through(agent, stream, inbox)
         _big_request_through(stream, inbox)
